@@ -1,0 +1,127 @@
+// The LoongForge record store: an LMDB environment holding one robot-learning dataset.
+//
+// Layout (docs/DATASET.md has the full description):
+//   "__schema__"                 JSON Schema record (below); written last, so a DB without it is
+//                                incomplete and refused by readers
+//   "{sample_id:08d}_cam_{name}" JPEG bytes of that camera's frame
+//   "{sample_id:08d}_tokens"     int32 little-endian token ids of the instruction (no padding)
+//   "{sample_id:08d}_state"      float32[state_dim]
+//   "{sample_id:08d}_action"     float32[action_horizon * action_dim], row-major by future step
+//   "{sample_id:08d}_amask"      uint8[action_horizon]: 1 where the future step exists in the episode
+//   "{sample_id:08d}_meta"       int32[2]: episode index, step index
+//
+// Readers open the environment read-only with MDB_NOLOCK|MDB_RDONLY semantics suitable after
+// fork (no lock file writes, each reader thread its own read transaction) and get values as
+// zero-copy views into the memory map, valid while the read transaction that produced them lives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loongforge/status.h"
+
+namespace loongforge {
+
+constexpr int kDatasetFormatVersion = 1;
+constexpr const char* kSchemaKey = "__schema__";
+
+struct Schema {
+  int format_version = kDatasetFormatVersion;
+  int64_t num_samples = 0;
+  int64_t num_episodes = 0;
+  std::vector<std::string> cameras;  // camera names, in key order
+  int image_width = 0, image_height = 0;
+  int state_dim = 0, action_dim = 0;
+  int action_horizon = 16;
+  std::string tokenizer = "byte-v1";
+  int vocab_size = 0;
+  int max_tokens = 0;  // longest token sequence in the DB
+  // Normalization statistics over all samples, per dimension.
+  std::vector<float> state_mean, state_std, action_mean, action_std;
+  std::vector<float> state_min, state_max, action_min, action_max;
+  std::string source;  // where it was packed from (informational)
+
+  std::string ToJson() const;
+  static StatusOr<Schema> FromJson(std::string_view json, const std::string& where);
+};
+
+// Key helpers: "{sample_id:08d}_{modality}".
+std::string SampleKey(int64_t sample_id, std::string_view modality);
+std::string CameraModality(std::string_view camera);  // "cam_<camera>"
+
+// Read-only view of a packed DB.
+class RecordReader {
+ public:
+  // Opens `path` (the LMDB directory). Returns NotFound if missing, FailedPrecondition if the DB
+  // is incomplete (no schema record), DataLoss if the schema cannot be parsed.
+  // `max_readers` bounds concurrent read transactions (threads x processes).
+  static StatusOr<std::unique_ptr<RecordReader>> Open(const std::string& path,
+                                                      int max_readers = 256);
+  ~RecordReader();
+
+  const Schema& schema() const { return schema_; }
+  const std::string& path() const { return path_; }
+  int64_t size_bytes() const;  // size of the data file
+
+  // A read transaction. Views returned by Get() point into the memory map and stay valid until
+  // the transaction is destroyed. One transaction per thread at a time; not shareable.
+  class Txn {
+   public:
+    ~Txn();
+    Txn(Txn&&) noexcept;
+    Txn(const Txn&) = delete;
+    // NotFound (naming the key) when absent.
+    StatusOr<std::string_view> Get(std::string_view key) const;
+    // Resets and renews the snapshot (cheap; use between batches to let writers reclaim pages).
+    Status Renew();
+
+   private:
+    friend class RecordReader;
+    explicit Txn(void* txn, unsigned dbi, const std::string* path)
+        : txn_(txn), dbi_(dbi), path_(path) {}
+    void* txn_;
+    unsigned dbi_;
+    const std::string* path_;
+  };
+  StatusOr<Txn> Begin() const;
+
+  // Every key in order (for inspect / tests).
+  StatusOr<std::vector<std::string>> Keys() const;
+
+ private:
+  RecordReader() = default;
+  std::string path_;
+  void* env_ = nullptr;
+  unsigned dbi_ = 0;
+  Schema schema_;
+};
+
+// Writes a DB. Records are buffered into write transactions of `txn_records` puts; nothing is
+// visible as a complete DB until Commit(schema) has written the schema record, synced, and renamed
+// the staging directory "<path>.partial" to `path`. An existing `path` is refused unless overwrite.
+class RecordWriter {
+ public:
+  static StatusOr<std::unique_ptr<RecordWriter>> Create(const std::string& path,
+                                                        bool overwrite = false,
+                                                        int64_t map_size_bytes = int64_t{1} << 40);
+  ~RecordWriter();  // without Commit(): aborts and removes the staging directory
+  Status Put(std::string_view key, std::string_view value);
+  Status Commit(const Schema& schema);
+  int64_t bytes_written() const { return bytes_; }
+
+ private:
+  RecordWriter() = default;
+  Status FlushTxn();
+  std::string path_, staging_;
+  void* env_ = nullptr;
+  void* txn_ = nullptr;
+  unsigned dbi_ = 0;
+  int pending_ = 0;
+  int64_t bytes_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace loongforge
