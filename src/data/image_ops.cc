@@ -30,12 +30,11 @@ Status JpegDecoder::ReadHeader(std::string_view jpeg, int* width, int* height,
   if (jpeg.size() < 4 || static_cast<uint8_t>(jpeg[0]) != 0xFF ||
       static_cast<uint8_t>(jpeg[1]) != 0xD8)
     return DataLossError(what + ": not a JPEG (no SOI marker)");
-  if (tjDecompressHeader3(static_cast<tjhandle>(handle_),
-                          reinterpret_cast<const unsigned char*>(jpeg.data()),
-                          static_cast<unsigned long>(jpeg.size()), width, height, &subsamp,
-                          &colorspace) != 0) {
-    Status err = DataLossError(what + ": bad JPEG header: " +
-                               tjGetErrorStr2(static_cast<tjhandle>(handle_)));
+  if (tjDecompressHeader3(
+          static_cast<tjhandle>(handle_), reinterpret_cast<const unsigned char*>(jpeg.data()),
+          static_cast<unsigned long>(jpeg.size()), width, height, &subsamp, &colorspace) != 0) {
+    Status err = DataLossError(
+        what + ": bad JPEG header: " + tjGetErrorStr2(static_cast<tjhandle>(handle_)));
     Reset();
     return err;
   }
@@ -73,8 +72,8 @@ Status JpegDecoder::Decode(std::string_view jpeg, int min_w, int min_h, RgbImage
                          static_cast<unsigned long>(jpeg.size()), out->pixels.data(), sw, sw * 3,
                          sh, TJPF_RGB, TJFLAG_STOPONWARNING | TJFLAG_FASTDCT);
   if (rc != 0) {
-    Status err = DataLossError(what + ": corrupt JPEG: " +
-                               tjGetErrorStr2(static_cast<tjhandle>(handle_)));
+    Status err =
+        DataLossError(what + ": corrupt JPEG: " + tjGetErrorStr2(static_cast<tjhandle>(handle_)));
     Reset();
     return err;
   }

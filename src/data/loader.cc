@@ -81,8 +81,14 @@ class SlotPool {
  public:
   SlotPool(int batch_size, int cameras, int image_size, int max_tokens, int state_dim,
            int action_dim, int horizon, bool pin)
-      : b_(batch_size), k_(cameras), hw_(image_size), l_(max_tokens), s_(state_dim),
-        a_(action_dim), h_(horizon), pin_(pin) {}
+      : b_(batch_size),
+        k_(cameras),
+        hw_(image_size),
+        l_(max_tokens),
+        s_(state_dim),
+        a_(action_dim),
+        h_(horizon),
+        pin_(pin) {}
   ~SlotPool() {
     for (Slot* s : all_) {
       Free(s);
@@ -144,8 +150,8 @@ class SlotPool {
     if (!slot->base) {
       void* p = nullptr;
       if (posix_memalign(&p, 4096, slot->bytes) != 0) {
-        Status err = ResourceExhaustedError("loader: cannot allocate a " +
-                                            std::to_string(slot->bytes >> 20) + " MiB batch buffer");
+        Status err = ResourceExhaustedError(
+            "loader: cannot allocate a " + std::to_string(slot->bytes >> 20) + " MiB batch buffer");
         delete slot;
         return err;
       }
@@ -304,8 +310,10 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
         }
         if (modality == "tokens" && (r->size() % 4 != 0 || r->size() / 4 > size_t(max_tokens))) {
           w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
-                                              std::to_string(r->size()) + " bytes: not a token "
-                                              "list of at most " + std::to_string(max_tokens));
+                                              std::to_string(r->size()) +
+                                              " bytes: not a token "
+                                              "list of at most " +
+                                              std::to_string(max_tokens));
           return;
         }
         *v = *r;
@@ -361,9 +369,9 @@ void DataLoader::Impl::DecodeImage(const WorkPtr& w, int sample, int camera) {
       min_w = static_cast<int>(std::ceil(out / opts.crop_fraction));
       min_h = min_w;
     }
-    Status s = decoder.Decode(jpeg, min_w, min_h, &rgb, reader->path() + ": record '" +
-                                                            SampleKey(id, camera_modality[camera]) +
-                                                            "'");
+    Status s = decoder.Decode(
+        jpeg, min_w, min_h, &rgb,
+        reader->path() + ": record '" + SampleKey(id, camera_modality[camera]) + "'");
     if (s.ok()) {
       SampleRng rng(opts.seed, w->epoch, id, camera);
       CropBox box;
@@ -383,8 +391,8 @@ void DataLoader::Impl::DecodeImage(const WorkPtr& w, int sample, int camera) {
         gray = internal::MeanGray(rgb, box, 4);
       }
       internal::NormalizeParams norm{opts.mean, opts.std};
-      float* dst = w->slot->batch.images +
-                   (static_cast<size_t>(sample) * cams + camera) * 3 * out * out;
+      float* dst =
+          w->slot->batch.images + (static_cast<size_t>(sample) * cams + camera) * 3 * out * out;
       internal::CropResizeNormalize(rgb, box, out, out, j, gray, norm, dst);
       c_images->fetch_add(1);
     } else {
@@ -423,10 +431,13 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
     len = 1;
     for (size_t i : keep) len = std::max<int>(len, static_cast<int>(w.tokens[i].size() / 4));
   }
-  const float* smean = sc.state_mean.size() == size_t(sc.state_dim) ? sc.state_mean.data() : nullptr;
+  const float* smean =
+      sc.state_mean.size() == size_t(sc.state_dim) ? sc.state_mean.data() : nullptr;
   const float* sstd = sc.state_std.size() == size_t(sc.state_dim) ? sc.state_std.data() : nullptr;
-  const float* amean = sc.action_mean.size() == size_t(sc.action_dim) ? sc.action_mean.data() : nullptr;
-  const float* astd = sc.action_std.size() == size_t(sc.action_dim) ? sc.action_std.data() : nullptr;
+  const float* amean =
+      sc.action_mean.size() == size_t(sc.action_dim) ? sc.action_mean.data() : nullptr;
+  const float* astd =
+      sc.action_std.size() == size_t(sc.action_dim) ? sc.action_std.data() : nullptr;
   const bool norm = opts.normalize_state && smean && sstd && amean && astd;
   for (int o = 0; o < n; ++o) {
     const size_t i = keep[o];
@@ -488,10 +499,11 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
       std::unique_lock<std::mutex> lock(w->mu);
       if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
         lock.unlock();
-        out_q->Push(DeadlineExceededError("loader: decoding batch " + std::to_string(w->index) +
-                                          " took longer than " + std::to_string(opts.timeout_ms) +
-                                          " ms"),
-                    timeout())
+        out_q
+            ->Push(DeadlineExceededError("loader: decoding batch " + std::to_string(w->index) +
+                                         " took longer than " + std::to_string(opts.timeout_ms) +
+                                         " ms"),
+                   timeout())
             .IgnoreError();
         return;
       }
@@ -534,7 +546,8 @@ void DataLoader::Impl::StopThreads() {
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
   if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
-  if (o.image_size <= 0 || o.image_size > 4096) return InvalidArgumentError("image_size out of range");
+  if (o.image_size <= 0 || o.image_size > 4096)
+    return InvalidArgumentError("image_size out of range");
   if (!(o.crop_fraction > 0.f && o.crop_fraction <= 1.f))
     return InvalidArgumentError("crop_fraction must be in (0, 1]");
   if (o.threads <= 0) return InvalidArgumentError("threads must be > 0");
@@ -620,7 +633,8 @@ Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
   im.out_q = std::make_unique<BoundedQueue<Output>>(im.opts.prefetch, "lf-out");
   im.fetch_thread = std::thread([&im, epoch, start_batch] { im.FetchLoop(epoch, start_batch); });
   pthread_setname_np(im.fetch_thread.native_handle(), "lf-fetch");
-  im.collate_thread = std::thread([&im, epoch, start_batch] { im.CollateLoop(epoch, start_batch); });
+  im.collate_thread =
+      std::thread([&im, epoch, start_batch] { im.CollateLoop(epoch, start_batch); });
   pthread_setname_np(im.collate_thread.native_handle(), "lf-collate");
   im.running = true;
   return Status::Ok();

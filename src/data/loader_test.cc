@@ -50,8 +50,10 @@ TEST(Sampler, EqualBatchCountsForWorldSizes1To8) {
             for (int64_t i : s->Batch(0, b)) {
               ASSERT_GE(i, 0);
               ASSERT_LT(i, n);
-              if (drop) EXPECT_TRUE(seen.insert(i).second) << "sample on two ranks: " << i;
-              else seen.insert(i);
+              if (drop)
+                EXPECT_TRUE(seen.insert(i).second) << "sample on two ranks: " << i;
+              else
+                seen.insert(i);
             }
         }
         if (!drop) EXPECT_EQ(static_cast<int64_t>(seen.size()), n);  // nothing left out
@@ -98,7 +100,8 @@ TEST(ImageOps, FusedMatchesReference) {
     internal::CropResizeNormalize(im, box, ow, oh, j, gray, np, a.data());
     internal::CropResizeNormalizeReference(im, box, ow, oh, j, gray, np, b.data());
     double max_err = 0;
-    for (size_t i = 0; i < a.size(); ++i) max_err = std::max<double>(max_err, std::fabs(a[i] - b[i]));
+    for (size_t i = 0; i < a.size(); ++i)
+      max_err = std::max<double>(max_err, std::fabs(a[i] - b[i]));
     // float32 vs double arithmetic on 0..255 values, scaled by 1/(255*0.224): ~1e-4 worst case.
     EXPECT_LT(max_err, 2e-3) << "trial " << trial;
   }
@@ -130,7 +133,8 @@ TEST(ImageOps, DctScaledDecodeCloseToFullDecode) {
         for (int c = 0; c < 3; ++c) {
           int s = 0;
           for (int dy = 0; dy < 2; ++dy)
-            for (int dx = 0; dx < 2; ++dx) s += full.pixels[((2 * y + dy) * w + 2 * x + dx) * 3 + c];
+            for (int dx = 0; dx < 2; ++dx)
+              s += full.pixels[((2 * y + dy) * w + 2 * x + dx) * 3 + c];
           half.pixels[(y * half.width + x) * 3 + c] = static_cast<uint8_t>((s + 2) / 4);
         }
     internal::CropResizeNormalize(half, sb, out, out, {}, 0, np, b.data());
@@ -184,8 +188,10 @@ class LoaderTest : public ::testing::Test {
     while (true) {
       auto b = dl.Next();
       if (!b.ok()) {
-        if (err) *err = b.status();
-        else EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
+        if (err)
+          *err = b.status();
+        else
+          EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
         break;
       }
       const Batch& x = **b;
@@ -262,7 +268,8 @@ TEST_F(LoaderTest, BatchContents) {
   }
   // Images are normalized to about [-1, 1] with mean/std 0.5 and are not constant.
   float lo = 1e9, hi = -1e9;
-  for (int k = 0; k < 4 * 2 * 3 * 32 * 32; ++k) lo = std::min(lo, x.images[k]), hi = std::max(hi, x.images[k]);
+  for (int k = 0; k < 4 * 2 * 3 * 32 * 32; ++k)
+    lo = std::min(lo, x.images[k]), hi = std::max(hi, x.images[k]);
   EXPECT_GE(lo, -1.0001f);
   EXPECT_LE(hi, 1.0001f);
   EXPECT_LT(lo, -0.3f);

@@ -32,7 +32,8 @@ inline std::vector<uint8_t> RandomRgb(int w, int h, uint64_t seed) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < 3; ++c) {
-        float v = 128 + 90 * std::sin(fx[c] * x / w * 6.28f + ph[c]) * std::cos(fy[c] * y / h * 6.28f) +
+        float v = 128 +
+                  90 * std::sin(fx[c] * x / w * 6.28f + ph[c]) * std::cos(fy[c] * y / h * 6.28f) +
                   20 * (u(rng) - 0.5f);
         px[(static_cast<size_t>(y) * w + x) * 3 + c] =
             static_cast<uint8_t>(std::min(255.f, std::max(0.f, v)));
@@ -94,8 +95,9 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
     std::vector<int32_t> tok((i % 7) + 2);
     for (size_t t = 0; t < tok.size(); ++t) tok[t] = static_cast<int32_t>(3 + i + t);
     if (!o.missing_tokens.count(i))
-      LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "tokens"),
-                                std::string_view(reinterpret_cast<char*>(tok.data()), 4 * tok.size())));
+      LF_RETURN_IF_ERROR(
+          w->Put(SampleKey(i, "tokens"),
+                 std::string_view(reinterpret_cast<char*>(tok.data()), 4 * tok.size())));
     std::vector<float> st(o.state_dim);
     for (int d = 0; d < o.state_dim; ++d) st[d] = static_cast<float>(i + d);
     std::string sv(reinterpret_cast<char*>(st.data()), 4 * st.size());
@@ -109,7 +111,8 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
     am.back() = static_cast<char>(i % 2);
     LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "amask"), am));
     int32_t meta[2] = {0, static_cast<int32_t>(i)};
-    LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "meta"), std::string_view(reinterpret_cast<char*>(meta), 8)));
+    LF_RETURN_IF_ERROR(
+        w->Put(SampleKey(i, "meta"), std::string_view(reinterpret_cast<char*>(meta), 8)));
   }
   return w->Commit(s);
 }
