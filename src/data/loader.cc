@@ -265,7 +265,8 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
   const int cams = static_cast<int>(sc.cameras.size());
   const int64_t nb = sampler->batches_per_epoch();
   for (int64_t b = start; b < nb && !stop.load(); ++b) {
-    ScopedTimerMs timer(h_fetch);
+    // Record lookups only; time blocked on back-pressure below is not fetch work.
+    std::optional<ScopedTimerMs> timer(std::in_place, h_fetch);
     auto w = std::make_shared<Work>();
     w->t_start = NowSeconds();
     w->epoch = ep;
@@ -326,6 +327,7 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
       for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
     }
     c_bytes->fetch_add(bytes);
+    timer.reset();
     int tasks = 0;
     for (size_t i = 0; i < n; ++i)
       if (w->sample_status[i].ok()) tasks += cams;
