@@ -106,6 +106,19 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
 }
 
 void BindData(py::module_& m) {
+  py::class_<RecordReader>(m, "RecordReader",
+                           "Read-only access to a packed dataset's raw records (copies into bytes).")
+      .def(py::init([](const std::string& path) { return ValueOrThrow(RecordReader::Open(path)); }),
+           py::arg("path"))
+      .def("get", [](const RecordReader& r, const std::string& key) {
+             auto txn = ValueOrThrow(r.Begin());
+             std::string_view v = ValueOrThrow(txn.Get(key));
+             return py::bytes(v.data(), v.size());
+           }, py::arg("key"), "The record's bytes; FileNotFoundError naming the key if absent.")
+      .def("keys", [](const RecordReader& r) { return ValueOrThrow(r.Keys()); })
+      .def_property_readonly("schema_json", [](const RecordReader& r) { return r.schema().ToJson(); })
+      .def_property_readonly("size_bytes", &RecordReader::size_bytes);
+
   py::class_<DataLoader>(m, "DataLoader", "DataFusion CPU loader (use loongforge.DataFusionLoader)")
       .def(py::init([](const std::string& db, py::kwargs kw) {
              LoaderOptions o = OptionsFromKwargs(db, kw);

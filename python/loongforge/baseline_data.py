@@ -22,22 +22,18 @@ class LmdbFramesDataset(Dataset):
     def __init__(self, db_path: str, image_size: int = 224, crop_fraction: float = 0.95,
                  train: bool = True, color_jitter: bool = False, normalize_state: bool = True,
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5)):
-        import lmdb
+        from . import _C
         self.db_path = db_path
-        env = lmdb.open(db_path, readonly=True, lock=False, readahead=False, subdir=True)
-        with env.begin() as txn:
-            raw = txn.get(b"__schema__")
-        env.close()
-        if raw is None:
-            raise RuntimeError(f"{db_path}: dataset is incomplete (no __schema__ record)")
-        self.schema: Dict[str, Any] = json.loads(raw)
+        # Raw record bytes come through LoongForge's LMDB reader (a plain key lookup); decoding
+        # and transforms are PIL/torchvision, as in the pipelines being compared against.
+        self.schema: Dict[str, Any] = json.loads(_C.RecordReader(db_path).schema_json)
         self.image_size = image_size
         self.crop_fraction = crop_fraction
         self.train = train
         self.color_jitter = color_jitter
         self.normalize_state = normalize_state
         self.mean, self.std = list(mean), list(std)
-        self._env = None  # opened lazily in each worker process (LMDB envs must not cross fork)
+        self._reader = None  # opened lazily in each worker process (LMDB envs must not cross fork)
         self._tf = None
 
     def __len__(self) -> int:
@@ -55,27 +51,23 @@ class LmdbFramesDataset(Dataset):
         return T.Compose(tf)
 
     def __getitem__(self, i: int) -> Dict[str, Any]:
-        import lmdb
         from PIL import Image
-        if self._env is None:
-            self._env = lmdb.open(self.db_path, readonly=True, lock=False, readahead=False,
-                                  subdir=True, max_readers=512)
+        from . import _C
+        if self._reader is None:
+            self._reader = _C.RecordReader(self.db_path)
             self._tf = self._transforms()
         sc = self.schema
         key = f"{i:08d}_"
-        with self._env.begin() as txn:
-            def get(mod: str) -> bytes:
-                v = txn.get((key + mod).encode())
-                if v is None:
-                    raise KeyError(f"{self.db_path}: missing record '{key + mod}'")
-                return bytes(v)
-            images = [self._tf(Image.open(io.BytesIO(get("cam_" + c))).convert("RGB"))
-                      for c in sc["cameras"]]
-            tokens = np.frombuffer(get("tokens"), dtype="<i4").astype(np.int64)
-            state = np.frombuffer(get("state"), dtype="<f4").copy()
-            action = np.frombuffer(get("action"), dtype="<f4").copy().reshape(
-                sc["action_horizon"], sc["action_dim"])
-            amask = np.frombuffer(get("amask"), dtype=np.uint8).astype(bool)
+        def get(mod: str) -> bytes:
+            return self._reader.get(key + mod)
+
+        images = [self._tf(Image.open(io.BytesIO(get("cam_" + c))).convert("RGB"))
+                  for c in sc["cameras"]]
+        tokens = np.frombuffer(get("tokens"), dtype="<i4").astype(np.int64)
+        state = np.frombuffer(get("state"), dtype="<f4").copy()
+        action = np.frombuffer(get("action"), dtype="<f4").copy().reshape(
+            sc["action_horizon"], sc["action_dim"])
+        amask = np.frombuffer(get("amask"), dtype=np.uint8).astype(bool)
         if self.normalize_state and sc.get("state_std"):
             sstd = np.where(np.array(sc["state_std"]) > 1e-6, sc["state_std"], 1.0)
             astd = np.where(np.array(sc["action_std"]) > 1e-6, sc["action_std"], 1.0)

@@ -111,3 +111,21 @@ def test_metrics_and_build_info(db):
     assert m["histograms"]["batch_latency_ms"]["p50"] > 0
     info = loongforge.build_info()
     assert {"version", "git_hash", "cuda", "nvjpeg", "cufile", "nccl"} <= set(info)
+
+
+# Guards equivalence with the PIL/torchvision baseline: same records, same normalization, and
+# images within a small tolerance of an independent decoder + antialiased resize (centre crop).
+def test_matches_pil_torchvision_baseline(db):
+    from loongforge.baseline_data import LmdbFramesDataset
+    ds = LmdbFramesDataset(db, image_size=48, train=False)
+    ld = _loader(db, train=False, shuffle=False, image_size=48)
+    b = next(iter(ld))
+    for row, idx in enumerate(b["sample_index"].tolist()):
+        ref = ds[idx]
+        assert torch.allclose(b["state"][row], ref["state"], atol=1e-5)
+        assert torch.allclose(b["action"][row], ref["action"], atol=1e-5)
+        assert torch.equal(b["action_mask"][row], ref["action_mask"])
+        n = len(ref["tokens"])
+        assert b["tokens"][row, :n].tolist() == ref["tokens"].tolist()
+        mae = (b["images"][row] - ref["images"]).abs().mean().item()
+        assert mae < 0.05, f"sample {idx}: mean abs diff {mae:.4f} vs PIL"
