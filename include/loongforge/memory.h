@@ -169,6 +169,8 @@ class MemoryBackend {
   // Returns `bytes` (a multiple of kAlignBytes) of memory aligned to kAlignBytes, or
   // ResourceExhausted. Called with the allocator lock held.
   virtual StatusOr<void*> Reserve(size_t bytes) = 0;
+  // Returns a segment. Streams may still be using it: the backend makes that safe (cudaFree
+  // synchronizes the device; host memory has no streams).
   virtual void Release(void* ptr, size_t bytes) = 0;
   virtual std::string Name() const = 0;
 };

@@ -280,8 +280,10 @@ struct MemAllocator::Impl {
       std::vector<Segment*> keep;
       for (Segment* s : pool.segments) {
         Block* b = s->head;
-        if (!b->allocated && b->next == nullptr && b->any_stream) {
+        // Any owner stream is fine here: MemoryBackend::Release makes pending use safe.
+        if (!b->allocated && b->next == nullptr) {
           pool.free_blocks.erase(b);
+          if (b->has_fence) fence->Release(b->fence);
           delete b;
           backend->Release(reinterpret_cast<void*>(s->base), s->size);
           reserved -= static_cast<int64_t>(s->size);
