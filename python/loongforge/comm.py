@@ -356,6 +356,8 @@ class NexusSync:
         """Counters: bytes sent per group, collectives, exposed wait, overlap, issue times."""
         return self._stats.as_dict(self)
 
+    metrics = stats  # the issue's name for the same dict
+
     def close(self) -> None:
         """Removes the autograd hooks (grads stay views into the buckets)."""
         for h in self._hook_handles:
