@@ -465,6 +465,10 @@ class CheckpointVault::Impl {
     queue_.Close();
     if (writer_.joinable()) writer_.join();
     closed_ = true;
+    if (lock_fd_ >= 0) {  // let another writer in (and the file system be unmounted)
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+    }
     return s;
   }
 

@@ -317,7 +317,7 @@ TEST(CkptVault, RealFullTmpfs) {
     EXPECT_EQ(w.code(), StatusCode::kResourceExhausted) << w;
     ExpectRestores(v->get(), 1, first);
   }
-  ::umount(dir.c_str());
+  ::umount2(dir.c_str(), MNT_DETACH);
 }
 
 // Guards crash consistency: a writer killed with SIGKILL at a random moment leaves the latest
@@ -560,6 +560,47 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   cudaFree(d2);
 }
 #endif
+
+}  // namespace
+}  // namespace ckpt
+}  // namespace loongforge
+
+namespace loongforge {
+namespace ckpt {
+namespace {
+
+int RunCli(const std::string& args) {
+  int rc = std::system((std::string(LF_TEST_CLI) + " " + args + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Guards the CLI: ls/show/verify/export/merge/gc/restore run, and corruption gives exit code 4.
+TEST(CkptCli, SubcommandsAndDataLossExitCode) {
+  std::string dir = TempDir("cli");
+  State s;
+  s.Add("w", "f32", {4096}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    s.ts[0].bytes[0] ^= 1;
+    ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  EXPECT_EQ(RunCli("ckpt ls " + dir), 0);
+  EXPECT_EQ(RunCli("ckpt show " + dir + " --step 1"), 0);
+  EXPECT_EQ(RunCli("ckpt verify " + dir + " --all"), 0);
+  EXPECT_EQ(RunCli("ckpt export " + dir + " --out " + dir + "/x.safetensors"), 0);
+  EXPECT_TRUE(fs::exists(dir + "/x.safetensors"));
+  EXPECT_EQ(RunCli("ckpt restore " + dir + " --out " + dir + "/r"), 0);
+  EXPECT_EQ(fs::file_size(dir + "/r/0.bin"), 4096u * 4);
+  EXPECT_EQ(RunCli("ckpt merge " + dir + " --step 2"), 0);
+  EXPECT_EQ(RunCli("ckpt gc " + dir), 0);
+  EXPECT_EQ(RunCli("ckpt show " + dir + " --step 9"), 3);
+  std::string seg;
+  for (auto& e : fs::directory_iterator(dir + "/segments")) seg = e.path().string();
+  fs::resize_file(seg, fs::file_size(seg) - 1);
+  EXPECT_EQ(RunCli("ckpt verify " + dir + " --step 2"), 4);
+}
 
 }  // namespace
 }  // namespace ckpt

@@ -151,8 +151,9 @@ def test_disk_full_raises_resource_exhausted(tmp_path):
         assert isinstance(e.value, MemoryError)
         _assert_same(first, v.load(1))
         v.close()
+        del v
     finally:
-        subprocess.call(["umount", str(d)])
+        subprocess.call(["umount", "-l", str(d)])
 
 
 CHILD = textwrap.dedent("""
