@@ -207,3 +207,18 @@ def test_retention_merge_export(tmp_path):
         out = tmp_path / "x.safetensors"
         v.export_safetensors(5, str(out))
         assert out.stat().st_size > 8 + 2048 * 4 + 800
+
+
+# Guards the device path: CUDA tensors (GPU hash + pinned staging) round-trip back onto the GPU.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_tensors_round_trip(tmp_path):
+    state = {"w": torch.randn(3, 1_000_003, device="cuda"), "b": torch.randn(7, device="cuda").half()}
+    with CheckpointVault(str(tmp_path), chunk_bytes=1 << 20) as v:
+        v.save(1, state)
+        state["w"][1].add_(1)
+        v.save(2, state)
+        v.wait()
+        assert v.stats()["chunks_written"] <= 6
+        out = v.load(2)
+    assert out["w"].is_cuda
+    _assert_same({k: t.cpu() for k, t in state.items()}, {k: t.cpu() for k, t in out.items()})
