@@ -9,6 +9,9 @@ from typing import Any, Dict
 from . import _C
 from ._C import DataLossError, ResourceExhaustedError
 from .data import DataFusionLoader
+from .ckpt import CheckpointVault
+from .comm import NexusSync
+from .memory import MemSculptor, plan_trace, replay_trace, trace_from_snapshot
 
 __version__: str = _C.build_info()["version"]
 
@@ -18,4 +21,5 @@ def build_info() -> Dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "DataFusionLoader", "DataLossError", "ResourceExhaustedError", "__version__"]
+__all__ = ["build_info", "DataFusionLoader", "CheckpointVault", "NexusSync", "MemSculptor", "plan_trace", "replay_trace",
+           "trace_from_snapshot", "DataLossError", "ResourceExhaustedError", "__version__"]
