@@ -18,7 +18,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
   return out;
 }
 
-Status DemoDataMain(int argc, char** argv, bool* help) {
+Status DemoDataMain(int argc, char** argv) {
   Args args("demo-data", "--out DIR [options]");
   args.Flag("out", "", "output folder (episodes are written to DIR/episodes)")
       .Flag("episodes", "8", "number of episodes")
@@ -38,7 +38,6 @@ Status DemoDataMain(int argc, char** argv, bool* help) {
   LF_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.help_requested()) {
     std::printf("%s", args.Usage().c_str());
-    *help = true;
     return Status::Ok();
   }
   DemoDataOptions o;
@@ -79,8 +78,7 @@ Status DemoDataMain(int argc, char** argv, bool* help) {
 }
 
 int RunDemoData(int argc, char** argv) {
-  bool help = false;
-  Status s = DemoDataMain(argc, argv, &help);
+  Status s = DemoDataMain(argc, argv);
   return s.ok() ? 0 : Fail("demo-data", s);
 }
 

@@ -190,7 +190,8 @@ Status ScanEpisode(Episode* ep) {
   std::error_code ec;
   for (fs::directory_iterator it(ep->dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (name.rfind("cam_", 0) == 0 && it->is_directory()) {
+    std::error_code dir_ec;
+    if (name.rfind("cam_", 0) == 0 && it->is_directory(dir_ec)) {
       if (name.size() == 4)
         return InvalidArgumentError(it->path().string() + ": empty camera name");
       ep->cameras.push_back(name.substr(4));
@@ -353,7 +354,8 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   std::vector<Episode> episodes;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (name.empty() || name[0] == '.' || !it->is_directory()) continue;
+    std::error_code dir_ec;
+    if (name.empty() || name[0] == '.' || !it->is_directory(dir_ec)) continue;
     episodes.emplace_back();
     episodes.back().name = name;
     episodes.back().dir = it->path();

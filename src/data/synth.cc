@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -618,6 +619,13 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
   if (static_cast<int>(cams.size()) != o.cameras)
     return InvalidArgumentError("demo-data: " + std::to_string(cams.size()) + " camera names for " +
                                 std::to_string(o.cameras) + " cameras");
+  for (const auto& c : cams) {
+    bool ok = !c.empty() && std::all_of(c.begin(), c.end(), [](unsigned char ch) {
+      return std::isalnum(ch) || ch == '_' || ch == '-';
+    });
+    if (!ok)
+      return InvalidArgumentError("demo-data: camera name '" + c + "' must be [A-Za-z0-9_-]+");
+  }
   const double start = NowSeconds();
   const fs::path root(o.out_dir), final_dir = root / "episodes",
                                   staging = root / "episodes.partial";
