@@ -344,7 +344,8 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   const double start = NowSeconds();
   std::error_code ec;
   if (fs::exists(o.out, ec) && !o.overwrite)
-    return AlreadyExistsError(o.out + " already exists (pass overwrite to replace it)");
+    return AlreadyExistsError(o.out +
+                              " already exists (use --overwrite / overwrite=True to replace it)");
   LF_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.tokenizer));
 
   // ---- phase 1: scan ----

@@ -632,7 +632,7 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
   std::error_code ec;
   if (fs::exists(final_dir, ec) && !o.overwrite)
     return AlreadyExistsError(final_dir.string() +
-                              " already exists (pass overwrite to replace it)");
+                              " already exists (use --overwrite / overwrite=True to replace it)");
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);
   if (ec) return ErrnoToStatus(ec.value(), "create " + staging.string());
