@@ -116,7 +116,8 @@ Status PackMain(int argc, char** argv) {
       static_cast<long long>(s.num_samples), static_cast<long long>(s.num_episodes),
       s.cameras.size(), s.image_width, s.image_height, s.state_dim, s.action_horizon, s.action_dim,
       o.out.c_str(), r.seconds);
-  std::printf("%.1f MB written (JPEG %.1f MB)\n", r.bytes_written / 1e6, r.jpeg_bytes / 1e6);
+  std::printf("%.1f MB written (JPEG %.1f MB); scan+check %.2f s, write %.2f s\n",
+              r.bytes_written / 1e6, r.jpeg_bytes / 1e6, r.scan_seconds, r.write_seconds);
   return Status::Ok();
 }
 

@@ -74,6 +74,8 @@ struct PackResult {
   int64_t bytes_written = 0;  // keys + values
   int64_t jpeg_bytes = 0;
   double seconds = 0;
+  double scan_seconds = 0;   // parse steps.jsonl, list frames, cross-episode checks
+  double write_seconds = 0;  // read + check frames, write records, commit (fsync + rename)
 };
 
 // Validates every input and writes the DB (docs/DATASET.md). Samples are numbered 0..N-1 in

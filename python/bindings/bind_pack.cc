@@ -99,6 +99,8 @@ void RegisterPack(py::module_& m) {
         d["bytes_written"] = v.bytes_written;
         d["jpeg_bytes"] = v.jpeg_bytes;
         d["seconds"] = v.seconds;
+        d["scan_seconds"] = v.scan_seconds;
+        d["write_seconds"] = v.write_seconds;
         return d;
       },
       py::arg("src"), py::arg("out"), py::arg("horizon") = 16, py::arg("overwrite") = false,

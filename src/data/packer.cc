@@ -421,6 +421,7 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
     schema.image_height = info.height;
   }
 
+  const double write_start = NowSeconds();
   // ---- phase 3: write ----
   LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordWriter> writer,
                       RecordWriter::Create(o.out, o.overwrite));
@@ -536,6 +537,8 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   result.schema = schema;
   result.bytes_written = writer->bytes_written();
   result.seconds = NowSeconds() - start;
+  result.write_seconds = NowSeconds() - write_start;
+  result.scan_seconds = write_start - start;
   LF_LOG(DEBUG) << "packed " << schema.num_samples << " samples into " << o.out;
   return result;
 }

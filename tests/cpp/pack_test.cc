@@ -474,6 +474,37 @@ TEST(PackRejects, MissingStepsFileAndEmptyEpisodes) {
   EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, "no episode folders");
 }
 
+// Guards determinism of error reports: with bad inputs in two episodes, the one earlier in episode
+// order is reported whatever the thread count.
+TEST(PackRejects, FirstErrorInEpisodeOrder) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  WriteFile(Ep(tmp, "10") / "steps.jsonl", "not json\n");
+  WriteFile(Ep(tmp, "2") / "cam_a" / "2.jpg", "not a jpeg either");
+  for (int threads : {1, 4}) {
+    PackOptions o = Opts(tmp / "src", tmp / "db");
+    o.threads = threads;
+    auto r = PackEpisodes(o);
+    // Scan errors (steps.jsonl) come before frame errors, found while writing.
+    EXPECT_NE(r.status().message().find((Ep(tmp, "10") / "steps.jsonl").string() + ":1"),
+              std::string::npos)
+        << r.status();
+  }
+  WriteFile(Ep(tmp, "10") / "steps.jsonl",
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"x\"}\n");
+  fs::remove_all(Ep(tmp, "10") / "cam_a" / "1.jpg");
+  fs::remove_all(Ep(tmp, "10") / "cam_b" / "1.jpg");
+  WriteFile(Ep(tmp, "10") / "cam_b" / "0.jpg", "bad too");
+  for (int threads : {1, 4}) {
+    PackOptions o = Opts(tmp / "src", tmp / "db");
+    o.threads = threads;
+    auto r = PackEpisodes(o);
+    EXPECT_NE(r.status().message().find((Ep(tmp, "2") / "cam_a" / "2.jpg").string()),
+              std::string::npos)
+        << r.status();
+  }
+}
+
 // Guards atomic replacement: an existing DB is refused without overwrite, and a failed
 // overwrite leaves the old DB readable and no staging directory.
 TEST(PackRejects, FailedOverwriteKeepsOldDb) {
