@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Multi-GPU runs for NexusSync and the end-to-end comparison (issue 8; docs/bench_multigpu.md).
+#
+#   bash bench/multigpu.sh [OUT_DIR]        # from anywhere; OUT_DIR default results/multigpu
+#
+# Counts GPUs with `nvidia-smi -L`:
+#   >= 2 GPUs (NCCL, NVLink multicast off): (a) all-reduce busbw sweep 1 MB..1 GB, NexusSync vs
+#     torch.distributed, at every world in 2 4 8 that fits; (b) NexusSync vs DDP on the harness
+#     model, and on the trainer's n16 / n16-moe configs when `python -m loongforge.train` is
+#     there; (c) the trainer's modes at 1 and 8 GPUs (tokens/GPU/s, scaling efficiency);
+#     (d) kill one rank mid-step.
+#   0 or 1 GPU: the same harness on Gloo with 4 and 8 CPU processes (1..64 MB, a small model).
+# Needs the loongforge._C module built (python/loongforge/_C*.so) and, for (b)/(c) with the
+# trainer, the `loongforge` CLI (for demo-data + pack) in build-gpu/ or build/.
+# Every step runs under `timeout`; a summary table is printed last; JSON lands in OUT_DIR.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-results/multigpu}}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+H=bench/multigpu/harness.py
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+NGPU=${NGPU:-0}
+summary=()
+step() {  # step NAME TIMEOUT_S CMD...  (log in OUT/NAME.log)
+  local name=$1 t=$2; shift 2
+  local t0=$(date +%s)
+  echo "== $name: $*"
+  timeout -k 10 "$t" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-34s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
+  return $rc
+}
+{ echo "date: $(date -u '+%F %T UTC')"; echo "commit: $(git rev-parse --short HEAD 2>/dev/null)";
+  echo "gpus: $NGPU"; nvidia-smi -L 2>/dev/null; echo "cpus: $(nproc)"; } | tee "$OUT/machine.txt"
+
+if [ "$NGPU" -lt 2 ]; then
+  echo "CPU mode ($NGPU GPU): Gloo, 4 and 8 processes on $(nproc) cores"
+  step cpu_suite 290 $PY $H suite --profile cpu --worlds 4 8 --out "$OUT/cpu.json"
+  echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+  exit 0
+fi
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+WORLDS=(); for w in 2 4 8; do [ "$w" -le "$NGPU" ] && WORLDS+=("$w"); done
+echo "GPU mode: $NGPU GPUs, worlds ${WORLDS[*]}"
+
+# (a) bus bandwidth, (b) NexusSync vs DDP on the harness model, (d) kill one rank.
+for w in "${WORLDS[@]}"; do
+  step "sweep_w$w" 400 $PY $H sweep --profile gpu --world "$w" --out "$OUT/sweep_w$w.json"
+  step "harness_train_w$w" 400 $PY $H train --profile gpu --world "$w" --out "$OUT/train_w$w.json"
+  step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 60 --out "$OUT/kill_w$w.json"
+done
+
+# (b) and (c) with the trainer, if it is on this branch.
+if $PY -c "import loongforge.train" 2>/dev/null; then
+  CLI=$(ls build-gpu/loongforge build/loongforge 2>/dev/null | head -1)
+  DB=$OUT/demo.lmdb
+  if [ ! -e "$DB/data.mdb" ] && [ -n "$CLI" ]; then
+    step demo_data 600 "$CLI" demo-data --out "$OUT/demo" --episodes 64 --cameras 2 --size 640x480
+    step pack 600 "$CLI" pack --src "$OUT/demo" --out "$DB"
+  fi
+  if [ -e "$DB/data.mdb" ]; then
+    STEPS=${STEPS:-30} BATCH=${BATCH:-16}
+    TR="-m loongforge.train --data $DB --steps $STEPS --batch-size $BATCH --warmup 5 --workers 8 --loader-threads 8 --quiet"
+    # (b) NexusSync vs DDP (loongforge mode with and without NexusSync), n16 and n16-moe.
+    for cfg in n16 n16-moe; do
+      for w in "${WORLDS[@]}"; do
+        step "trainer_${cfg}_w${w}_nexus" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+          --config "$cfg" --mode loongforge --json-out "$OUT/trainer_${cfg}_w${w}_nexus.json"
+        step "trainer_${cfg}_w${w}_ddp" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+          --config "$cfg" --mode loongforge --no-nexussync --json-out "$OUT/trainer_${cfg}_w${w}_ddp.json"
+      done
+    done
+    # (c) end to end: every mode the trainer has (LeRobot-style baseline, tuned if present,
+    # loongforge) at 1 GPU and at the largest world, for tokens/GPU/s and scaling efficiency.
+    MODES="baseline loongforge"
+    $PY -m loongforge.train --help 2>/dev/null | grep -q tuned && MODES="baseline tuned loongforge"
+    WMAX=${WORLDS[-1]}
+    for mode in $MODES; do
+      for w in 1 "$WMAX"; do
+        step "e2e_${mode}_w${w}" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+          --config n16 --mode "$mode" --json-out "$OUT/e2e_n16_${mode}_w${w}.json"
+      done
+    done
+  else
+    echo "no packed DB (no loongforge CLI in build-gpu/ or build/): trainer runs skipped"
+  fi
+else
+  echo "loongforge.train is not importable here: trainer runs (b: n16/n16-moe, c: e2e) skipped"
+fi
+
+$PY bench/multigpu/summarize.py "$OUT" | tee "$OUT/summary_table.txt"
+echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
