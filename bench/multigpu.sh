@@ -51,7 +51,7 @@ echo "GPU mode: $NGPU GPUs, worlds ${WORLDS[*]}"
 for w in "${WORLDS[@]}"; do
   step "sweep_w$w" 400 $PY $H sweep --profile gpu --world "$w" --out "$OUT/sweep_w$w.json"
   step "harness_train_w$w" 400 $PY $H train --profile gpu --world "$w" --out "$OUT/train_w$w.json"
-  step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 60 --out "$OUT/kill_w$w.json"
+  step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 60 --deadline-s 240 --out "$OUT/kill_w$w.json"
 done
 
 # (b) and (c) with the trainer, if it is on this branch.

@@ -35,7 +35,7 @@ def harness(paths):
             if "train" in run:
                 t = run["train"]
                 parts = []
-                for m in ("ddp", "nexus", "nexus_topk"):
+                for m in ("ddp", "nexus", "nexus_topk", "nexus_ddp_layout"):
                     x = t[m]
                     ov = x["overlap_ratio"]
                     parts.append(f"{m} {x['step_ms']:.1f} ms exp {x['exposed_share']:.0%} "
