@@ -136,6 +136,7 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
                              am, np.where(ast > 1e-6, ast, 1.0).astype(np.float32))
         self._env = None
         self._pid = -1
+        self.seed, self.epoch = 0, 0  # set by BaselineLoader before each epoch's workers start
 
     def __len__(self) -> int:
         return int(self.schema["num_samples"])
@@ -165,8 +166,13 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
             state = np.frombuffer(self._get(txn, idx, "state"), dtype="<f4").copy()
             action = np.frombuffer(self._get(txn, idx, "action"), dtype="<f4").copy()
             amask = np.frombuffer(self._get(txn, idx, "amask"), dtype=np.uint8)
-        images = torch.stack([self.transform(Image.open(io.BytesIO(j)).convert("RGB"))
-                              for j in jpegs])
+        # Per-sample augmentation seed (as DataFusion's SampleRng): crops do not depend on the worker
+        # count or on where a resumed epoch starts.
+        # fork_rng keeps the caller's global RNG untouched when there are no workers.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + self.epoch * 7919 + idx) & (2**63 - 1))
+            images = torch.stack([self.transform(Image.open(io.BytesIO(j)).convert("RGB"))
+                                  for j in jpegs])
         action = action.reshape(self.horizon, self.action_dim)
         if self.norm is not None:
             sm, ss, am, ast = self.norm
@@ -233,6 +239,7 @@ class BaselineLoader:
         epoch, start = self._epoch, self._start
         batches = epoch_batches(len(self.dataset), self.batch_size, self.seed, epoch, self.rank,
                                 self.world_size, self.shuffle, self.drop_last)[start:]
+        self.dataset.seed, self.dataset.epoch = self.seed, epoch
         gen = torch.Generator()
         gen.manual_seed(self.seed * 1_000_003 + epoch * 7919 + self.rank)
         dl = torch.utils.data.DataLoader(self.dataset, batch_sampler=batches,

@@ -517,6 +517,9 @@ class BasicTransformerBlock(nn.Module):
         h = self.norm1(x, temb) if isinstance(self.norm1, AdaLayerNorm) else self.norm1(x)
         if self.is_cross:
             x = x + self.attn1(h, context, context_mask)
+        elif context is None and context_mask is not None and not isinstance(self.norm1,
+                                                                             AdaLayerNorm):
+            x = x + self.attn1(h, None, context_mask)  # VL self-attention: keys masked by padding
         else:
             x = x + self.attn1(h)
         return x + self.ff(self.norm3(x))
@@ -636,9 +639,9 @@ class SelfAttentionTransformer(nn.Module):
                                   ada=False, moe=False, device=device)
             for _ in range(cfg.vl_self_attn_layers))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         for block in self.transformer_blocks:
-            x = block(x)
+            x = block(x, context_mask=mask)
         return x
 
 
@@ -658,8 +661,10 @@ class FlowMatchingActionHead(nn.Module):
                                                   cfg.max_action_dim, device)
         self.position_embedding = nn.Embedding(cfg.max_seq_len, d, device=device)
 
-    def encode_context(self, vl: torch.Tensor) -> torch.Tensor:
-        return self.vl_self_attention(self.projector(self.vlln(vl)))
+    def encode_context(self, vl: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # GR00T runs this without a mask; we mask padded text tokens as keys so that a sample's
+        # context does not depend on how far its batch was padded.
+        return self.vl_self_attention(self.projector(self.vlln(vl)), mask)
 
     def velocity(self, context: torch.Tensor, context_mask: torch.Tensor, state: torch.Tensor,
                  noisy: torch.Tensor, t_disc: torch.Tensor, cat_ids: torch.Tensor) -> torch.Tensor:
@@ -701,10 +706,11 @@ class Gr00tPolicy(nn.Module):
     # -- parameters --------------------------------------------------------------------------
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Random init (deterministic under torch.manual_seed): N(0, init_std) weights, zero
-        biases, unit norms."""
+        """Random init, deterministic under torch.manual_seed. The backbone follows the HF
+        convention (N(0, init_std) weights, zero biases, unit norms); the action head keeps
+        PyTorch's default layer init and N(0, 0.02) per-embodiment weights, as GR00T's code does."""
         std = self.cfg.init_std
-        for m in self.modules():
+        for m in self.backbone.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
                 m.weight.normal_(0.0, std)
                 if m.bias is not None:
@@ -716,9 +722,12 @@ class Gr00tPolicy(nn.Module):
                 m.bias.zero_()
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
-            elif isinstance(m, CategorySpecificLinear):
-                m.W.normal_(0.0, std)
+        for m in self.action_head.modules():
+            if isinstance(m, CategorySpecificLinear):
+                m.W.normal_(0.0, 0.02)
                 m.b.zero_()
+            elif isinstance(m, (nn.Linear, nn.LayerNorm, nn.Embedding)):
+                m.reset_parameters()
 
     def frozen_modules(self) -> List[nn.Module]:
         """Vision tower, mlp1, token embeddings and the bottom LLM layers."""
@@ -751,7 +760,7 @@ class Gr00tPolicy(nn.Module):
     # -- forward -----------------------------------------------------------------------------
     def encode(self, batch: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         vl, mask = self.backbone(batch["images"], batch["tokens"], batch["attention_mask"])
-        return self.action_head.encode_context(vl), mask
+        return self.action_head.encode_context(vl, mask), mask
 
     def _inputs(self, batch: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         state = _pad_last(batch["state"].float(), self.cfg.max_state_dim, "state")
