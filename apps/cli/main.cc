@@ -22,13 +22,19 @@ Registrar::Registrar(const char* name, const char* help, CommandFn fn) {
 
 int ExitCode(const Status& s) {
   switch (s.code()) {
-    case StatusCode::kOk: return 0;
+    case StatusCode::kOk:
+      return 0;
     case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: return 2;
-    case StatusCode::kNotFound: return 3;
-    case StatusCode::kDataLoss: return 4;
-    case StatusCode::kResourceExhausted: return 5;
-    default: return 1;
+    case StatusCode::kOutOfRange:
+      return 2;
+    case StatusCode::kNotFound:
+      return 3;
+    case StatusCode::kDataLoss:
+      return 4;
+    case StatusCode::kResourceExhausted:
+      return 5;
+    default:
+      return 1;
   }
 }
 
@@ -68,7 +74,8 @@ Status Args::Parse(int argc, char** argv) {
       has_inline = true;
     }
     auto it = specs_.find(name);
-    if (it == specs_.end()) return InvalidArgumentError("unknown option --" + name + "\n" + Usage());
+    if (it == specs_.end())
+      return InvalidArgumentError("unknown option --" + name + "\n" + Usage());
     if (it->second.is_switch) {
       values_[name] = "1";
     } else {
@@ -140,7 +147,8 @@ static void PrintUsage() {
   std::printf("usage: loongforge <command> [options]   (loongforge <command> --help for more)\n\n");
   for (const auto& [name, c] : loongforge::cli::Registry())
     std::printf("  %-12s %s\n", name.c_str(), c.help.c_str());
-  std::printf("\n  --version    build information (version, git hash, CUDA, nvJPEG, cuFile, NCCL)\n");
+  std::printf(
+      "\n  --version    build information (version, git hash, CUDA, nvJPEG, cuFile, NCCL)\n");
 }
 
 int main(int argc, char** argv) {

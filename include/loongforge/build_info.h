@@ -12,9 +12,9 @@ struct BuildInfo {
   std::string git_hash;
   std::string build_type;
   std::string compiler;
-  bool cuda = false;             // CUDA code compiled in
-  std::string cuda_version;      // toolkit version at build time
-  std::string cuda_archs;        // e.g. "80;90"
+  bool cuda = false;         // CUDA code compiled in
+  std::string cuda_version;  // toolkit version at build time
+  std::string cuda_archs;    // e.g. "80;90"
   bool nvjpeg = false;
   bool cufile = false;
   bool nccl = false;

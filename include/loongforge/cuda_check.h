@@ -40,29 +40,30 @@ inline bool CudaSyncAfterLaunch() {
 }  // namespace internal
 }  // namespace loongforge
 
-#define LF_CUDA_RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                                     \
-    cudaError_t _lf_err = (expr);                                                          \
-    if (_lf_err != cudaSuccess)                                                            \
+#define LF_CUDA_RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                                      \
+    cudaError_t _lf_err = (expr);                                                           \
+    if (_lf_err != cudaSuccess)                                                             \
       return ::loongforge::internal::CudaErrorToStatus(_lf_err, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define LF_CUDA_CHECK_LAUNCH()                                                                   \
-  do {                                                                                           \
-    cudaError_t _lf_err = cudaGetLastError();                                                    \
-    if (_lf_err == cudaSuccess && ::loongforge::internal::CudaSyncAfterLaunch())                 \
-      _lf_err = cudaDeviceSynchronize();                                                         \
-    if (_lf_err != cudaSuccess)                                                                  \
-      return ::loongforge::internal::CudaErrorToStatus(_lf_err, "kernel launch", __FILE__, __LINE__); \
+#define LF_CUDA_CHECK_LAUNCH()                                                             \
+  do {                                                                                     \
+    cudaError_t _lf_err = cudaGetLastError();                                              \
+    if (_lf_err == cudaSuccess && ::loongforge::internal::CudaSyncAfterLaunch())           \
+      _lf_err = cudaDeviceSynchronize();                                                   \
+    if (_lf_err != cudaSuccess)                                                            \
+      return ::loongforge::internal::CudaErrorToStatus(_lf_err, "kernel launch", __FILE__, \
+                                                       __LINE__);                          \
   } while (0)
 
-#define LF_CUDA_WARN_IF_ERROR(expr)                                                       \
-  do {                                                                                    \
-    cudaError_t _lf_err = (expr);                                                         \
-    if (_lf_err != cudaSuccess) {                                                         \
-      cudaGetLastError();                                                                 \
-      LF_LOG(WARNING) << #expr << " failed: " << cudaGetErrorString(_lf_err);             \
-    }                                                                                     \
+#define LF_CUDA_WARN_IF_ERROR(expr)                                           \
+  do {                                                                        \
+    cudaError_t _lf_err = (expr);                                             \
+    if (_lf_err != cudaSuccess) {                                             \
+      cudaGetLastError();                                                     \
+      LF_LOG(WARNING) << #expr << " failed: " << cudaGetErrorString(_lf_err); \
+    }                                                                         \
   } while (0)
 
 #endif  // LOONGFORGE_WITH_CUDA

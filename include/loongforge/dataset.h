@@ -7,7 +7,8 @@
 //   "{sample_id:08d}_tokens"     int32 little-endian token ids of the instruction (no padding)
 //   "{sample_id:08d}_state"      float32[state_dim]
 //   "{sample_id:08d}_action"     float32[action_horizon * action_dim], row-major by future step
-//   "{sample_id:08d}_amask"      uint8[action_horizon]: 1 where the future step exists in the episode
+//   "{sample_id:08d}_amask"      uint8[action_horizon]: 1 where the future step exists in the
+//   episode
 //   "{sample_id:08d}_meta"       int32[2]: episode index, step index
 //
 // Readers open the environment read-only with MDB_NOLOCK|MDB_RDONLY semantics suitable after

@@ -4,8 +4,8 @@
 //   LF_CHECK(ptr != nullptr) << "context";   // aborts with file:line: for broken invariants only
 //   LF_DCHECK(...)                            // debug builds only
 //
-// The level comes from LOONGFORGE_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR; default INFO). Output goes
-// to stderr, one line per message, written atomically. Thread-safe.
+// The level comes from LOONGFORGE_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR; default INFO). Output
+// goes to stderr, one line per message, written atomically. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -47,7 +47,8 @@ struct LogVoidify {
 class RateLimiter {
  public:
   explicit RateLimiter(int64_t interval_ms) : interval_ms_(interval_ms) {}
-  // True if a message may be logged now; `suppressed` receives how many were dropped since the last.
+  // True if a message may be logged now; `suppressed` receives how many were dropped since the
+  // last.
   bool Allow(int64_t* suppressed);
 
  private:
@@ -64,19 +65,19 @@ class RateLimiter {
 #define LF_LOG_LEVEL_ERROR ::loongforge::LogLevel::kError
 #define LF_LOG_LEVEL_FATAL ::loongforge::LogLevel::kFatal
 
-#define LF_LOG(level)                                                        \
-  !(LF_LOG_LEVEL_##level >= ::loongforge::GetLogLevel())                     \
-      ? (void)0                                                              \
-      : ::loongforge::internal::LogVoidify() &                               \
+#define LF_LOG(level)                                    \
+  !(LF_LOG_LEVEL_##level >= ::loongforge::GetLogLevel()) \
+      ? (void)0                                          \
+      : ::loongforge::internal::LogVoidify() &           \
             ::loongforge::internal::LogMessage(__FILE__, __LINE__, LF_LOG_LEVEL_##level).stream()
 
-#define LF_CHECK(cond)                                                                      \
-  (cond) ? (void)0                                                                         \
-         : ::loongforge::internal::LogVoidify() &                                          \
-               ::loongforge::internal::LogMessage(__FILE__, __LINE__,                       \
-                                                  ::loongforge::LogLevel::kFatal)           \
-                       .stream()                                                            \
-                   << "Check failed: " #cond " "
+#define LF_CHECK(cond)                                                                             \
+  (cond)                                                                                           \
+      ? (void)0                                                                                    \
+      : ::loongforge::internal::LogVoidify() &                                                     \
+            ::loongforge::internal::LogMessage(__FILE__, __LINE__, ::loongforge::LogLevel::kFatal) \
+                    .stream()                                                                      \
+                << "Check failed: " #cond " "
 
 #ifdef NDEBUG
 #define LF_DCHECK(cond) \

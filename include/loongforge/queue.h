@@ -19,7 +19,8 @@ namespace loongforge {
 template <typename T>
 class BoundedQueue {
  public:
-  BoundedQueue(size_t capacity, std::string name) : capacity_(capacity ? capacity : 1), name_(std::move(name)) {}
+  BoundedQueue(size_t capacity, std::string name)
+      : capacity_(capacity ? capacity : 1), name_(std::move(name)) {}
   BoundedQueue(const BoundedQueue&) = delete;
   BoundedQueue& operator=(const BoundedQueue&) = delete;
 

@@ -47,7 +47,8 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // "InvalidArgument: message"
   std::string ToString() const;
-  // Returns a copy whose message is "context: message" (used to add file/record names on the way up).
+  // Returns a copy whose message is "context: message" (used to add file/record names on the way
+  // up).
   Status WithContext(const std::string& context) const;
   // Marks a status as deliberately ignored.
   void IgnoreError() const {}
@@ -118,17 +119,17 @@ const Status& AsStatus(const StatusOr<T>& s) {
 #define LF_CONCAT(a, b) LF_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define LF_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                    \
+#define LF_RETURN_IF_ERROR(expr)                                                \
+  do {                                                                          \
     const ::loongforge::Status _lf_st = ::loongforge::internal::AsStatus(expr); \
-    if (!_lf_st.ok()) return _lf_st;                                      \
+    if (!_lf_st.ok()) return _lf_st;                                            \
   } while (0)
 
 // Like LF_RETURN_IF_ERROR, prefixing `context` (a std::string expression) to the message.
-#define LF_RETURN_IF_ERROR_CTX(expr, context)                             \
-  do {                                                                    \
+#define LF_RETURN_IF_ERROR_CTX(expr, context)                                   \
+  do {                                                                          \
     const ::loongforge::Status _lf_st = ::loongforge::internal::AsStatus(expr); \
-    if (!_lf_st.ok()) return _lf_st.WithContext(context);                 \
+    if (!_lf_st.ok()) return _lf_st.WithContext(context);                       \
   } while (0)
 
 #define LF_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -136,6 +137,7 @@ const Status& AsStatus(const StatusOr<T>& s) {
   if (!tmp.ok()) return tmp.status();            \
   lhs = std::move(tmp).value()
 
-// `lhs = value of expr`, or return its status. lhs may be a declaration: LF_ASSIGN_OR_RETURN(auto x, F());
+// `lhs = value of expr`, or return its status. lhs may be a declaration: LF_ASSIGN_OR_RETURN(auto
+// x, F());
 #define LF_ASSIGN_OR_RETURN(lhs, expr) \
   LF_ASSIGN_OR_RETURN_IMPL(LF_CONCAT(_lf_statusor_, __LINE__), lhs, expr)

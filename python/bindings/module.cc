@@ -21,14 +21,29 @@ void ThrowStatus(const Status& s) {
   PyObject* type = PyExc_RuntimeError;
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: type = PyExc_ValueError; break;
-    case StatusCode::kNotFound: type = PyExc_FileNotFoundError; break;
-    case StatusCode::kAlreadyExists: type = PyExc_FileExistsError; break;
-    case StatusCode::kPermissionDenied: type = PyExc_PermissionError; break;
-    case StatusCode::kResourceExhausted: type = g_resource_exhausted_error; break;
-    case StatusCode::kDataLoss: type = g_data_loss_error; break;
-    case StatusCode::kDeadlineExceeded: type = PyExc_TimeoutError; break;
-    default: break;
+    case StatusCode::kOutOfRange:
+      type = PyExc_ValueError;
+      break;
+    case StatusCode::kNotFound:
+      type = PyExc_FileNotFoundError;
+      break;
+    case StatusCode::kAlreadyExists:
+      type = PyExc_FileExistsError;
+      break;
+    case StatusCode::kPermissionDenied:
+      type = PyExc_PermissionError;
+      break;
+    case StatusCode::kResourceExhausted:
+      type = g_resource_exhausted_error;
+      break;
+    case StatusCode::kDataLoss:
+      type = g_data_loss_error;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      type = PyExc_TimeoutError;
+      break;
+    default:
+      break;
   }
   PyErr_SetString(type, msg.c_str());
   throw py::error_already_set();
@@ -42,28 +57,31 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "LoongForge C++ core (private; use the `loongforge` package)";
   static py::exception<std::runtime_error> data_loss(m, "DataLossError", PyExc_RuntimeError);
   static py::exception<std::runtime_error> res_exhausted(m, "ResourceExhaustedError",
-                                                          PyExc_MemoryError);
+                                                         PyExc_MemoryError);
   g_data_loss_error = data_loss.ptr();
   g_resource_exhausted_error = res_exhausted.ptr();
 
-  m.def("build_info", [] {
-    BuildInfo b = GetBuildInfo();
-    py::dict d;
-    d["version"] = b.version;
-    d["git_hash"] = b.git_hash;
-    d["build_type"] = b.build_type;
-    d["compiler"] = b.compiler;
-    d["cuda"] = b.cuda;
-    d["cuda_version"] = b.cuda_version;
-    d["cuda_archs"] = b.cuda_archs;
-    d["nvjpeg"] = b.nvjpeg;
-    d["cufile"] = b.cufile;
-    d["nccl"] = b.nccl;
-    d["cuda_runtime_version"] = b.cuda_runtime_version;
-    d["cuda_driver_version"] = b.cuda_driver_version;
-    d["cuda_device_count"] = b.cuda_device_count;
-    return d;
-  }, "Version, git hash and the GPU features compiled in and found at run time.");
+  m.def(
+      "build_info",
+      [] {
+        BuildInfo b = GetBuildInfo();
+        py::dict d;
+        d["version"] = b.version;
+        d["git_hash"] = b.git_hash;
+        d["build_type"] = b.build_type;
+        d["compiler"] = b.compiler;
+        d["cuda"] = b.cuda;
+        d["cuda_version"] = b.cuda_version;
+        d["cuda_archs"] = b.cuda_archs;
+        d["nvjpeg"] = b.nvjpeg;
+        d["cufile"] = b.cufile;
+        d["nccl"] = b.nccl;
+        d["cuda_runtime_version"] = b.cuda_runtime_version;
+        d["cuda_driver_version"] = b.cuda_driver_version;
+        d["cuda_device_count"] = b.cuda_device_count;
+        return d;
+      },
+      "Version, git hash and the GPU features compiled in and found at run time.");
 
   // Register components in a fixed order (static init order across files is unspecified).
   auto regs = BindingRegistry();

@@ -8,6 +8,7 @@ from typing import Any, Dict
 
 from . import _C
 from ._C import DataLossError, ResourceExhaustedError
+from .data import DataFusionLoader
 
 __version__: str = _C.build_info()["version"]
 
@@ -17,4 +18,4 @@ def build_info() -> Dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "DataLossError", "ResourceExhaustedError", "__version__"]
+__all__ = ["build_info", "DataFusionLoader", "DataLossError", "ResourceExhaustedError", "__version__"]

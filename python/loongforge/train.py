@@ -200,7 +200,7 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool) -> Any:
                                 prefetch=args.prefetch,
                                 token_pad=args.token_pad if args.token_pad else "batch_max",
                                 device=str(d.device), **common)
-    from .baseline_data import BaselineLoader
+    from .trainer_data import BaselineLoader
 
     return BaselineLoader(args.data, args.batch_size, workers=args.workers,
                           token_pad=args.token_pad or None, device=str(d.device),
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
 
-    from .baseline_data import read_schema
+    from .trainer_data import read_schema
 
     try:
         schema = read_schema(args.data)

@@ -133,8 +133,9 @@ std::string MetricsRegistry::ToText() const {
   std::ostringstream os;
   char buf[256];
   for (const auto& [k, s] : Histograms()) {
-    std::snprintf(buf, sizeof(buf), "  %-24s n=%-8lld p50=%-10.4g p95=%-10.4g p99=%-10.4g std=%.4g\n",
-                  k.c_str(), static_cast<long long>(s.count), s.p50, s.p95, s.p99, s.std);
+    std::snprintf(buf, sizeof(buf),
+                  "  %-24s n=%-8lld p50=%-10.4g p95=%-10.4g p99=%-10.4g std=%.4g\n", k.c_str(),
+                  static_cast<long long>(s.count), s.p50, s.p95, s.p99, s.std);
     os << buf;
   }
   for (const auto& [k, v] : Counters()) {

@@ -19,13 +19,22 @@ namespace {
 Status LmdbError(int rc, const std::string& what) {
   std::string msg = what + ": " + mdb_strerror(rc);
   switch (rc) {
-    case MDB_NOTFOUND: return NotFoundError(msg);
-    case MDB_MAP_FULL: case ENOSPC: return ResourceExhaustedError(msg);
-    case MDB_CORRUPTED: case MDB_PAGE_NOTFOUND: case MDB_INVALID: case MDB_VERSION_MISMATCH:
+    case MDB_NOTFOUND:
+      return NotFoundError(msg);
+    case MDB_MAP_FULL:
+    case ENOSPC:
+      return ResourceExhaustedError(msg);
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_INVALID:
+    case MDB_VERSION_MISMATCH:
       return DataLossError(msg);
-    case MDB_READERS_FULL: return ResourceExhaustedError(msg + " (raise max_readers)");
-    case ENOENT: return NotFoundError(msg);
-    default: return rc > 0 ? ErrnoToStatus(rc, what) : InternalError(msg);
+    case MDB_READERS_FULL:
+      return ResourceExhaustedError(msg + " (raise max_readers)");
+    case ENOENT:
+      return NotFoundError(msg);
+    default:
+      return rc > 0 ? ErrnoToStatus(rc, what) : InternalError(msg);
   }
 }
 
@@ -43,7 +52,8 @@ template <typename T>
 Status ReadVec(const nlohmann::json& j, const char* field, std::vector<T>* out,
                const std::string& where) {
   if (!j.contains(field)) return Status::Ok();
-  if (!j[field].is_array()) return DataLossError(where + ": schema field '" + field + "' is not a list");
+  if (!j[field].is_array())
+    return DataLossError(where + ": schema field '" + field + "' is not a list");
   *out = j[field].get<std::vector<T>>();
   return Status::Ok();
 }
@@ -162,14 +172,15 @@ StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& pa
   rc = mdb_get(txn, dbi, &k, &v);
   if (rc == MDB_NOTFOUND) {
     mdb_txn_abort(txn);
-    return FailedPreconditionError(path + ": dataset is incomplete (no __schema__ record); re-run pack");
+    return FailedPreconditionError(path +
+                                   ": dataset is incomplete (no __schema__ record); re-run pack");
   }
   if (rc) {
     mdb_txn_abort(txn);
     return LmdbError(rc, "read __schema__ of " + path);
   }
-  auto schema = Schema::FromJson(std::string_view(static_cast<const char*>(v.mv_data), v.mv_size),
-                                 path);
+  auto schema =
+      Schema::FromJson(std::string_view(static_cast<const char*>(v.mv_data), v.mv_size), path);
   mdb_txn_abort(txn);
   if (!schema.ok()) return schema.status();
   r->schema_ = std::move(schema).value();
@@ -204,7 +215,8 @@ RecordReader::Txn::Txn(Txn&& o) noexcept : txn_(o.txn_), dbi_(o.dbi_), path_(o.p
 StatusOr<std::string_view> RecordReader::Txn::Get(std::string_view key) const {
   MDB_val k{key.size(), const_cast<char*>(key.data())}, v;
   int rc = mdb_get(static_cast<MDB_txn*>(txn_), dbi_, &k, &v);
-  if (rc == MDB_NOTFOUND) return NotFoundError(*path_ + ": missing record '" + std::string(key) + "'");
+  if (rc == MDB_NOTFOUND)
+    return NotFoundError(*path_ + ": missing record '" + std::string(key) + "'");
   if (rc) return LmdbError(rc, *path_ + ": read record '" + std::string(key) + "'");
   return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
 }

@@ -1,0 +1,127 @@
+// DataFusion loader, CPU path: LMDB records -> JPEG decode (libjpeg-turbo, DCT-domain scaling) ->
+// fused crop/resize/jitter/normalize into the batch buffer -> padded, masked, model-ready batches.
+//
+// Threads (all owned by the loader, joined on Stop()/destruction; Note [Loader pipeline] in
+// src/data/loader.cc):
+//   "lf-fetch"    stage 1: samples the next batch, looks its records up zero-copy, queues decode
+//   tasks "lf-decode*"  stage 2: `threads` workers decoding one image per task into the batch
+//   buffer "lf-collate"  stage 3: waits for a batch's images (in batch order), pads tokens, builds
+//   masks,
+//                 copies and normalizes state/action, and publishes the batch
+// Batches are delivered in sampler order whatever the thread count. At most `prefetch` batches are
+// in flight; their buffers come from a recycled pool, so memory is flat across epochs.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/dataset.h"
+#include "loongforge/metrics.h"
+#include "loongforge/status.h"
+
+namespace loongforge {
+
+// Maps (seed, epoch, rank, world) to this rank's batches. Every rank gets the same number of
+// batches; the order depends only on these numbers (not on thread count or timing).
+struct SamplerOptions {
+  int64_t num_samples = 0;
+  int batch_size = 32;
+  uint64_t seed = 0;
+  int rank = 0, world_size = 1;
+  bool shuffle = true;
+  // true: drop the tail that does not fill a batch on every rank. false: pad by wrapping around.
+  bool drop_last = true;
+};
+
+class Sampler {
+ public:
+  static StatusOr<Sampler> Create(const SamplerOptions& opts);
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  // Sample indices of batch `b` (0 <= b < batches_per_epoch) of `epoch`, in order.
+  std::vector<int64_t> Batch(int64_t epoch, int64_t b) const;
+  // This rank's full order for `epoch` (batches_per_epoch * batch_size indices).
+  std::vector<int64_t> EpochOrder(int64_t epoch) const;
+  const SamplerOptions& options() const { return opts_; }
+
+ private:
+  SamplerOptions opts_;
+  int64_t per_rank_ = 0, batches_per_epoch_ = 0;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_order_;
+};
+
+enum class CorruptPolicy { kSkip, kError };
+
+struct LoaderOptions {
+  std::string db_path;
+  int batch_size = 32;
+  int image_size = 224;         // output H = W
+  float crop_fraction = 0.95f;  // side fraction kept by the (random or centre) crop
+  bool train = true;            // random crop offsets (train) or centre crop (eval)
+  bool color_jitter = false;    // brightness 0.3, contrast 0.4, saturation 0.5
+  std::array<float, 3> mean = {0.5f, 0.5f, 0.5f};
+  std::array<float, 3> std = {0.5f, 0.5f, 0.5f};
+  bool dct_scaling = true;      // let libjpeg-turbo downscale in the DCT domain when it can
+  bool normalize_state = true;  // (x - mean) / std with the schema's statistics
+  uint64_t seed = 0;
+  int rank = 0, world_size = 1;
+  bool shuffle = true, drop_last = true;
+  int threads = 2;    // decode workers
+  int prefetch = 4;   // batches in flight (pipeline depth)
+  int token_pad = 0;  // 0: pad to the batch max; >0: fixed length (longer is an error)
+  CorruptPolicy on_corrupt = CorruptPolicy::kSkip;
+  bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
+  int64_t timeout_ms = 60000;  // every wait inside the pipeline
+};
+
+// One model-ready batch. Buffers are owned by the loader's pool; a batch returns to the pool when
+// the last shared_ptr to it is dropped (the Python side holds it through DLPack deleters).
+struct Batch {
+  int64_t epoch = 0, index = 0;  // index within the epoch
+  int size = 0;                  // valid samples (< batch_size only when corrupt ones were skipped)
+  int cameras = 0, height = 0, width = 0;
+  int tokens_len = 0, state_dim = 0, action_dim = 0, horizon = 0;
+  float* images = nullptr;            // [size, cameras, 3, height, width]
+  int64_t* tokens = nullptr;          // [size, tokens_len], 0-padded
+  uint8_t* attention_mask = nullptr;  // [size, tokens_len]
+  float* state = nullptr;             // [size, state_dim]
+  float* action = nullptr;            // [size, horizon, action_dim]
+  uint8_t* action_mask = nullptr;     // [size, horizon]
+  int64_t* sample_index = nullptr;    // [size]
+  bool pinned = false;
+  double latency_ms = 0;  // stage-1 start to publication
+};
+
+class DataLoader {
+ public:
+  static StatusOr<std::unique_ptr<DataLoader>> Create(const LoaderOptions& opts);
+  ~DataLoader();
+
+  const Schema& schema() const;
+  int64_t batches_per_epoch() const;
+  // Starts (or restarts) the pipeline at batch `start_batch` of `epoch`. Stops a running epoch.
+  Status Start(int64_t epoch, int64_t start_batch = 0);
+  // Next batch of the epoch: the batch, OutOfRange at the end of the epoch, or the error that
+  // stopped the pipeline (DataLoss/NotFound naming the record under the `error` policy).
+  StatusOr<std::shared_ptr<Batch>> Next();
+  // Stops the pipeline threads; queued work is discarded; pool buffers stay for reuse.
+  void Stop();
+
+  // Resumable position: the next batch Next() would return.
+  int64_t epoch() const;
+  int64_t next_batch() const;
+
+  MetricsRegistry& metrics();
+  int64_t corrupt_skipped() const;
+
+ private:
+  DataLoader() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loongforge

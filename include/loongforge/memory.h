@@ -1,0 +1,307 @@
+// MemSculptor: planned memory for training steps (ARCHITECTURE.md, MemSculptor).
+//
+// Four layers, each usable on its own and all plain C++ over an address range (so they run and are
+// tested on a CPU; the CUDA backing is one implementation of MemoryBackend/StreamFence):
+//
+//   Trace        one or more steps of alloc/free events (size, order, stream, time) -> a lifetime
+//                table per step. Captured by MemAllocator, or built from torch's memory snapshot
+//                (python/loongforge/memory.py converts it).
+//   Planner      offline offset assignment for one step's lifetimes: best of greedy-by-size
+//                (best-fit gaps) and greedy-by-breadth; reports the lower bound (max live bytes).
+//   MemAllocator a planned arena that serves a step's allocations in recorded order in O(1) while
+//                the step matches its plan, and a pooled best-fit allocator (splitting, coalescing,
+//                512 B alignment, persistent vs transient pools, stream-safe reuse) for the rest.
+//   Backends     HostBackend (a malloc'd range standing in for device memory) and CpuFence (a
+//                counter-based fence) on the CPU; CudaBackend (cudaMalloc'd segments) and CudaFence
+//                (cudaEvent) with CUDA.
+//
+// See Note [Planned arena safety] in src/memory/allocator.cc for why a planned step cannot hand out
+// overlapping live memory even when the live step diverges from the recorded one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "loongforge/metrics.h"
+#include "loongforge/status.h"
+
+namespace loongforge {
+namespace mem {
+
+// A stream handle as an integer (cudaStream_t cast to uintptr_t; 0 is the default stream).
+using StreamId = uint64_t;
+
+// Every block size and offset is a multiple of this.
+inline constexpr size_t kAlignBytes = 512;
+inline size_t RoundUp(size_t bytes) {
+  return bytes == 0 ? kAlignBytes : (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Trace
+// ----------------------------------------------------------------------------------------------
+
+struct TraceEvent {
+  enum Kind : uint8_t { kAlloc = 0, kFree = 1, kStep = 2 };
+  Kind kind = kAlloc;
+  uint64_t id = 0;      // allocation id, unique within the trace (not an address: addresses recur)
+  int64_t size = 0;     // requested bytes (kAlloc only)
+  StreamId stream = 0;  // stream of the allocation (kAlloc) or of the free (kFree)
+  int64_t time_ns = 0;  // caller's clock; only differences are meaningful
+  std::string signature;  // kStep only: the shape signature of the step that begins here
+};
+
+// One allocation of one step. Sequence numbers count events within the step (allocs and frees),
+// so [alloc_seq, free_seq) is the allocation's lifetime in the step's event order.
+struct Lifetime {
+  uint64_t id = 0;
+  int64_t size = 0;  // requested bytes
+  StreamId stream = 0;
+  int64_t alloc_seq = 0;
+  int64_t free_seq = 0;  // == LifetimeTable::num_events when not freed in this step
+  bool freed_in_step = false;
+  int64_t alloc_ns = 0, free_ns = 0;  // free_ns = -1 when not freed in this step
+};
+
+struct LifetimeTable {
+  int step = 0;
+  std::string signature;
+  int64_t num_events = 0;        // allocs + frees in this step
+  std::vector<Lifetime> allocs;  // in allocation order
+  // Frees in this step of allocations made before it (persistent tensors, last step's outputs).
+  int64_t foreign_frees = 0;
+};
+
+// An alloc/free trace over one or more steps. Not thread-safe (MemAllocator locks around it).
+class Trace {
+ public:
+  // Starts a new step; events before the first MarkStep belong to step 0 (signature "").
+  void MarkStep(const std::string& signature = "", int64_t time_ns = 0);
+  void AddAlloc(uint64_t id, int64_t size, StreamId stream, int64_t time_ns);
+  void AddFree(uint64_t id, StreamId stream, int64_t time_ns);
+
+  const std::vector<TraceEvent>& events() const { return events_; }
+  size_t size() const { return events_.size(); }
+  void Clear() { events_.clear(); }
+
+  // One table per step (steps without events are dropped). Errors (InvalidArgument, naming the
+  // event index): an id allocated twice while live, a negative size. A free of an id never
+  // allocated in the trace is counted in foreign_frees (it was allocated before recording began).
+  StatusOr<std::vector<LifetimeTable>> Lifetimes() const;
+
+  // Text form, one event per line: "a ID SIZE STREAM TIME_NS", "f ID STREAM TIME_NS",
+  // "s TIME_NS SIGNATURE". Parse errors name the line.
+  std::string ToText() const;
+  static StatusOr<Trace> FromText(const std::string& text);
+
+ private:
+  std::vector<TraceEvent> events_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Planner
+// ----------------------------------------------------------------------------------------------
+
+// Offset for allocations the plan does not place (they outlive the step: served by the pool).
+inline constexpr int64_t kNotPlanned = -1;
+
+struct Plan {
+  std::string signature;
+  std::string algorithm;  // "greedy_by_size" or "greedy_by_breadth"
+  // Per allocation, in allocation order.
+  std::vector<int64_t> sizes;  // rounded bytes (RoundUp of the requested size)
+  std::vector<StreamId> streams;
+  std::vector<int64_t> offsets;  // kNotPlanned for allocations not freed in the step
+  // For allocation k: earlier planned allocations whose address ranges overlap k's. They must all
+  // be freed before k is handed out (Note [Planned arena safety]).
+  std::vector<std::vector<int32_t>> must_be_free;
+  int64_t peak_bytes = 0;         // arena size
+  int64_t lower_bound_bytes = 0;  // max over time of live planned bytes (no plan can beat it)
+  int64_t other_peak_bytes = 0;   // the peak of the algorithm not chosen
+  // (peak - lower bound) / lower bound; 0 when lower bound is 0.
+  double overhead() const {
+    return lower_bound_bytes > 0
+               ? static_cast<double>(peak_bytes - lower_bound_bytes) / lower_bound_bytes
+               : 0.0;
+  }
+};
+
+// Plans one step. Allocations on different streams never share addresses (so reuse is always
+// stream-ordered, within a step and across steps); allocations not freed in the step are not
+// placed.
+Plan PlanStep(const LifetimeTable& table, const std::string& signature = "");
+// The two algorithms on their own (PlanStep runs both and keeps the smaller peak).
+Plan PlanGreedyBySize(const LifetimeTable& table);
+Plan PlanGreedyByBreadth(const LifetimeTable& table);
+// Independent checker: OK iff no two placed allocations that are live at the same time (or are on
+// different streams) overlap in address, every offset is aligned and lies inside [0, peak), and
+// peak >= lower bound. The error names the offending pair.
+Status CheckPlan(const LifetimeTable& table, const Plan& plan);
+// Max over time of the sum of live rounded sizes of placed allocations.
+int64_t LowerBoundBytes(const LifetimeTable& table);
+
+// Plans keyed by shape signature (e.g. the padding bucket). Thread-safe.
+class PlanCache {
+ public:
+  void Put(Plan plan);
+  // nullptr when absent. The pointer stays valid until the entry is replaced or the cache dies.
+  std::shared_ptr<const Plan> Get(const std::string& signature) const;
+  std::vector<std::string> Signatures() const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const Plan>> plans_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Backends: where segments come from, and how a stream says "I have passed this point".
+// ----------------------------------------------------------------------------------------------
+
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  // Returns `bytes` (a multiple of kAlignBytes) of memory aligned to kAlignBytes, or
+  // ResourceExhausted. Called with the allocator lock held.
+  virtual StatusOr<void*> Reserve(size_t bytes) = 0;
+  // Returns a segment. Streams may still be using it: the backend makes that safe (cudaFree
+  // synchronizes the device; host memory has no streams).
+  virtual void Release(void* ptr, size_t bytes) = 0;
+  virtual std::string Name() const = 0;
+};
+
+// Host memory standing in for a device: one malloc'd range of `capacity_bytes`, carved into
+// segments first-fit (released segments are reused). Exhaustion beyond the capacity is
+// ResourceExhausted, as cudaMalloc's would be.
+std::unique_ptr<MemoryBackend> CreateHostBackend(size_t capacity_bytes);
+
+// A token for "the stream has passed the point where this was recorded".
+struct FenceToken {
+  StreamId stream = 0;
+  uint64_t value = 0;      // 0 = no fence (always passed)
+  void* handle = nullptr;  // implementation data (a cudaEvent_t for CudaFence)
+};
+
+class StreamFence {
+ public:
+  virtual ~StreamFence() = default;
+  // Records a fence on `stream` now. Called with the allocator lock held.
+  virtual FenceToken Record(StreamId stream) = 0;
+  // True once the stream has passed the token (never blocks).
+  virtual bool Passed(const FenceToken& token) = 0;
+  // Returns the token's resources; called exactly once per recorded token.
+  virtual void Release(const FenceToken& token) = 0;
+};
+
+// CPU twin of a CUDA event: each stream has a counter of recorded fences and one of completed
+// ones. Complete(stream) plays the part of the stream finishing all its queued work. Thread-safe.
+class CpuFence : public StreamFence {
+ public:
+  FenceToken Record(StreamId stream) override;
+  bool Passed(const FenceToken& token) override;
+  void Release(const FenceToken& token) override {}
+  // Marks every fence recorded so far on `stream` as passed.
+  void Complete(StreamId stream);
+
+ private:
+  std::mutex mu_;
+  std::map<StreamId, uint64_t> recorded_, completed_;
+};
+
+// CUDA implementations (Unavailable when built without CUDA or when no device is present).
+StatusOr<std::unique_ptr<MemoryBackend>> CreateCudaBackend(int device, size_t limit_bytes = 0);
+StatusOr<std::unique_ptr<StreamFence>> CreateCudaFence(int device);
+
+// ----------------------------------------------------------------------------------------------
+// Allocator
+// ----------------------------------------------------------------------------------------------
+
+enum class PoolKind : int { kTransient = 0, kPersistent = 1 };
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;  // live, rounded, planned + pooled
+  int64_t reserved_bytes = 0;   // segments held from the backend (arena included)
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  // 1 - peak_allocated / peak_reserved (0 when nothing was reserved).
+  double fragmentation = 0;
+  int64_t largest_free_block_bytes = 0;  // in the pools (the arena is not counted)
+  int64_t live_allocations = 0;
+  int64_t num_allocs = 0, num_frees = 0;
+  int64_t planned_hits = 0;    // allocations served from a plan's arena
+  int64_t planned_misses = 0;  // planned steps that diverged and fell back to the pool
+  int64_t planned_steps = 0;   // steps that began with a plan
+  int64_t pool_allocs = 0;     // allocations served by the pools
+  int64_t segments = 0;
+  int64_t arena_bytes = 0;
+  int64_t persistent_allocated_bytes = 0;
+  int64_t pending_fenced_blocks = 0;  // freed blocks waiting for another stream's fence
+  HistogramSummary alloc_latency_ns;
+};
+
+class MemAllocator {
+ public:
+  struct Options {
+    // Pool segments are at least this large (bigger requests get their own segment).
+    size_t segment_bytes = size_t{32} << 20;
+    // Split a free block only when the rest is at least this large (smaller rests stay with the
+    // block, as internal slack, so tiny slivers do not accumulate).
+    size_t min_split_bytes = kAlignBytes;
+    // Record each allocation's latency into the histogram (two clock reads per call).
+    bool record_latency = true;
+  };
+
+  // `fence` may be null when all allocations use one stream (cross-stream reuse is then refused
+  // until the block is coalesced into a fully free segment... see Note [Stream-safe reuse]).
+  MemAllocator(Options options, std::unique_ptr<MemoryBackend> backend,
+               std::unique_ptr<StreamFence> fence);
+  ~MemAllocator();
+  MemAllocator(const MemAllocator&) = delete;
+  MemAllocator& operator=(const MemAllocator&) = delete;
+
+  // Returns RoundUp(bytes) bytes aligned to kAlignBytes. ResourceExhausted names what was live.
+  // Thread-safe.
+  StatusOr<void*> Allocate(size_t bytes, StreamId stream, PoolKind kind = PoolKind::kTransient);
+  // `stream` is where the memory was last used (the caller's current stream). InvalidArgument for
+  // a pointer this allocator did not hand out (or freed twice).
+  Status Free(void* ptr, StreamId stream);
+
+  // Step boundaries. BeginStep ends the previous step; if a plan exists for `signature` and the
+  // arena is free of last step's planned allocations, this step is served from the plan.
+  Status BeginStep(const std::string& signature);
+  void EndStep();
+
+  // Recording: every alloc/free and step boundary goes into the trace until StopRecording.
+  void StartRecording();
+  Trace StopRecording();
+  bool recording() const;
+
+  // Plans the last recorded step of each signature in `trace` and installs the plans.
+  // Returns the plans installed.
+  StatusOr<std::vector<Plan>> PlanFromTrace(const Trace& trace);
+  Status InstallPlan(Plan plan);
+  const PlanCache& plans() const { return plans_; }
+
+  // Returns fully free pool segments (and an idle arena) to the backend.
+  void ReleaseCached();
+  AllocatorStats Stats() const;
+  void ResetPeaks();
+  // "allocated 1.2 GiB in 42 live allocations (...); top live: 256.0 MiB stream 0 transient, ..."
+  std::string DescribeLive(size_t top_n = 5) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  PlanCache plans_;
+};
+
+// "1.5 GiB", "512 B"
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace mem
+}  // namespace loongforge

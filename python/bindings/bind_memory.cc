@@ -1,0 +1,181 @@
+// Bindings for MemSculptor's CPU analysis surface: traces, plans, and replay through the pooled /
+// planned allocator over host memory. The CUDA allocator itself is libloongforge_alloc.so, driven
+// by python/loongforge/memory.py through ctypes.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "loongforge/memory.h"
+
+namespace loongforge {
+namespace {
+
+using mem::Plan;
+using mem::Trace;
+
+py::dict PlanToDict(const Plan& p, const mem::LifetimeTable& t, bool with_layout) {
+  py::dict d;
+  d["signature"] = p.signature;
+  d["step"] = t.step;
+  d["algorithm"] = p.algorithm;
+  d["allocations"] = p.sizes.size();
+  int64_t placed = 0;
+  for (int64_t o : p.offsets) placed += (o != mem::kNotPlanned);
+  d["planned"] = placed;
+  d["peak_bytes"] = p.peak_bytes;
+  d["lower_bound_bytes"] = p.lower_bound_bytes;
+  d["other_peak_bytes"] = p.other_peak_bytes;
+  d["overhead"] = p.overhead();
+  if (with_layout) {
+    d["offsets"] = p.offsets;
+    d["sizes"] = p.sizes;
+    std::vector<int64_t> begin, end;
+    for (const auto& lt : t.allocs) {
+      begin.push_back(lt.alloc_seq);
+      end.push_back(lt.free_seq);
+    }
+    d["begin"] = begin;
+    d["end"] = end;
+  }
+  return d;
+}
+
+py::dict StatsToDict(const mem::AllocatorStats& s) {
+  py::dict d;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["reserved_bytes"] = s.reserved_bytes;
+  d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
+  d["fragmentation"] = s.fragmentation;
+  d["largest_free_block_bytes"] = s.largest_free_block_bytes;
+  d["live_allocations"] = s.live_allocations;
+  d["num_allocs"] = s.num_allocs;
+  d["num_frees"] = s.num_frees;
+  d["planned_hits"] = s.planned_hits;
+  d["planned_misses"] = s.planned_misses;
+  d["planned_steps"] = s.planned_steps;
+  d["pool_allocs"] = s.pool_allocs;
+  d["segments"] = s.segments;
+  d["arena_bytes"] = s.arena_bytes;
+  py::dict lat;
+  lat["count"] = s.alloc_latency_ns.count;
+  lat["p50"] = s.alloc_latency_ns.p50;
+  lat["p99"] = s.alloc_latency_ns.p99;
+  lat["mean"] = s.alloc_latency_ns.mean;
+  d["alloc_latency_ns"] = lat;
+  return d;
+}
+
+// Replays `trace` through a MemAllocator over a host range. With `planned`, the last step of each
+// signature is planned first and every step begins with BeginStep(signature).
+StatusOr<mem::AllocatorStats> Replay(const Trace& trace, bool planned, size_t capacity,
+                                     size_t segment_bytes) {
+  mem::MemAllocator::Options o;
+  o.segment_bytes = segment_bytes;
+  mem::MemAllocator a(o, mem::CreateHostBackend(capacity), std::make_unique<mem::CpuFence>());
+  if (planned) LF_RETURN_IF_ERROR(a.PlanFromTrace(trace).status());
+  std::unordered_map<uint64_t, void*> live;
+  for (const auto& e : trace.events()) {
+    switch (e.kind) {
+      case mem::TraceEvent::kStep:
+        if (planned) LF_RETURN_IF_ERROR(a.BeginStep(e.signature));
+        break;
+      case mem::TraceEvent::kAlloc: {
+        LF_ASSIGN_OR_RETURN(void* p, a.Allocate(static_cast<size_t>(e.size), e.stream));
+        live[e.id] = p;
+        break;
+      }
+      case mem::TraceEvent::kFree: {
+        auto it = live.find(e.id);
+        if (it == live.end()) break;  // allocated before the trace began
+        LF_RETURN_IF_ERROR(a.Free(it->second, e.stream));
+        live.erase(it);
+        break;
+      }
+    }
+  }
+  return a.Stats();
+}
+
+void BindMemory(py::module_& m) {
+  py::class_<Trace>(m, "MemTrace", "Alloc/free trace over one or more steps (MemSculptor).")
+      .def(py::init<>())
+      .def("mark_step", &Trace::MarkStep, py::arg("signature") = "", py::arg("time_ns") = 0)
+      .def("add_alloc", &Trace::AddAlloc, py::arg("id"), py::arg("size"), py::arg("stream") = 0,
+           py::arg("time_ns") = 0)
+      .def("add_free", &Trace::AddFree, py::arg("id"), py::arg("stream") = 0,
+           py::arg("time_ns") = 0)
+      .def("__len__", &Trace::size)
+      .def("to_text", &Trace::ToText)
+      .def_static("from_text",
+                  [](const std::string& s) { return ValueOrThrow(Trace::FromText(s)); })
+      .def("lifetimes", [](const Trace& t) {
+        auto tables = ValueOrThrow(t.Lifetimes());
+        py::list out;
+        for (const auto& tb : tables) {
+          py::dict d;
+          d["step"] = tb.step;
+          d["signature"] = tb.signature;
+          d["num_events"] = tb.num_events;
+          d["foreign_frees"] = tb.foreign_frees;
+          py::list allocs;
+          for (const auto& lt : tb.allocs) {
+            py::dict a;
+            a["id"] = lt.id;
+            a["size"] = lt.size;
+            a["stream"] = lt.stream;
+            a["alloc_seq"] = lt.alloc_seq;
+            a["free_seq"] = lt.free_seq;
+            a["freed_in_step"] = lt.freed_in_step;
+            a["alloc_ns"] = lt.alloc_ns;
+            a["free_ns"] = lt.free_ns;
+            allocs.append(a);
+          }
+          d["allocs"] = allocs;
+          out.append(d);
+        }
+        return out;
+      });
+
+  m.def(
+      "mem_plan_trace",
+      [](const Trace& t, bool with_layout) {
+        std::vector<mem::LifetimeTable> tables;
+        std::vector<Plan> plans;
+        {
+          py::gil_scoped_release nogil;
+          auto r = t.Lifetimes();
+          if (!r.ok()) {
+            py::gil_scoped_acquire gil;
+            ThrowStatus(r.status());
+          }
+          tables = std::move(*r);
+          for (const auto& tb : tables) plans.push_back(mem::PlanStep(tb, tb.signature));
+        }
+        py::list out;
+        for (size_t i = 0; i < plans.size(); ++i) {
+          ThrowIfError(mem::CheckPlan(tables[i], plans[i]));
+          out.append(PlanToDict(plans[i], tables[i], with_layout));
+        }
+        return out;
+      },
+      py::arg("trace"), py::arg("with_layout") = false,
+      "Plans every step of the trace; one dict per step (peak, lower bound, overhead, ...).");
+
+  m.def(
+      "mem_replay",
+      [](const Trace& t, bool planned, size_t capacity, size_t segment_bytes) {
+        StatusOr<mem::AllocatorStats> s = [&] {
+          py::gil_scoped_release nogil;
+          return Replay(t, planned, capacity, segment_bytes);
+        }();
+        return StatsToDict(ValueOrThrow(std::move(s)));
+      },
+      py::arg("trace"), py::arg("planned") = true, py::arg("capacity_bytes") = size_t{1} << 36,
+      py::arg("segment_bytes") = size_t{32} << 20,
+      "Replays the trace through MemSculptor's allocator over host memory; returns its stats.");
+}
+
+LF_REGISTER_BINDINGS(memory, BindMemory);
+
+}  // namespace
+}  // namespace loongforge

@@ -1,0 +1,325 @@
+"""MemSculptor: planned GPU memory for training steps, plugged into torch.
+
+Two surfaces:
+
+* Analysis (any machine, no CUDA needed): build a :class:`Trace` by hand or from torch's memory
+  snapshot (:func:`trace_from_snapshot`), then :func:`plan_trace` (offsets, peak vs lower bound)
+  and :func:`replay_trace` (fragmentation and latency of MemSculptor's allocator on host memory).
+* The allocator (CUDA): :class:`MemSculptor` loads ``libloongforge_alloc.so`` into torch through
+  ``torch.cuda.memory.CUDAPluggableAllocator`` (globally, before any CUDA allocation) or scoped
+  through ``torch.cuda.MemPool`` (torch >= 2.5), records the first N steps, plans them, and serves
+  matching steps from the planned arena.
+
+See docs/memory.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pickle
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from . import _C
+
+Trace = _C.MemTrace
+
+_LIB_NAME = "libloongforge_alloc.so"
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis
+# ---------------------------------------------------------------------------------------------
+
+def trace_from_snapshot(snapshot: Dict[str, Any], device: int = 0,
+                        step_boundaries: Optional[Sequence[int]] = None,
+                        signatures: Optional[Sequence[str]] = None) -> "Trace":
+    """Converts ``torch.cuda.memory._snapshot()`` (recorded with ``_record_memory_history``) into a
+    Trace.
+
+    Uses ``snapshot["device_traces"][device]``: ``alloc`` starts an allocation, ``free_requested``
+    ends it (the program freed it; ``free_completed`` only says the caching allocator's events
+    passed, so it ends an allocation only when no ``free_requested`` came first). Segment events,
+    ``snapshot`` and ``oom`` entries are skipped. Frees of addresses allocated before recording
+    began count as foreign frees.
+
+    ``step_boundaries``: indices into that device trace where a new step begins (the whole trace is
+    one step when omitted); ``signatures``: one shape signature per step.
+
+    Raises ValueError naming the entry for a malformed trace (missing key, unknown device).
+    """
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list):
+        raise ValueError("snapshot has no 'device_traces' list (record it with "
+                         "torch.cuda.memory._record_memory_history() before _snapshot())")
+    if device < 0 or device >= len(traces):
+        raise ValueError(f"snapshot has device traces for {len(traces)} devices, not device {device}")
+    entries = traces[device]
+    bounds = sorted(set(step_boundaries or []))
+    sigs = list(signatures or [])
+    trace = Trace()
+    step = 0
+    trace.mark_step(sigs[0] if sigs else "", 0)
+    live: Dict[int, int] = {}
+    next_id = 1
+    b = 0
+    for i, e in enumerate(entries):
+        while b < len(bounds) and bounds[b] <= i:
+            if bounds[b] > 0:  # step 0 is already open
+                step += 1
+                trace.mark_step(sigs[step] if step < len(sigs) else "", 0)
+            b += 1
+        try:
+            action = e["action"]
+            if action not in ("alloc", "free_requested", "free_completed"):
+                continue
+            addr = int(e["addr"])
+            size = int(e["size"])
+            stream = int(e.get("stream", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"device_traces[{device}][{i}]: malformed entry ({exc!r}): {e!r}") from None
+        t_ns = int(float(e.get("time_us", 0)) * 1000)
+        if action == "alloc":
+            if addr in live:
+                raise ValueError(f"device_traces[{device}][{i}]: address {addr:#x} allocated "
+                                 "again while live")
+            live[addr] = next_id
+            trace.add_alloc(next_id, size, stream, t_ns)
+            next_id += 1
+        else:
+            aid = live.pop(addr, None)
+            if aid is None:
+                if action == "free_requested":
+                    # Allocated before recording began: a foreign free (id 0 is never allocated).
+                    trace.add_free(0, stream, t_ns)
+                continue
+            trace.add_free(aid, stream, t_ns)
+    return trace
+
+
+def load_snapshot(path: str) -> Dict[str, Any]:
+    """Loads a pickled snapshot written by ``torch.cuda.memory._dump_snapshot(path)``."""
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def snapshot_reserved_bytes(snapshot: Dict[str, Any], device: int = 0) -> int:
+    """Bytes torch's caching allocator had reserved (sum of segment sizes) at snapshot time."""
+    return sum(int(s.get("total_size", 0)) for s in snapshot.get("segments", [])
+               if int(s.get("device", 0)) == device)
+
+
+def plan_trace(trace: "Trace", with_layout: bool = False) -> Dict[str, Any]:
+    """Plans every step of ``trace``.
+
+    Returns ``{"steps": [per-step dict], "peak_bytes": max plan peak, "lower_bound_bytes": max
+    lower bound, "overhead": (peak - bound) / bound}``. A per-step dict has signature, algorithm
+    (the better of greedy_by_size / greedy_by_breadth), allocations, planned (those freed within
+    the step), peak_bytes, lower_bound_bytes, other_peak_bytes, overhead, and with ``with_layout``
+    the offsets/sizes/begin/end lists for drawing the layout.
+    """
+    steps = _C.mem_plan_trace(trace, with_layout)
+    peak = max((s["peak_bytes"] for s in steps), default=0)
+    bound = max((s["lower_bound_bytes"] for s in steps), default=0)
+    return {"steps": steps, "peak_bytes": peak, "lower_bound_bytes": bound,
+            "overhead": (peak - bound) / bound if bound else 0.0}
+
+
+def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 << 36,
+                 segment_bytes: int = 32 << 20) -> Dict[str, Any]:
+    """Replays ``trace`` through MemSculptor's allocator over host memory (no GPU needed) and
+    returns its stats (peak allocated/reserved, fragmentation, planned hits/misses, latency)."""
+    return _C.mem_replay(trace, planned, capacity_bytes, segment_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA allocator
+# ---------------------------------------------------------------------------------------------
+
+def _lib_path() -> str:
+    return os.environ.get("LOONGFORGE_ALLOC_LIB",
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
+
+
+def _why_unavailable() -> Optional[str]:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} reports no CUDA device (torch.cuda.is_available() is False)"
+    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
+        return f"torch {torch.__version__} has no torch.cuda.memory.CUDAPluggableAllocator (need >= 2.0)"
+    if not os.path.exists(_lib_path()):
+        return (f"{_lib_path()} is missing (build LoongForge with CUDA: the target "
+                "loongforge_alloc is built only when nvcc is found)")
+    return None
+
+
+class MemSculptor:
+    """MemSculptor as torch's CUDA allocator.
+
+    Typical use::
+
+        ms = loongforge.MemSculptor()
+        ms.install()                       # first thing: before any CUDA tensor exists
+        with ms.persistent():
+            model = Model().cuda(); opt = ...
+        ms.record(steps=3)                 # record the next 3 steps, then plan them
+        for batch in loader:
+            with ms.step(signature=f"len{batch.padded_len}"):
+                loss = model(batch).sum(); loss.backward(); opt.step(); opt.zero_grad()
+        print(ms.stats())
+
+    Thread rules: ``step``/``record`` are called from the training thread; allocations may come
+    from any thread (autograd's backward thread included). Allocations made while a stream is
+    capturing a CUDA graph are served from the persistent pool and held until
+    :meth:`release_graph_memory` (they are never planned): safe, not frugal.
+    """
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = device
+        self._lib: Optional[ctypes.CDLL] = None
+        self._allocator = None
+        self._pool = None
+        self._record_left = 0
+        self._trace_path: Optional[str] = None
+        self.plans: List[Dict[str, Any]] = []
+
+    @staticmethod
+    def available() -> bool:
+        """True when torch has CUDA and the pluggable allocator, and the library was built."""
+        return _why_unavailable() is None
+
+    def _require(self) -> None:
+        why = _why_unavailable()
+        if why is not None:
+            raise RuntimeError(f"MemSculptor needs CUDA and torch's CUDAPluggableAllocator: {why}. "
+                               "The planner and replay (loongforge.plan_trace, replay_trace) work "
+                               "without CUDA.")
+
+    def _load(self):
+        import torch
+        if self._allocator is None:
+            path = _lib_path()
+            self._allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "lf_alloc", "lf_free")
+            # Same path -> dlopen returns the same handle: ctypes talks to torch's copy.
+            lib = ctypes.CDLL(path)
+            lib.lf_begin_step.argtypes = [ctypes.c_int, ctypes.c_char_p]
+            lib.lf_stop_recording_and_plan.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                                       ctypes.c_size_t, ctypes.c_char_p]
+            lib.lf_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+            lib.lf_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            self._lib = lib
+        return self._allocator
+
+    def install(self) -> "MemSculptor":
+        """Makes MemSculptor torch's CUDA allocator for the whole process. Must run before any CUDA
+        allocation (torch refuses to switch allocators afterwards)."""
+        self._require()
+        import torch
+        alloc = self._load()
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise RuntimeError("MemSculptor.install() must run before the first CUDA allocation "
+                               f"(torch said: {e}); use MemSculptor.pool() for a scoped install "
+                               "on torch >= 2.5") from None
+        return self
+
+    @contextlib.contextmanager
+    def pool(self) -> Iterator["MemSculptor"]:
+        """Scoped install: allocations inside the block come from MemSculptor (torch >= 2.5)."""
+        self._require()
+        import torch
+        if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+            raise RuntimeError(f"MemSculptor.pool() needs torch.cuda.MemPool (torch >= 2.5); "
+                               f"torch {torch.__version__} has none: use install() instead")
+        alloc = self._load()
+        if self._pool is None:
+            self._pool = torch.cuda.MemPool(alloc.allocator())  # the _cuda_CUDAAllocator handle
+        with torch.cuda.use_mem_pool(self._pool):
+            yield self
+
+    def _err(self) -> str:
+        buf = ctypes.create_string_buffer(4096)
+        self._lib.lf_last_error(buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    @contextlib.contextmanager
+    def persistent(self) -> Iterator[None]:
+        """Allocations inside the block (parameters, optimizer state, expert weights) go to the
+        persistent pool, apart from activations."""
+        self._require()
+        self._load()
+        self._lib.lf_set_persistent(1)
+        try:
+            yield
+        finally:
+            self._lib.lf_set_persistent(0)
+
+    def record(self, steps: int = 3, trace_path: Optional[str] = None) -> None:
+        """Records the next ``steps`` steps; after the last one, plans each signature's last
+        recorded step. ``trace_path`` also writes the trace as text (for ``plan_trace`` later)."""
+        if steps < 1:
+            raise ValueError(f"record(steps={steps}): need at least one step")
+        self._require()
+        self._load()
+        self._record_left = steps
+        self._trace_path = trace_path
+        self._lib.lf_start_recording(self.device)
+
+    @contextlib.contextmanager
+    def step(self, signature: str = "") -> Iterator[None]:
+        """One training step with shape signature ``signature`` (e.g. the padding bucket)."""
+        self._require()
+        self._load()
+        import torch
+        if self._lib.lf_begin_step(self.device, signature.encode()) != 0:
+            raise RuntimeError(f"MemSculptor step '{signature}': {self._err()}")
+        try:
+            yield
+        finally:
+            self._lib.lf_end_step(self.device)
+            if self._record_left > 0:
+                self._record_left -= 1
+                if self._record_left == 0:
+                    torch.cuda.synchronize(self.device)
+                    buf = ctypes.create_string_buffer(1 << 16)
+                    path = (self._trace_path or "").encode()
+                    n = self._lib.lf_stop_recording_and_plan(self.device, buf, len(buf), path)
+                    if n < 0:
+                        raise RuntimeError(f"MemSculptor planning failed: {self._err()}")
+                    self.plans = json.loads(buf.value.decode())
+
+    def stats(self) -> Dict[str, Any]:
+        """allocated/reserved/peak bytes, fragmentation (1 - peak allocated / peak reserved),
+        largest free block, planned hits/misses, allocation latency (ns)."""
+        self._require()
+        self._load()
+        buf = ctypes.create_string_buffer(1 << 14)
+        if self._lib.lf_stats_json(self.device, buf, len(buf)) < 0:
+            raise RuntimeError(f"MemSculptor stats: {self._err()}")
+        return json.loads(buf.value.decode())
+
+    def reset_peaks(self) -> None:
+        self._require()
+        self._load()
+        self._lib.lf_reset_peaks(self.device)
+
+    def release_cached(self) -> None:
+        """Returns fully free segments (and an idle arena) to CUDA."""
+        self._require()
+        self._load()
+        self._lib.lf_release_cached(self.device)
+
+    def release_graph_memory(self) -> None:
+        """Frees memory held for CUDA graphs captured earlier. Call only after destroying them."""
+        self._require()
+        self._load()
+        self._lib.lf_release_graph_memory(self.device)
+
+
+__all__ = ["MemSculptor", "Trace", "trace_from_snapshot", "load_snapshot",
+           "snapshot_reserved_bytes", "plan_trace", "replay_trace"]

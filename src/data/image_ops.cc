@@ -1,0 +1,215 @@
+#include "image_ops.h"
+
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "loongforge/logging.h"
+
+namespace loongforge {
+namespace internal {
+
+JpegDecoder::JpegDecoder() : handle_(tjInitDecompress()) {
+  LF_CHECK(handle_ != nullptr) << "tjInitDecompress failed";
+}
+
+JpegDecoder::~JpegDecoder() { tjDestroy(static_cast<tjhandle>(handle_)); }
+
+// libjpeg-turbo 2.1 keeps error/warning state in the handle after a failed call, which makes later
+// good images fail too; a fresh handle after every error is cheap and always clean.
+void JpegDecoder::Reset() {
+  tjDestroy(static_cast<tjhandle>(handle_));
+  handle_ = tjInitDecompress();
+  LF_CHECK(handle_ != nullptr) << "tjInitDecompress failed";
+}
+
+Status JpegDecoder::ReadHeader(std::string_view jpeg, int* width, int* height,
+                               const std::string& what) {
+  int subsamp = 0, colorspace = 0;
+  if (jpeg.size() < 4 || static_cast<uint8_t>(jpeg[0]) != 0xFF ||
+      static_cast<uint8_t>(jpeg[1]) != 0xD8)
+    return DataLossError(what + ": not a JPEG (no SOI marker)");
+  if (tjDecompressHeader3(
+          static_cast<tjhandle>(handle_), reinterpret_cast<const unsigned char*>(jpeg.data()),
+          static_cast<unsigned long>(jpeg.size()), width, height, &subsamp, &colorspace) != 0) {
+    Status err = DataLossError(
+        what + ": bad JPEG header: " + tjGetErrorStr2(static_cast<tjhandle>(handle_)));
+    Reset();
+    return err;
+  }
+  return Status::Ok();
+}
+
+Status JpegDecoder::Decode(std::string_view jpeg, int min_w, int min_h, RgbImage* out,
+                           const std::string& what) {
+  int w = 0, h = 0;
+  LF_RETURN_IF_ERROR(ReadHeader(jpeg, &w, &h, what));
+  tjscalingfactor best{1, 1};
+  if (min_w > 0 && min_h > 0) {
+    int n = 0;
+    tjscalingfactor* factors = tjGetScalingFactors(&n);
+    int best_area = w * h;
+    for (int i = 0; i < n; ++i) {
+      const tjscalingfactor f = factors[i];
+      if (f.num > f.denom) continue;  // never upscale in the decoder
+      int sw = TJSCALED(w, f), sh = TJSCALED(h, f);
+      if (sw >= min_w && sh >= min_h && sw * sh < best_area) {
+        best = f;
+        best_area = sw * sh;
+      }
+    }
+  }
+  int sw = TJSCALED(w, best), sh = TJSCALED(h, best);
+  out->pixels.resize(static_cast<size_t>(sw) * sh * 3);
+  out->width = sw;
+  out->height = sh;
+  out->scale_num = best.num;
+  out->scale_denom = best.denom;
+  // TJFLAG_STOPONWARNING: a truncated or damaged stream is an error, not a grey half-image.
+  int rc = tjDecompress2(static_cast<tjhandle>(handle_),
+                         reinterpret_cast<const unsigned char*>(jpeg.data()),
+                         static_cast<unsigned long>(jpeg.size()), out->pixels.data(), sw, sw * 3,
+                         sh, TJPF_RGB, TJFLAG_STOPONWARNING | TJFLAG_FASTDCT);
+  if (rc != 0) {
+    Status err =
+        DataLossError(what + ": corrupt JPEG: " + tjGetErrorStr2(static_cast<tjhandle>(handle_)));
+    Reset();
+    return err;
+  }
+  return Status::Ok();
+}
+
+float MeanGray(const RgbImage& src, const CropBox& box, int step) {
+  int x0 = std::max(0, static_cast<int>(box.x0)), y0 = std::max(0, static_cast<int>(box.y0));
+  int x1 = std::min(src.width, static_cast<int>(box.x0 + box.w));
+  int y1 = std::min(src.height, static_cast<int>(box.y0 + box.h));
+  double sum = 0;
+  int64_t n = 0;
+  for (int y = y0; y < y1; y += step) {
+    const uint8_t* row = src.pixels.data() + static_cast<size_t>(y) * src.width * 3;
+    for (int x = x0; x < x1; x += step) {
+      const uint8_t* p = row + 3 * x;
+      sum += 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+      ++n;
+    }
+  }
+  return n ? static_cast<float>(sum / n) : 0.f;
+}
+
+namespace {
+
+// Half-pixel-centre source coordinate of output index `d`, clamped to [lo, hi].
+inline float SourceCoord(int d, float scale, float origin, float lo, float hi) {
+  float s = (static_cast<float>(d) + 0.5f) * scale - 0.5f + origin;
+  return std::min(std::max(s, lo), hi);
+}
+
+// Applies jitter to one RGB pixel in 0..255 space, clamping after each op like torchvision.
+inline void ApplyJitter(const Jitter& j, float gray_mean, float* r, float* g, float* b) {
+  auto clamp = [](float v) { return std::min(std::max(v, 0.f), 255.f); };
+  float R = clamp(*r * j.brightness), G = clamp(*g * j.brightness), B = clamp(*b * j.brightness);
+  float m = gray_mean * j.brightness;
+  R = clamp((R - m) * j.contrast + m);
+  G = clamp((G - m) * j.contrast + m);
+  B = clamp((B - m) * j.contrast + m);
+  float gray = 0.299f * R + 0.587f * G + 0.114f * B;
+  *r = clamp((R - gray) * j.saturation + gray);
+  *g = clamp((G - gray) * j.saturation + gray);
+  *b = clamp((B - gray) * j.saturation + gray);
+}
+
+}  // namespace
+
+void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                         const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
+                         float* out) {
+  const float sx = box.w / out_w, sy = box.h / out_h;
+  const float xhi = std::min(box.x0 + box.w - 1, static_cast<float>(src.width - 1));
+  const float yhi = std::min(box.y0 + box.h - 1, static_cast<float>(src.height - 1));
+  // Column taps are shared by every row: precompute byte offsets and weights once.
+  thread_local std::vector<int> xoff0, xoff1;
+  thread_local std::vector<float> xw;
+  xoff0.resize(out_w);
+  xoff1.resize(out_w);
+  xw.resize(out_w);
+  for (int dx = 0; dx < out_w; ++dx) {
+    float s = SourceCoord(dx, sx, box.x0, std::max(box.x0, 0.f), xhi);
+    int x0 = static_cast<int>(s);
+    int x1 = std::min(x0 + 1, static_cast<int>(xhi));
+    xoff0[dx] = 3 * x0;
+    xoff1[dx] = 3 * x1;
+    xw[dx] = s - x0;
+  }
+  float scale[3], bias[3];
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = 1.f / (255.f * norm.std[c]);
+    bias[c] = -norm.mean[c] / norm.std[c];
+  }
+  const size_t plane = static_cast<size_t>(out_w) * out_h;
+  const size_t stride = static_cast<size_t>(src.width) * 3;
+  for (int dy = 0; dy < out_h; ++dy) {
+    float s = SourceCoord(dy, sy, box.y0, std::max(box.y0, 0.f), yhi);
+    int y0 = static_cast<int>(s);
+    int y1 = std::min(y0 + 1, static_cast<int>(yhi));
+    float wy = s - y0;
+    const uint8_t* r0 = src.pixels.data() + y0 * stride;
+    const uint8_t* r1 = src.pixels.data() + y1 * stride;
+    float* o0 = out + static_cast<size_t>(dy) * out_w;
+    float* o1 = o0 + plane;
+    float* o2 = o1 + plane;
+    for (int dx = 0; dx < out_w; ++dx) {
+      const uint8_t* a = r0 + xoff0[dx];
+      const uint8_t* b = r0 + xoff1[dx];
+      const uint8_t* c = r1 + xoff0[dx];
+      const uint8_t* d = r1 + xoff1[dx];
+      const float wx = xw[dx];
+      float v[3];
+      for (int ch = 0; ch < 3; ++ch) {
+        float top = a[ch] + (b[ch] - a[ch]) * wx;
+        float bot = c[ch] + (d[ch] - c[ch]) * wx;
+        v[ch] = top + (bot - top) * wy;
+      }
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      o0[dx] = v[0] * scale[0] + bias[0];
+      o1[dx] = v[1] * scale[1] + bias[1];
+      o2[dx] = v[2] * scale[2] + bias[2];
+    }
+  }
+}
+
+void CropResizeNormalizeReference(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                                  const Jitter& jitter, float gray_mean,
+                                  const NormalizeParams& norm, float* out) {
+  const double xlo = std::max<double>(box.x0, 0), ylo = std::max<double>(box.y0, 0);
+  const double xhi = std::min<double>(box.x0 + box.w - 1, src.width - 1);
+  const double yhi = std::min<double>(box.y0 + box.h - 1, src.height - 1);
+  auto px = [&](int x, int y, int c) {
+    return static_cast<double>(src.pixels[(static_cast<size_t>(y) * src.width + x) * 3 + c]);
+  };
+  for (int dy = 0; dy < out_h; ++dy) {
+    for (int dx = 0; dx < out_w; ++dx) {
+      double fx = (dx + 0.5) * box.w / out_w - 0.5 + box.x0;
+      double fy = (dy + 0.5) * box.h / out_h - 0.5 + box.y0;
+      fx = std::clamp(fx, xlo, xhi);
+      fy = std::clamp(fy, ylo, yhi);
+      int x0 = static_cast<int>(std::floor(fx)), y0 = static_cast<int>(std::floor(fy));
+      int x1 = std::min<int>(x0 + 1, static_cast<int>(xhi));
+      int y1 = std::min<int>(y0 + 1, static_cast<int>(yhi));
+      double wx = fx - x0, wy = fy - y0;
+      float v[3];
+      for (int c = 0; c < 3; ++c) {
+        double top = px(x0, y0, c) * (1 - wx) + px(x1, y0, c) * wx;
+        double bot = px(x0, y1, c) * (1 - wx) + px(x1, y1, c) * wx;
+        v[c] = static_cast<float>(top * (1 - wy) + bot * wy);
+      }
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      for (int c = 0; c < 3; ++c)
+        out[(static_cast<size_t>(c) * out_h + dy) * out_w + dx] =
+            static_cast<float>((v[c] / 255.0 - norm.mean[c]) / norm.std[c]);
+    }
+  }
+}
+
+}  // namespace internal
+}  // namespace loongforge

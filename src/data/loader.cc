@@ -1,0 +1,671 @@
+// DataFusion CPU loader.
+//
+// Note [Loader pipeline]
+// ----------------------
+// Three stages linked by bounded queues, so at most `prefetch` batches are in flight:
+//
+//   lf-fetch ──work_q──► lf-collate ──out_q──► Next()
+//      │                    ▲
+//      └─ per-image tasks ─►│ lf-decode* (ThreadPool) decrement Work::pending
+//
+// Stage 1 (lf-fetch) takes a free buffer slot, opens a read transaction, resolves every record of
+// the batch as a zero-copy view into LMDB's memory map, validates record sizes, and submits one
+// decode task per (sample, camera) that writes straight into the slot's image buffer. It then
+// pushes the Work to work_q in sampler order. Stage 3 (lf-collate) pops Work in that same order and
+// waits until its images are done, so batches leave in sampler order whatever the thread count or
+// timing. The transaction lives in the Work: views stay valid until the batch is collated.
+//
+// Buffers: a Slot holds every array of one batch at its maximum size. Slots are recycled through
+// a SlotPool shared with the consumer: a published Batch is a shared_ptr whose deleter returns the
+// slot, so memory stays flat as long as the consumer drops its batches.
+//
+// Corrupt data: each sample carries the first error met while reading or decoding it. Under
+// `skip` the sample is dropped (the batch is compacted) and counted; under `error` the pipeline
+// stops and Next() returns that Status, which names the record key.
+#include <sys/mman.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "image_ops.h"
+#include "loongforge/loader.h"
+#include "loongforge/logging.h"
+#include "loongforge/queue.h"
+#include "loongforge/thread_pool.h"
+
+#ifdef LOONGFORGE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace loongforge {
+namespace {
+
+using internal::CropBox;
+using internal::Jitter;
+using internal::JpegDecoder;
+using internal::RgbImage;
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Per-(seed, epoch, sample, camera) random stream for augmentation: the same sample in the same
+// epoch always gets the same crop and jitter, whichever thread decodes it.
+struct SampleRng {
+  uint64_t s;
+  SampleRng(uint64_t seed, int64_t epoch, int64_t sample, int camera)
+      : s(Mix(Mix(Mix(seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(sample)) ^
+          static_cast<uint64_t>(camera)) {}
+  float Uniform() {  // [0, 1)
+    s = Mix(s);
+    return static_cast<float>(s >> 40) / static_cast<float>(1ULL << 24);
+  }
+  float Range(float lo, float hi) { return lo + (hi - lo) * Uniform(); }
+};
+
+// Memory for one batch at its maximum size.
+struct Slot {
+  size_t bytes = 0;
+  uint8_t* base = nullptr;
+  bool pinned = false;
+  Batch batch;  // pointers into base
+};
+
+class SlotPool {
+ public:
+  SlotPool(int batch_size, int cameras, int image_size, int max_tokens, int state_dim,
+           int action_dim, int horizon, bool pin)
+      : b_(batch_size),
+        k_(cameras),
+        hw_(image_size),
+        l_(max_tokens),
+        s_(state_dim),
+        a_(action_dim),
+        h_(horizon),
+        pin_(pin) {}
+  ~SlotPool() {
+    for (Slot* s : all_) {
+      Free(s);
+      delete s;
+    }
+  }
+
+  StatusOr<Slot*> Acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      Slot* s = free_.back();
+      free_.pop_back();
+      return s;
+    }
+    auto slot = Allocate();
+    if (!slot.ok()) return slot.status();
+    all_.push_back(*slot);
+    return *slot;
+  }
+  void Release(Slot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
+  size_t allocated_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (Slot* s : all_) n += s->bytes;
+    return n;
+  }
+  int slots() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(all_.size());
+  }
+
+ private:
+  static size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
+
+  StatusOr<Slot*> Allocate() {
+    size_t img = Align(sizeof(float) * b_ * k_ * 3 * hw_ * hw_);
+    size_t tok = Align(sizeof(int64_t) * b_ * l_);
+    size_t am = Align(static_cast<size_t>(b_) * l_);
+    size_t st = Align(sizeof(float) * b_ * s_);
+    size_t ac = Align(sizeof(float) * b_ * h_ * a_);
+    size_t amk = Align(static_cast<size_t>(b_) * h_);
+    size_t idx = Align(sizeof(int64_t) * b_);
+    auto* slot = new Slot();
+    slot->bytes = img + tok + am + st + ac + amk + idx;
+#ifdef LOONGFORGE_WITH_CUDA
+    if (pin_) {
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, slot->bytes, cudaHostAllocDefault) == cudaSuccess) {
+        slot->base = static_cast<uint8_t*>(p);
+        slot->pinned = true;
+      } else {
+        cudaGetLastError();
+      }
+    }
+#endif
+    if (!slot->base) {
+      void* p = nullptr;
+      if (posix_memalign(&p, 4096, slot->bytes) != 0) {
+        Status err = ResourceExhaustedError(
+            "loader: cannot allocate a " + std::to_string(slot->bytes >> 20) + " MiB batch buffer");
+        delete slot;
+        return err;
+      }
+      slot->base = static_cast<uint8_t*>(p);
+    }
+    uint8_t* p = slot->base;
+    Batch& b = slot->batch;
+    b.images = reinterpret_cast<float*>(p);
+    p += img;
+    b.tokens = reinterpret_cast<int64_t*>(p);
+    p += tok;
+    b.attention_mask = p;
+    p += am;
+    b.state = reinterpret_cast<float*>(p);
+    p += st;
+    b.action = reinterpret_cast<float*>(p);
+    p += ac;
+    b.action_mask = p;
+    p += amk;
+    b.sample_index = reinterpret_cast<int64_t*>(p);
+    b.pinned = slot->pinned;
+    return slot;
+  }
+
+  void Free(Slot* s) {
+#ifdef LOONGFORGE_WITH_CUDA
+    if (s->pinned) {
+      cudaFreeHost(s->base);
+      return;
+    }
+#endif
+    std::free(s->base);
+  }
+
+  const int b_, k_, hw_, l_, s_, a_, h_;
+  const bool pin_;
+  mutable std::mutex mu_;
+  std::vector<Slot*> all_, free_;
+};
+
+// One batch travelling through the pipeline.
+struct Work {
+  int64_t epoch = 0, index = 0;
+  std::vector<int64_t> samples;
+  Slot* slot = nullptr;
+  std::shared_ptr<SlotPool> pool;
+  std::optional<RecordReader::Txn> txn;
+  std::vector<std::string_view> tokens, state, action, amask;
+  std::vector<std::string_view> jpeg;  // [sample * cameras + camera]
+  std::vector<Status> sample_status;   // first error of each sample
+  std::mutex mu;
+  std::condition_variable done_cv;
+  int pending = 0;
+  std::atomic<bool> cancelled{false};
+  double t_start = 0;
+
+  ~Work() {
+    txn.reset();
+    if (slot) pool->Release(slot);
+  }
+  void SetError(size_t i, Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (sample_status[i].ok()) sample_status[i] = std::move(s);
+  }
+  void TaskDone() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--pending == 0) done_cv.notify_all();
+  }
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+using Output = StatusOr<std::shared_ptr<Batch>>;
+
+}  // namespace
+
+struct DataLoader::Impl {
+  LoaderOptions opts;
+  std::unique_ptr<RecordReader> reader;
+  std::optional<Sampler> sampler;
+  int max_tokens = 0;
+  std::vector<std::string> camera_modality;
+  std::shared_ptr<SlotPool> pool;
+  std::unique_ptr<ThreadPool> decode_pool;
+  MetricsRegistry metrics;
+  Histogram *h_fetch, *h_decode, *h_collate, *h_latency, *h_wait;
+  std::atomic<int64_t>*c_images, *c_batches, *c_corrupt, *c_bytes;
+  RateLimiter corrupt_log{2000};
+
+  std::unique_ptr<BoundedQueue<WorkPtr>> work_q;
+  std::unique_ptr<BoundedQueue<Output>> out_q;
+  std::thread fetch_thread, collate_thread;
+  std::atomic<bool> stop{false};
+  bool running = false;
+  bool finished = false;  // end of epoch or error delivered
+  int64_t epoch = 0, next_batch = 0;
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(opts.timeout_ms); }
+
+  void FetchLoop(int64_t ep, int64_t start);
+  void CollateLoop(int64_t ep, int64_t start);
+  void DecodeImage(const WorkPtr& w, int sample, int camera);
+  Status Collate(Work& w, std::shared_ptr<Batch>* out);
+  void StopThreads();
+};
+
+// ---------------------------------------------------------------------------------------------
+// Stage 1
+
+void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
+  const Schema& sc = reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const int64_t nb = sampler->batches_per_epoch();
+  for (int64_t b = start; b < nb && !stop.load(); ++b) {
+    // Record lookups only; time blocked on back-pressure below is not fetch work.
+    std::optional<ScopedTimerMs> timer(std::in_place, h_fetch);
+    auto w = std::make_shared<Work>();
+    w->t_start = NowSeconds();
+    w->epoch = ep;
+    w->index = b;
+    w->samples = sampler->Batch(ep, b);
+    w->pool = pool;
+    auto slot = pool->Acquire();
+    if (!slot.ok()) {
+      out_q->Push(slot.status(), timeout()).IgnoreError();
+      return;
+    }
+    w->slot = *slot;
+    auto txn = reader->Begin();
+    if (!txn.ok()) {
+      out_q->Push(txn.status(), timeout()).IgnoreError();
+      return;
+    }
+    w->txn.emplace(std::move(txn).value());
+    const size_t n = w->samples.size();
+    w->tokens.resize(n);
+    w->state.resize(n);
+    w->action.resize(n);
+    w->amask.resize(n);
+    w->jpeg.resize(n * cams);
+    w->sample_status.assign(n, Status::Ok());
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t id = w->samples[i];
+      auto get = [&](std::string_view modality, size_t expect_bytes, std::string_view* v) {
+        if (!w->sample_status[i].ok()) return;
+        std::string key = SampleKey(id, modality);
+        auto r = w->txn->Get(key);
+        if (!r.ok()) {
+          w->sample_status[i] = r.status();
+          return;
+        }
+        if (expect_bytes && r->size() != expect_bytes) {
+          w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
+                                              std::to_string(r->size()) + " bytes, expected " +
+                                              std::to_string(expect_bytes) + " (truncated?)");
+          return;
+        }
+        if (modality == "tokens" && (r->size() % 4 != 0 || r->size() / 4 > size_t(max_tokens))) {
+          w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
+                                              std::to_string(r->size()) +
+                                              " bytes: not a token "
+                                              "list of at most " +
+                                              std::to_string(max_tokens));
+          return;
+        }
+        *v = *r;
+        bytes += static_cast<int64_t>(r->size());
+      };
+      get("tokens", 0, &w->tokens[i]);
+      get("state", sizeof(float) * sc.state_dim, &w->state[i]);
+      get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
+      get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
+      for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
+    }
+    c_bytes->fetch_add(bytes);
+    timer.reset();
+    int tasks = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (w->sample_status[i].ok()) tasks += cams;
+    w->pending = tasks + 1;  // +1 released below, after every task is queued
+    for (size_t i = 0; i < n && !stop.load(); ++i) {
+      if (!w->sample_status[i].ok()) continue;
+      for (int c = 0; c < cams; ++c) {
+        Status s = decode_pool->Submit([this, w, i, c] { DecodeImage(w, static_cast<int>(i), c); });
+        if (!s.ok()) {
+          w->cancelled = true;
+          return;  // pool shut down: the loader is being destroyed
+        }
+      }
+    }
+    w->TaskDone();
+    if (stop.load()) {
+      w->cancelled = true;
+      return;
+    }
+    if (!work_q->Push(std::move(w), std::chrono::hours(24 * 365)).ok()) return;  // closed: stop
+  }
+  work_q->Close();  // end of epoch: collate drains and then signals the end
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 2
+
+void DataLoader::Impl::DecodeImage(const WorkPtr& w, int sample, int camera) {
+  if (!w->cancelled.load()) {
+    ScopedTimerMs timer(h_decode);
+    thread_local JpegDecoder decoder;
+    thread_local RgbImage rgb;
+    const Schema& sc = reader->schema();
+    const int cams = static_cast<int>(sc.cameras.size());
+    const int out = opts.image_size;
+    const std::string_view jpeg = w->jpeg[static_cast<size_t>(sample) * cams + camera];
+    const int64_t id = w->samples[sample];
+    // Ask the decoder for an image whose crop is still >= the output size.
+    int min_w = 0, min_h = 0;
+    if (opts.dct_scaling) {
+      min_w = static_cast<int>(std::ceil(out / opts.crop_fraction));
+      min_h = min_w;
+    }
+    Status s = decoder.Decode(
+        jpeg, min_w, min_h, &rgb,
+        reader->path() + ": record '" + SampleKey(id, camera_modality[camera]) + "'");
+    if (s.ok()) {
+      SampleRng rng(opts.seed, w->epoch, id, camera);
+      CropBox box;
+      box.w = rgb.width * opts.crop_fraction;
+      box.h = rgb.height * opts.crop_fraction;
+      float fx = opts.train ? rng.Uniform() : 0.5f, fy = opts.train ? rng.Uniform() : 0.5f;
+      // Integer offsets in source pixels, as torchvision's RandomCrop/CenterCrop.
+      box.x0 = std::floor((rgb.width - box.w) * fx);
+      box.y0 = std::floor((rgb.height - box.h) * fy);
+      Jitter j;
+      float gray = 0;
+      if (opts.color_jitter) {
+        j.enabled = true;
+        j.brightness = rng.Range(0.7f, 1.3f);
+        j.contrast = rng.Range(0.6f, 1.4f);
+        j.saturation = rng.Range(0.5f, 1.5f);
+        gray = internal::MeanGray(rgb, box, 4);
+      }
+      internal::NormalizeParams norm{opts.mean, opts.std};
+      float* dst =
+          w->slot->batch.images + (static_cast<size_t>(sample) * cams + camera) * 3 * out * out;
+      internal::CropResizeNormalize(rgb, box, out, out, j, gray, norm, dst);
+      c_images->fetch_add(1);
+    } else {
+      w->SetError(static_cast<size_t>(sample), std::move(s));
+    }
+  }
+  w->TaskDone();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 3
+
+Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
+  const Schema& sc = reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const size_t img_elems = static_cast<size_t>(3) * opts.image_size * opts.image_size;
+  Batch& b = w.slot->batch;
+  // Compact away corrupt samples (skip policy) or stop on the first (error policy).
+  std::vector<size_t> keep;
+  for (size_t i = 0; i < w.samples.size(); ++i) {
+    if (w.sample_status[i].ok()) {
+      keep.push_back(i);
+      continue;
+    }
+    if (opts.on_corrupt == CorruptPolicy::kError) return w.sample_status[i];
+    c_corrupt->fetch_add(1);
+    int64_t suppressed = 0;
+    if (corrupt_log.Allow(&suppressed))
+      LF_LOG(WARNING) << "skipping corrupt sample " << w.samples[i] << ": "
+                      << w.sample_status[i].message()
+                      << (suppressed ? " (" + std::to_string(suppressed) + " more not shown)" : "");
+  }
+  const int n = static_cast<int>(keep.size());
+  int len = opts.token_pad;
+  if (len <= 0) {
+    len = 1;
+    for (size_t i : keep) len = std::max<int>(len, static_cast<int>(w.tokens[i].size() / 4));
+  }
+  const float* smean =
+      sc.state_mean.size() == size_t(sc.state_dim) ? sc.state_mean.data() : nullptr;
+  const float* sstd = sc.state_std.size() == size_t(sc.state_dim) ? sc.state_std.data() : nullptr;
+  const float* amean =
+      sc.action_mean.size() == size_t(sc.action_dim) ? sc.action_mean.data() : nullptr;
+  const float* astd =
+      sc.action_std.size() == size_t(sc.action_dim) ? sc.action_std.data() : nullptr;
+  const bool norm = opts.normalize_state && smean && sstd && amean && astd;
+  for (int o = 0; o < n; ++o) {
+    const size_t i = keep[o];
+    if (static_cast<size_t>(o) != i)  // move decoded images down over a skipped sample
+      std::memmove(b.images + static_cast<size_t>(o) * cams * img_elems,
+                   b.images + i * cams * img_elems, sizeof(float) * cams * img_elems);
+    const int nt = static_cast<int>(w.tokens[i].size() / 4);
+    int64_t* tok = b.tokens + static_cast<size_t>(o) * len;
+    uint8_t* am = b.attention_mask + static_cast<size_t>(o) * len;
+    const char* tp = w.tokens[i].data();
+    for (int t = 0; t < len; ++t) {
+      int32_t v = 0;
+      if (t < nt) std::memcpy(&v, tp + 4 * t, 4);
+      tok[t] = v;
+      am[t] = t < nt;
+    }
+    float* st = b.state + static_cast<size_t>(o) * sc.state_dim;
+    std::memcpy(st, w.state[i].data(), sizeof(float) * sc.state_dim);
+    float* ac = b.action + static_cast<size_t>(o) * sc.action_horizon * sc.action_dim;
+    std::memcpy(ac, w.action[i].data(), sizeof(float) * sc.action_horizon * sc.action_dim);
+    if (norm) {
+      // std of a constant dimension is 0: leave it centred instead of dividing by zero.
+      for (int d = 0; d < sc.state_dim; ++d)
+        st[d] = (st[d] - smean[d]) / (sstd[d] > 1e-6f ? sstd[d] : 1.f);
+      for (int h = 0; h < sc.action_horizon; ++h)
+        for (int d = 0; d < sc.action_dim; ++d) {
+          float& x = ac[h * sc.action_dim + d];
+          x = (x - amean[d]) / (astd[d] > 1e-6f ? astd[d] : 1.f);
+        }
+    }
+    std::memcpy(b.action_mask + static_cast<size_t>(o) * sc.action_horizon, w.amask[i].data(),
+                sc.action_horizon);
+    b.sample_index[o] = w.samples[i];
+  }
+  b.epoch = w.epoch;
+  b.index = w.index;
+  b.size = n;
+  b.cameras = cams;
+  b.height = b.width = opts.image_size;
+  b.tokens_len = len;
+  b.state_dim = sc.state_dim;
+  b.action_dim = sc.action_dim;
+  b.horizon = sc.action_horizon;
+  b.latency_ms = (NowSeconds() - w.t_start) * 1e3;
+  // Hand the slot to the consumer: the Batch keeps the pool alive and returns the slot on release.
+  Slot* slot = w.slot;
+  w.slot = nullptr;
+  std::shared_ptr<SlotPool> pool = w.pool;
+  *out = std::shared_ptr<Batch>(&slot->batch, [pool, slot](Batch*) { pool->Release(slot); });
+  return Status::Ok();
+}
+
+void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
+  WorkPtr w;
+  while (!stop.load()) {
+    Status s = work_q->Pop(&w, std::chrono::hours(24 * 365));
+    if (!s.ok()) break;  // closed and drained: end of epoch (or stop)
+    {
+      std::unique_lock<std::mutex> lock(w->mu);
+      if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
+        lock.unlock();
+        out_q
+            ->Push(DeadlineExceededError("loader: decoding batch " + std::to_string(w->index) +
+                                         " took longer than " + std::to_string(opts.timeout_ms) +
+                                         " ms"),
+                   timeout())
+            .IgnoreError();
+        return;
+      }
+    }
+    if (stop.load()) break;
+    std::shared_ptr<Batch> batch;
+    Status cs;
+    {
+      ScopedTimerMs timer(h_collate);
+      cs = Collate(*w, &batch);
+    }
+    w.reset();  // ends the read transaction
+    if (!cs.ok()) {
+      out_q->Push(cs, std::chrono::hours(24 * 365)).IgnoreError();
+      return;
+    }
+    h_latency->Record(batch->latency_ms);
+    c_batches->fetch_add(1);
+    if (!out_q->Push(std::move(batch), std::chrono::hours(24 * 365)).ok()) return;
+  }
+  if (!stop.load()) out_q->Push(OutOfRangeError("end of epoch"), timeout()).IgnoreError();
+}
+
+void DataLoader::Impl::StopThreads() {
+  stop = true;
+  if (work_q) work_q->Close();
+  if (out_q) out_q->Close();
+  if (fetch_thread.joinable()) fetch_thread.join();
+  if (collate_thread.joinable()) collate_thread.join();
+  // Drop queued Work (their decode tasks see `cancelled` and finish fast).
+  if (work_q) {
+    WorkPtr w;
+    while (work_q->TryPop(&w)) w->cancelled = true;
+  }
+  running = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DataLoader
+
+StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
+  if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
+  if (o.image_size <= 0 || o.image_size > 4096)
+    return InvalidArgumentError("image_size out of range");
+  if (!(o.crop_fraction > 0.f && o.crop_fraction <= 1.f))
+    return InvalidArgumentError("crop_fraction must be in (0, 1]");
+  if (o.threads <= 0) return InvalidArgumentError("threads must be > 0");
+  if (o.prefetch <= 0) return InvalidArgumentError("prefetch must be > 0");
+  for (int c = 0; c < 3; ++c)
+    if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
+  std::unique_ptr<DataLoader> dl(new DataLoader());
+  auto impl = std::make_unique<Impl>();
+  impl->opts = o;
+  // Readers: decode threads do not open transactions; fetch holds up to prefetch + 2 at once.
+  LF_ASSIGN_OR_RETURN(impl->reader, RecordReader::Open(o.db_path, 2 * o.prefetch + 16));
+  const Schema& sc = impl->reader->schema();
+  SamplerOptions so;
+  so.num_samples = sc.num_samples;
+  so.batch_size = o.batch_size;
+  so.seed = o.seed;
+  so.rank = o.rank;
+  so.world_size = o.world_size;
+  so.shuffle = o.shuffle;
+  so.drop_last = o.drop_last;
+  auto sampler = Sampler::Create(so);
+  if (!sampler.ok()) return sampler.status().WithContext(o.db_path);
+  impl->sampler.emplace(std::move(sampler).value());
+  impl->max_tokens = std::max(1, sc.max_tokens);
+  if (o.token_pad > 0) {
+    if (o.token_pad < sc.max_tokens)
+      return InvalidArgumentError("token_pad " + std::to_string(o.token_pad) +
+                                  " is shorter than the longest instruction in " + o.db_path +
+                                  " (" + std::to_string(sc.max_tokens) + " tokens)");
+    impl->max_tokens = o.token_pad;
+  }
+  for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));
+  bool pin = o.pin_memory;
+#ifndef LOONGFORGE_WITH_CUDA
+  if (pin) LF_LOG(INFO) << "pin_memory requested but this build has no CUDA: using pageable memory";
+  pin = false;
+#endif
+  impl->pool = std::make_shared<SlotPool>(o.batch_size, static_cast<int>(sc.cameras.size()),
+                                          o.image_size, impl->max_tokens, sc.state_dim,
+                                          sc.action_dim, sc.action_horizon, pin);
+  // Enough queued decode tasks to keep every worker busy across two batches.
+  size_t task_cap = static_cast<size_t>(o.batch_size) * sc.cameras.size() * 2;
+  impl->decode_pool = std::make_unique<ThreadPool>(o.threads, "lf-decode", task_cap);
+  auto& m = impl->metrics;
+  impl->h_fetch = m.GetHistogram("fetch_ms");
+  impl->h_decode = m.GetHistogram("decode_ms");
+  impl->h_collate = m.GetHistogram("collate_ms");
+  impl->h_latency = m.GetHistogram("batch_latency_ms");
+  impl->h_wait = m.GetHistogram("consumer_wait_ms");
+  impl->c_images = m.GetCounter("images_decoded");
+  impl->c_batches = m.GetCounter("batches");
+  impl->c_corrupt = m.GetCounter("corrupt_skipped");
+  impl->c_bytes = m.GetCounter("record_bytes_read");
+  dl->impl_ = std::move(impl);
+  return dl;
+}
+
+DataLoader::~DataLoader() {
+  if (!impl_) return;
+  impl_->StopThreads();
+  impl_->decode_pool->Shutdown();  // runs (cancelled) tasks still queued, joins the workers
+}
+
+const Schema& DataLoader::schema() const { return impl_->reader->schema(); }
+int64_t DataLoader::batches_per_epoch() const { return impl_->sampler->batches_per_epoch(); }
+int64_t DataLoader::epoch() const { return impl_->epoch; }
+int64_t DataLoader::next_batch() const { return impl_->next_batch; }
+MetricsRegistry& DataLoader::metrics() { return impl_->metrics; }
+int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
+
+Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
+  Impl& im = *impl_;
+  im.StopThreads();
+  if (epoch < 0) return InvalidArgumentError("epoch must be >= 0");
+  if (start_batch < 0 || start_batch > batches_per_epoch())
+    return OutOfRangeError("start batch " + std::to_string(start_batch) + " outside epoch of " +
+                           std::to_string(batches_per_epoch()) + " batches");
+  im.stop = false;
+  im.finished = false;
+  im.epoch = epoch;
+  im.next_batch = start_batch;
+  im.work_q = std::make_unique<BoundedQueue<WorkPtr>>(im.opts.prefetch, "lf-work");
+  im.out_q = std::make_unique<BoundedQueue<Output>>(im.opts.prefetch, "lf-out");
+  im.fetch_thread = std::thread([&im, epoch, start_batch] { im.FetchLoop(epoch, start_batch); });
+  pthread_setname_np(im.fetch_thread.native_handle(), "lf-fetch");
+  im.collate_thread =
+      std::thread([&im, epoch, start_batch] { im.CollateLoop(epoch, start_batch); });
+  pthread_setname_np(im.collate_thread.native_handle(), "lf-collate");
+  im.running = true;
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
+  Impl& im = *impl_;
+  if (!im.running) return FailedPreconditionError("loader: Next() before Start()");
+  if (im.finished) return OutOfRangeError("end of epoch");
+  Output item = OutOfRangeError("end of epoch");
+  {
+    ScopedTimerMs timer(im.h_wait);
+    Status s = im.out_q->Pop(&item, im.timeout());
+    if (!s.ok()) {
+      im.finished = true;
+      if (s.code() == StatusCode::kDeadlineExceeded)
+        return DeadlineExceededError("loader: no batch within " +
+                                     std::to_string(im.opts.timeout_ms) + " ms");
+      return s;
+    }
+  }
+  if (!item.ok()) {
+    im.finished = true;
+    return item.status();
+  }
+  im.next_batch = (*item)->index + 1;
+  return item;
+}
+
+void DataLoader::Stop() { impl_->StopThreads(); }
+
+}  // namespace loongforge

@@ -1,0 +1,359 @@
+// Tests of the CPU loader: sampler, image kernels against their references, pipeline order,
+// resume, batch contents and the corrupt-data policies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "image_ops.h"
+#include "loongforge/loader.h"
+#include "test_dataset.h"
+
+namespace loongforge {
+namespace {
+
+using internal::CropBox;
+using internal::Jitter;
+using internal::NormalizeParams;
+using internal::RgbImage;
+
+// Guards the sampler contract: same inputs -> same order; different epochs -> different orders.
+TEST(Sampler, DeterministicPerEpoch) {
+  SamplerOptions o;
+  o.num_samples = 1000;
+  o.batch_size = 8;
+  o.seed = 42;
+  auto a = Sampler::Create(o), b = Sampler::Create(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->EpochOrder(3), b->EpochOrder(3));
+  EXPECT_NE(a->EpochOrder(3), a->EpochOrder(4));
+  o.seed = 43;
+  auto c = Sampler::Create(o);
+  EXPECT_NE(a->EpochOrder(3), c->EpochOrder(3));
+}
+
+// Guards distributed training: every rank must run the same number of batches, or collectives hang.
+TEST(Sampler, EqualBatchCountsForWorldSizes1To8) {
+  for (int64_t n : {97, 100, 257, 1000}) {
+    for (int world = 1; world <= 8; ++world) {
+      for (bool drop : {true, false}) {
+        std::set<int64_t> seen;
+        int64_t batches = -1;
+        for (int r = 0; r < world; ++r) {
+          SamplerOptions o{n, 4, 7, r, world, true, drop};
+          auto s = Sampler::Create(o);
+          ASSERT_TRUE(s.ok()) << s.status();
+          if (batches < 0) batches = s->batches_per_epoch();
+          EXPECT_EQ(s->batches_per_epoch(), batches) << "n=" << n << " world=" << world;
+          for (int64_t b = 0; b < s->batches_per_epoch(); ++b)
+            for (int64_t i : s->Batch(0, b)) {
+              ASSERT_GE(i, 0);
+              ASSERT_LT(i, n);
+              if (drop)
+                EXPECT_TRUE(seen.insert(i).second) << "sample on two ranks: " << i;
+              else
+                seen.insert(i);
+            }
+        }
+        if (!drop) EXPECT_EQ(static_cast<int64_t>(seen.size()), n);  // nothing left out
+      }
+    }
+  }
+}
+
+TEST(Sampler, RejectsBadArguments) {
+  EXPECT_FALSE(Sampler::Create({0, 4, 0, 0, 1, true, true}).ok());
+  EXPECT_FALSE(Sampler::Create({10, 4, 0, 2, 2, true, true}).ok());
+  EXPECT_FALSE(Sampler::Create({3, 4, 0, 0, 1, true, true}).ok());  // no full batch
+}
+
+RgbImage MakeRgb(int w, int h, uint64_t seed) {
+  RgbImage im;
+  im.pixels = testing::RandomRgb(w, h, seed);
+  im.width = w;
+  im.height = h;
+  return im;
+}
+
+// Guards the fused kernel: it must equal the plain double-precision definition on random inputs.
+TEST(ImageOps, FusedMatchesReference) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (int trial = 0; trial < 12; ++trial) {
+    int w = 40 + trial * 23, h = 30 + trial * 17;
+    RgbImage im = MakeRgb(w, h, trial);
+    CropBox box;
+    box.w = w * (0.5f + 0.5f * u(rng));
+    box.h = h * (0.5f + 0.5f * u(rng));
+    box.x0 = std::floor((w - box.w) * u(rng));
+    box.y0 = std::floor((h - box.h) * u(rng));
+    int ow = 16 + trial * 9, oh = 12 + trial * 11;  // both up- and down-scaling
+    Jitter j;
+    j.enabled = trial % 2;
+    j.brightness = 0.7f + 0.6f * u(rng);
+    j.contrast = 0.6f + 0.8f * u(rng);
+    j.saturation = 0.5f + u(rng);
+    float gray = internal::MeanGray(im, box, 2);
+    NormalizeParams np{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+    std::vector<float> a(3 * ow * oh), b(3 * ow * oh);
+    internal::CropResizeNormalize(im, box, ow, oh, j, gray, np, a.data());
+    internal::CropResizeNormalizeReference(im, box, ow, oh, j, gray, np, b.data());
+    double max_err = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      max_err = std::max<double>(max_err, std::fabs(a[i] - b[i]));
+    // float32 vs double arithmetic on 0..255 values, scaled by 1/(255*0.224): ~1e-4 worst case.
+    EXPECT_LT(max_err, 2e-3) << "trial " << trial;
+  }
+}
+
+// Guards DCT-domain scaling: decoding at reduced size and resizing must stay close to decoding
+// at full size and resizing with an area filter (what it approximates).
+TEST(ImageOps, DctScaledDecodeCloseToFullDecode) {
+  internal::JpegDecoder dec;
+  for (int trial = 0; trial < 4; ++trial) {
+    const int w = 640, h = 480, out = 224;
+    std::string jpg = testing::EncodeJpeg(testing::RandomRgb(w, h, 100 + trial), w, h, 90);
+    RgbImage scaled, full;
+    ASSERT_TRUE(dec.Decode(jpg, 236, 236, &scaled, "t").ok());
+    EXPECT_EQ(scaled.scale_denom / scaled.scale_num, 2);  // 640x480 -> 320x240 for a 224 output
+    ASSERT_TRUE(dec.Decode(jpg, 0, 0, &full, "t").ok());
+    EXPECT_EQ(full.width, w);
+    NormalizeParams np;
+    std::vector<float> a(3 * out * out), b(3 * out * out);
+    CropBox sb{0, 0, static_cast<float>(scaled.width), static_cast<float>(scaled.height)};
+    internal::CropResizeNormalize(scaled, sb, out, out, {}, 0, np, a.data());
+    // Reference: 2x2 box-average the full decode, then the same bilinear resize.
+    RgbImage half;
+    half.width = w / 2;
+    half.height = h / 2;
+    half.pixels.resize(half.width * half.height * 3);
+    for (int y = 0; y < half.height; ++y)
+      for (int x = 0; x < half.width; ++x)
+        for (int c = 0; c < 3; ++c) {
+          int s = 0;
+          for (int dy = 0; dy < 2; ++dy)
+            for (int dx = 0; dx < 2; ++dx)
+              s += full.pixels[((2 * y + dy) * w + 2 * x + dx) * 3 + c];
+          half.pixels[(y * half.width + x) * 3 + c] = static_cast<uint8_t>((s + 2) / 4);
+        }
+    internal::CropResizeNormalize(half, sb, out, out, {}, 0, np, b.data());
+    double mae = 0;
+    for (size_t i = 0; i < a.size(); ++i) mae += std::fabs(a[i] - b[i]);
+    mae /= a.size();
+    EXPECT_LT(mae, 0.03) << "mean abs error in normalized units (1/255 = 0.0078)";
+  }
+}
+
+TEST(ImageOps, RejectsNonJpegAndTruncated) {
+  internal::JpegDecoder dec;
+  RgbImage im;
+  Status s = dec.Decode("this is not a jpeg", 0, 0, &im, "rec_7");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("rec_7"), std::string::npos);
+  std::string jpg = testing::EncodeJpeg(testing::RandomRgb(64, 48, 3), 64, 48);
+  std::string good = jpg;
+  jpg.resize(jpg.size() * 2 / 3);
+  EXPECT_EQ(dec.Decode(jpg, 0, 0, &im, "rec_8").code(), StatusCode::kDataLoss);
+  // A decoder that failed must still decode the next good image (libjpeg-turbo keeps stale state).
+  EXPECT_TRUE(dec.Decode(good, 0, 0, &im, "rec_9").ok());
+}
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::TempDir("loader"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Db(const testing::TestDbOptions& o, const std::string& name = "db") {
+    std::string p = dir_ + "/" + name;
+    Status s = testing::MakeTestDb(p, o);
+    EXPECT_TRUE(s.ok()) << s;
+    return p;
+  }
+  static LoaderOptions Opts(const std::string& db) {
+    LoaderOptions o;
+    o.db_path = db;
+    o.batch_size = 4;
+    o.image_size = 32;
+    o.threads = 2;
+    o.prefetch = 2;
+    o.seed = 5;
+    o.timeout_ms = 20000;
+    return o;
+  }
+  // Runs one epoch from `start`, returning sample indices per batch and a checksum of images.
+  static std::vector<std::vector<int64_t>> Epoch(DataLoader& dl, int64_t ep, int64_t start,
+                                                 double* img_sum = nullptr, Status* err = nullptr) {
+    std::vector<std::vector<int64_t>> out;
+    EXPECT_TRUE(dl.Start(ep, start).ok());
+    while (true) {
+      auto b = dl.Next();
+      if (!b.ok()) {
+        if (err)
+          *err = b.status();
+        else
+          EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
+        break;
+      }
+      const Batch& x = **b;
+      out.emplace_back(x.sample_index, x.sample_index + x.size);
+      if (img_sum) {
+        size_t n = static_cast<size_t>(x.size) * x.cameras * 3 * x.height * x.width;
+        for (size_t i = 0; i < n; ++i) *img_sum += x.images[i] * static_cast<double>(i % 97 + 1);
+      }
+    }
+    return out;
+  }
+  std::string dir_;
+};
+
+// Guards ordering: batches and their pixels do not depend on the number of decode threads.
+TEST_F(LoaderTest, OutputIndependentOfThreadCount) {
+  std::string db = Db({});
+  double sums[2] = {0, 0};
+  std::vector<std::vector<int64_t>> orders[2];
+  for (int t = 0; t < 2; ++t) {
+    LoaderOptions o = Opts(db);
+    o.threads = t == 0 ? 1 : 3;
+    o.color_jitter = true;
+    auto dl = DataLoader::Create(o);
+    ASSERT_TRUE(dl.ok()) << dl.status();
+    orders[t] = Epoch(**dl, 1, 0, &sums[t]);
+  }
+  EXPECT_EQ(orders[0].size(), 10u);
+  EXPECT_EQ(orders[0], orders[1]);
+  EXPECT_DOUBLE_EQ(sums[0], sums[1]);
+}
+
+// Guards resume: starting at batch k yields exactly the tail of the full epoch.
+TEST_F(LoaderTest, MidEpochResumeYieldsRemainingSequence) {
+  std::string db = Db({});
+  auto dl = DataLoader::Create(Opts(db));
+  ASSERT_TRUE(dl.ok());
+  auto full = Epoch(**dl, 2, 0);
+  // Consume 3 batches, record the position, and resume in a fresh loader.
+  ASSERT_TRUE((*dl)->Start(2, 0).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*dl)->Next().ok());
+  EXPECT_EQ((*dl)->next_batch(), 3);
+  auto dl2 = DataLoader::Create(Opts(db));
+  auto tail = Epoch(**dl2, 2, (*dl)->next_batch());
+  ASSERT_EQ(tail.size(), full.size() - 3);
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 3]);
+}
+
+// Guards stage 3: padding, masks, normalization and action masks carry the records' values.
+TEST_F(LoaderTest, BatchContents) {
+  testing::TestDbOptions to;
+  std::string db = Db(to);
+  LoaderOptions o = Opts(db);
+  o.shuffle = false;
+  auto dl = DataLoader::Create(o);
+  ASSERT_TRUE(dl.ok());
+  ASSERT_TRUE((*dl)->Start(0).ok());
+  auto b = (*dl)->Next();
+  ASSERT_TRUE(b.ok());
+  const Batch& x = **b;
+  ASSERT_EQ(x.size, 4);
+  EXPECT_EQ(x.tokens_len, 5);  // samples 0..3 have 2..5 tokens
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(x.sample_index[i], i);
+    for (int t = 0; t < x.tokens_len; ++t) {
+      bool valid = t < i + 2;
+      EXPECT_EQ(x.attention_mask[i * x.tokens_len + t], valid);
+      EXPECT_EQ(x.tokens[i * x.tokens_len + t], valid ? 3 + i + t : 0);
+    }
+    for (int d = 0; d < to.state_dim; ++d)
+      EXPECT_FLOAT_EQ(x.state[i * to.state_dim + d], (i + d - 1.f) / 2.f);
+    EXPECT_FLOAT_EQ(x.action[i * to.horizon * to.action_dim + 5], i * 0.5f + 5);
+    EXPECT_EQ(x.action_mask[i * to.horizon + to.horizon - 1], i % 2);
+  }
+  // Images are normalized to about [-1, 1] with mean/std 0.5 and are not constant.
+  float lo = 1e9, hi = -1e9;
+  for (int k = 0; k < 4 * 2 * 3 * 32 * 32; ++k)
+    lo = std::min(lo, x.images[k]), hi = std::max(hi, x.images[k]);
+  EXPECT_GE(lo, -1.0001f);
+  EXPECT_LE(hi, 1.0001f);
+  EXPECT_LT(lo, -0.3f);
+  EXPECT_GT(hi, 0.3f);
+}
+
+// Guards the skip policy: every kind of bad record is counted and dropped; the rest arrives.
+TEST_F(LoaderTest, SkipPolicyDropsAndCountsBadRecords) {
+  testing::TestDbOptions to;
+  to.corrupt_jpeg = {3};
+  to.truncated_jpeg = {11};
+  to.truncated_state = {17};
+  to.missing_tokens = {22};
+  std::string db = Db(to);
+  LoaderOptions o = Opts(db);
+  auto dl = DataLoader::Create(o);
+  ASSERT_TRUE(dl.ok());
+  auto batches = Epoch(**dl, 0, 0);
+  std::set<int64_t> seen;
+  for (auto& b : batches) seen.insert(b.begin(), b.end());
+  EXPECT_EQ(seen.size(), 36u);
+  for (int64_t bad : {3, 11, 17, 22}) EXPECT_FALSE(seen.count(bad)) << bad;
+  EXPECT_EQ((*dl)->corrupt_skipped(), 4);
+}
+
+// Guards the error policy: the first bad record stops the loader with a Status naming its key.
+TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
+  struct Case {
+    testing::TestDbOptions opts;
+    StatusCode code;
+    std::string key;
+  };
+  std::vector<Case> cases(3);
+  cases[0].opts.truncated_jpeg = {5};
+  cases[0].code = StatusCode::kDataLoss;
+  cases[0].key = "00000005_cam_cam";
+  cases[1].opts.truncated_state = {6};
+  cases[1].code = StatusCode::kDataLoss;
+  cases[1].key = "00000006_state";
+  cases[2].opts.missing_tokens = {7};
+  cases[2].code = StatusCode::kNotFound;
+  cases[2].key = "00000007_tokens";
+  int n = 0;
+  for (auto& c : cases) {
+    std::string db = Db(c.opts, "db" + std::to_string(n++));
+    LoaderOptions o = Opts(db);
+    o.on_corrupt = CorruptPolicy::kError;
+    o.shuffle = false;
+    auto dl = DataLoader::Create(o);
+    ASSERT_TRUE(dl.ok());
+    Status err;
+    auto got = Epoch(**dl, 0, 0, nullptr, &err);
+    EXPECT_EQ(err.code(), c.code) << err;
+    EXPECT_NE(err.message().find(c.key), std::string::npos) << err;
+    EXPECT_EQ(got.size(), 1u);  // batch 0 (samples 0..3) arrives before the bad one
+  }
+}
+
+TEST_F(LoaderTest, OpenErrorsAreClear) {
+  LoaderOptions o = Opts(dir_ + "/nope");
+  auto dl = DataLoader::Create(o);
+  EXPECT_EQ(dl.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(dl.status().message().find("nope"), std::string::npos);
+  std::string db = Db({});
+  o = Opts(db);
+  o.token_pad = 3;  // shorter than the longest instruction (8)
+  EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Guards memory flatness: buffers are recycled, so slots stay bounded over many epochs.
+TEST_F(LoaderTest, BuffersAreRecycledAcrossEpochs) {
+  std::string db = Db({});
+  auto dl = DataLoader::Create(Opts(db));
+  ASSERT_TRUE(dl.ok());
+  for (int ep = 0; ep < 5; ++ep) Epoch(**dl, ep, 0);
+  // A stopped-and-restarted epoch must not leak its in-flight batches either.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE((*dl)->Start(i, 0).ok());
+    ASSERT_TRUE((*dl)->Next().ok());
+    (*dl)->Stop();
+  }
+  int64_t batches = (*dl)->metrics().Counters()["batches"];
+  EXPECT_GE(batches, 50);
+}
+
+}  // namespace
+}  // namespace loongforge

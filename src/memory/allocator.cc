@@ -1,0 +1,660 @@
+// MemAllocator: planned arena + pooled best-fit fallback (include/loongforge/memory.h).
+//
+// Note [Planned arena safety]
+// A plan is a recorded step's allocations with offsets in one arena. While a step matches its
+// plan, allocation k is served at arena + offset[k] in O(1). The live step may differ from the
+// recorded one in three ways, each detected before anything unsafe is handed out:
+//   - allocation k has another size or stream than recorded -> the step diverges;
+//   - an earlier planned allocation sharing k's bytes (plan.must_be_free[k]) is still live,
+//     because the live step freed it later than the recorded one -> the step diverges;
+//   - last step's planned allocations are still live at BeginStep -> this step is not planned.
+// A diverged step serves the rest of its allocations from the pool (one planned miss counted);
+// the planned allocations already handed out stay valid. So no two live planned allocations ever
+// share a byte, whatever the live step does. Allocations on different streams never share arena
+// bytes (planner.cc, Note [Interval packing]), so arena reuse is always stream-ordered.
+//
+// Note [Stream-safe reuse]
+// A pooled block freed by stream S may be reused at once by S (stream order makes that safe). For
+// another stream T it must wait until S has passed the free: the free records a fence on S (only
+// once the allocator has seen more than one stream; with one stream no fence is needed), and T
+// takes the block only when the fence has passed. A block freed without a fence gets one recorded
+// on demand when T first wants it: recorded later than the free, so waiting on it is conservative
+// and still correct. Blocks whose fences have passed become usable by any stream and coalesce
+// freely; a pending block coalesces only with neighbours of its own stream.
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "loongforge/logging.h"
+#include "loongforge/memory.h"
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+constexpr size_t kLargeSegmentRoundBytes = size_t{2} << 20;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Segment;
+
+struct Block {
+  uintptr_t addr = 0;
+  size_t size = 0;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;  // address order within the segment
+  Block* next = nullptr;
+  bool allocated = false;
+  StreamId stream = 0;      // owner: the stream that allocated it (and so last used it)
+  bool any_stream = false;  // free and safe for every stream
+  bool has_fence = false;
+  FenceToken fence;
+};
+
+struct Segment {
+  uintptr_t base = 0;
+  size_t size = 0;
+  PoolKind kind = PoolKind::kTransient;
+  Block* head = nullptr;
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+  }
+};
+
+struct Pool {
+  std::set<Block*, BlockLess> free_blocks;
+  std::vector<Segment*> segments;
+};
+
+struct Live {
+  Block* block = nullptr;  // null for planned (arena) allocations
+  int32_t plan_index = -1;
+  size_t size = 0;  // rounded
+  int64_t requested = 0;
+  StreamId stream = 0;
+  PoolKind kind = PoolKind::kTransient;
+  uint64_t id = 0;
+};
+
+}  // namespace
+
+struct MemAllocator::Impl {
+  Options options;
+  std::unique_ptr<MemoryBackend> backend;
+  std::unique_ptr<StreamFence> fence;
+  mutable std::mutex mu;
+
+  Pool pools[2];
+  std::unordered_map<uintptr_t, Live> live;
+  std::set<StreamId> streams_seen;
+
+  // Arena and the plan whose allocations it holds.
+  void* arena = nullptr;
+  size_t arena_size = 0;
+  std::shared_ptr<const Plan> arena_plan;
+  std::vector<uint8_t> planned_live;
+  int64_t planned_live_count = 0;
+  bool step_planned = false;
+  size_t cursor = 0;
+
+  bool recording = false;
+  Trace trace;
+  uint64_t next_id = 1;
+
+  // Stats.
+  int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0;
+  int64_t persistent_allocated = 0;
+  int64_t num_allocs = 0, num_frees = 0, planned_hits = 0, planned_misses = 0, planned_steps = 0,
+          pool_allocs = 0;
+  Histogram latency_ns;
+
+  ~Impl() {
+    for (auto& pool : pools) {
+      for (Segment* s : pool.segments) {
+        Block* b = s->head;
+        while (b) {
+          Block* n = b->next;
+          if (b->has_fence && fence) fence->Release(b->fence);
+          delete b;
+          b = n;
+        }
+        backend->Release(reinterpret_cast<void*>(s->base), s->size);
+        delete s;
+      }
+    }
+    if (arena) backend->Release(arena, arena_size);
+  }
+
+  void AddReserved(int64_t d) {
+    reserved += d;
+    peak_reserved = std::max(peak_reserved, reserved);
+  }
+  void AddAllocated(int64_t d) {
+    allocated += d;
+    peak_allocated = std::max(peak_allocated, allocated);
+  }
+
+  // True if `stream` may take free block `b` now (settles passed fences on the way).
+  bool Usable(Block* b, StreamId stream) {
+    if (b->any_stream || b->stream == stream) return true;
+    if (!fence) return false;
+    if (!b->has_fence) {
+      b->fence = fence->Record(b->stream);  // on demand: Note [Stream-safe reuse]
+      b->has_fence = true;
+    }
+    if (fence->Passed(b->fence)) {
+      fence->Release(b->fence);
+      b->has_fence = false;
+      b->any_stream = true;
+      return true;
+    }
+    return false;
+  }
+
+  bool CanMerge(const Block* into, const Block* n) const {
+    if (n == nullptr || n->allocated) return false;
+    if (n->any_stream) return true;  // safe for everyone, so safe to join `into`'s stream
+    return !into->any_stream && n->stream == into->stream;
+  }
+
+  // Merges free neighbours into `b` (already out of the free set); returns the merged block.
+  Block* Coalesce(Pool& pool, Block* b) {
+    for (Block* n : {b->prev, b->next}) {
+      if (!CanMerge(b, n)) continue;
+      pool.free_blocks.erase(n);
+      if (n->has_fence) {
+        // b's own fence, if any, was recorded later on the same stream and covers n's.
+        if (b->has_fence) {
+          fence->Release(n->fence);
+        } else {
+          b->fence = n->fence;
+          b->has_fence = true;
+        }
+      }
+      if (n == b->prev) {
+        b->addr = n->addr;
+        b->prev = n->prev;
+        if (n->prev)
+          n->prev->next = b;
+        else
+          b->segment->head = b;
+      } else {
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+      }
+      b->size += n->size;
+      delete n;
+    }
+    return b;
+  }
+
+  Block* FindFree(Pool& pool, size_t size, StreamId stream) {
+    Block probe;
+    probe.size = size;
+    for (auto it = pool.free_blocks.lower_bound(&probe); it != pool.free_blocks.end(); ++it) {
+      if (Usable(*it, stream)) return *it;
+    }
+    return nullptr;
+  }
+
+  // Settles every pending fence that has passed, then coalesces free neighbours segment by
+  // segment. Slow path only (before growing): it walks every block.
+  void SettlePending() {
+    if (!fence) return;
+    for (auto& pool : pools) {
+      bool any = false;
+      for (Block* b : pool.free_blocks) {
+        // any_stream/has_fence do not take part in the set's order, so this is safe in place.
+        if (b->has_fence && !b->any_stream && fence->Passed(b->fence)) {
+          fence->Release(b->fence);
+          b->has_fence = false;
+          b->any_stream = true;
+          any = true;
+        }
+      }
+      if (!any) continue;
+      for (Segment* s : pool.segments) {
+        for (Block* b = s->head; b != nullptr; b = b->next) {
+          while (!b->allocated && CanMerge(b, b->next)) {
+            Block* n = b->next;
+            pool.free_blocks.erase(b);
+            pool.free_blocks.erase(n);
+            if (n->has_fence) {
+              if (b->has_fence) {
+                fence->Release(n->fence);
+              } else {
+                b->fence = n->fence;
+                b->has_fence = true;
+              }
+            }
+            b->next = n->next;
+            if (n->next) n->next->prev = b;
+            b->size += n->size;
+            delete n;
+            pool.free_blocks.insert(b);
+          }
+        }
+      }
+    }
+  }
+
+  Status Grow(Pool& pool, PoolKind kind, size_t size) {
+    size_t seg_size = size <= options.segment_bytes
+                          ? options.segment_bytes
+                          : (size + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes *
+                                kLargeSegmentRoundBytes;
+    StatusOr<void*> mem = backend->Reserve(seg_size);
+    if (!mem.ok() && seg_size > size) {
+      seg_size = size;  // a full segment does not fit: try just the request
+      mem = backend->Reserve(seg_size);
+    }
+    if (!mem.ok()) return mem.status();
+    auto* seg = new Segment;
+    seg->base = reinterpret_cast<uintptr_t>(*mem);
+    seg->size = seg_size;
+    seg->kind = kind;
+    auto* b = new Block;
+    b->addr = seg->base;
+    b->size = seg_size;
+    b->segment = seg;
+    b->any_stream = true;
+    seg->head = b;
+    pool.segments.push_back(seg);
+    pool.free_blocks.insert(b);
+    AddReserved(static_cast<int64_t>(seg_size));
+    return Status::Ok();
+  }
+
+  void ReleaseCachedLocked() {
+    SettlePending();
+    for (auto& pool : pools) {
+      std::vector<Segment*> keep;
+      for (Segment* s : pool.segments) {
+        Block* b = s->head;
+        // Any owner stream is fine here: MemoryBackend::Release makes pending use safe.
+        if (!b->allocated && b->next == nullptr) {
+          pool.free_blocks.erase(b);
+          if (b->has_fence) fence->Release(b->fence);
+          delete b;
+          backend->Release(reinterpret_cast<void*>(s->base), s->size);
+          reserved -= static_cast<int64_t>(s->size);
+          delete s;
+        } else {
+          keep.push_back(s);
+        }
+      }
+      pool.segments = std::move(keep);
+    }
+    if (arena && planned_live_count == 0 && !step_planned) {
+      backend->Release(arena, arena_size);
+      reserved -= static_cast<int64_t>(arena_size);
+      arena = nullptr;
+      arena_size = 0;
+      arena_plan.reset();
+    }
+  }
+
+  StatusOr<void*> PoolAlloc(size_t size, StreamId stream, PoolKind kind, Live* rec) {
+    Pool& pool = pools[static_cast<int>(kind)];
+    Block* b = FindFree(pool, size, stream);
+    if (!b) {
+      SettlePending();
+      b = FindFree(pool, size, stream);
+    }
+    if (!b) {
+      Status st = Grow(pool, kind, size);
+      if (!st.ok()) {
+        ReleaseCachedLocked();
+        st = Grow(pool, kind, size);
+      }
+      if (!st.ok()) {
+        return ResourceExhaustedError(
+            "out of memory allocating " + FormatBytes(size) + " (stream " + std::to_string(stream) +
+            ", " + (kind == PoolKind::kPersistent ? "persistent" : "transient") + ") from " +
+            backend->Name() + ": " + st.message() + "; " + DescribeLiveLocked(5));
+      }
+      b = FindFree(pool, size, stream);
+      LF_CHECK(b != nullptr) << "fresh segment cannot serve " << size;
+    }
+    pool.free_blocks.erase(b);
+    if (b->has_fence) {
+      fence->Release(b->fence);
+      b->has_fence = false;
+    }
+    size_t rest = b->size - size;
+    if (rest >= options.min_split_bytes && rest >= kAlignBytes) {
+      auto* r = new Block;
+      r->addr = b->addr + size;
+      r->size = rest;
+      r->segment = b->segment;
+      r->prev = b;
+      r->next = b->next;
+      if (b->next) b->next->prev = r;
+      b->next = r;
+      r->stream = b->stream;
+      r->any_stream = b->any_stream;  // a pending rest gets a fence on demand
+      b->size = size;
+      pool.free_blocks.insert(r);
+    }
+    b->allocated = true;
+    b->any_stream = false;
+    b->stream = stream;
+    rec->block = b;
+    rec->size = b->size;
+    ++pool_allocs;
+    return reinterpret_cast<void*>(b->addr);
+  }
+
+  void PoolFree(Block* b, PoolKind kind) {
+    Pool& pool = pools[static_cast<int>(kind)];
+    b->allocated = false;
+    if (fence && streams_seen.size() > 1) {
+      b->fence = fence->Record(b->stream);
+      b->has_fence = true;
+    }
+    pool.free_blocks.insert(Coalesce(pool, b));
+  }
+
+  // Planned path; returns nullptr when the step diverges (Note [Planned arena safety]).
+  void* TryPlanned(size_t size, StreamId stream, Live* rec, bool* pool_served) {
+    const Plan& p = *arena_plan;
+    *pool_served = false;
+    if (cursor >= p.sizes.size()) return Diverge();
+    size_t k = cursor;
+    if (static_cast<size_t>(p.sizes[k]) != size || p.streams[k] != stream) return Diverge();
+    for (int32_t j : p.must_be_free[k]) {
+      if (planned_live[j]) return Diverge();
+    }
+    ++cursor;
+    if (p.offsets[k] == kNotPlanned) {
+      *pool_served = true;
+      return nullptr;
+    }
+    planned_live[k] = 1;
+    ++planned_live_count;
+    rec->plan_index = static_cast<int32_t>(k);
+    rec->size = size;
+    ++planned_hits;
+    return static_cast<char*>(arena) + p.offsets[k];
+  }
+
+  void* Diverge() {
+    step_planned = false;
+    ++planned_misses;
+    return nullptr;
+  }
+
+  std::string DescribeLiveLocked(size_t top_n) const {
+    std::vector<const Live*> v;
+    v.reserve(live.size());
+    for (const auto& [addr, l] : live) v.push_back(&l);
+    size_t n = std::min(top_n, v.size());
+    std::partial_sort(v.begin(), v.begin() + n, v.end(),
+                      [](const Live* a, const Live* b) { return a->size > b->size; });
+    int64_t largest_free = 0;
+    for (const auto& pool : pools) {
+      if (!pool.free_blocks.empty()) {
+        largest_free = std::max<int64_t>(largest_free, (*pool.free_blocks.rbegin())->size);
+      }
+    }
+    std::ostringstream os;
+    os << "allocated " << FormatBytes(allocated) << " in " << live.size()
+       << " live allocations (persistent " << FormatBytes(persistent_allocated) << ", planned "
+       << planned_live_count << "), reserved " << FormatBytes(reserved) << " (arena "
+       << FormatBytes(static_cast<int64_t>(arena_size)) << "), largest free block "
+       << FormatBytes(largest_free) << "; top live:";
+    for (size_t i = 0; i < n; ++i) {
+      const Live* l = v[i];
+      os << (i ? "," : "") << ' ' << FormatBytes(static_cast<int64_t>(l->size)) << " stream "
+         << l->stream << ' '
+         << (l->plan_index >= 0 ? "planned"
+                                : (l->kind == PoolKind::kPersistent ? "persistent" : "transient"));
+    }
+    if (n == 0) os << " none";
+    return os.str();
+  }
+};
+
+MemAllocator::MemAllocator(Options options, std::unique_ptr<MemoryBackend> backend,
+                           std::unique_ptr<StreamFence> fence)
+    : impl_(std::make_unique<Impl>()) {
+  LF_CHECK(backend != nullptr);
+  if (options.segment_bytes < kAlignBytes) options.segment_bytes = kAlignBytes;
+  options.segment_bytes = RoundUp(options.segment_bytes);
+  impl_->options = options;
+  impl_->backend = std::move(backend);
+  impl_->fence = std::move(fence);
+}
+
+MemAllocator::~MemAllocator() {
+  if (impl_ && !impl_->live.empty()) {
+    LF_LOG(WARNING) << "MemAllocator destroyed with " << impl_->live.size() << " live allocations ("
+                    << FormatBytes(impl_->allocated) << ")";
+  }
+}
+
+StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind kind) {
+  Impl& m = *impl_;
+  int64_t t0 = m.options.record_latency ? NowNs() : 0;
+  size_t size = RoundUp(bytes);
+  void* ptr = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.streams_seen.size() < 2) m.streams_seen.insert(stream);
+    Live rec;
+    rec.requested = static_cast<int64_t>(bytes);
+    rec.stream = stream;
+    rec.kind = kind;
+    bool use_pool = true;
+    if (m.step_planned && kind == PoolKind::kTransient) {
+      bool pool_served = false;
+      ptr = m.TryPlanned(size, stream, &rec, &pool_served);
+      use_pool = (ptr == nullptr);
+    }
+    if (use_pool) {
+      StatusOr<void*> p = m.PoolAlloc(size, stream, kind, &rec);
+      if (!p.ok()) return p.status();
+      ptr = *p;
+    }
+    rec.id = m.next_id++;
+    if (m.recording && kind == PoolKind::kTransient) {
+      m.trace.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, NowNs());
+    }
+    m.AddAllocated(static_cast<int64_t>(rec.size));
+    if (kind == PoolKind::kPersistent) m.persistent_allocated += static_cast<int64_t>(rec.size);
+    ++m.num_allocs;
+    m.live.emplace(reinterpret_cast<uintptr_t>(ptr), rec);
+  }
+  if (m.options.record_latency) m.latency_ns.Record(static_cast<double>(NowNs() - t0));
+  return ptr;
+}
+
+Status MemAllocator::Free(void* ptr, StreamId stream) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.live.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == m.live.end()) {
+    return InvalidArgumentError("free of pointer " +
+                                std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
+                                " that is not live in this allocator (foreign or double free)");
+  }
+  Live rec = it->second;
+  m.live.erase(it);
+  if (m.recording && rec.kind == PoolKind::kTransient) m.trace.AddFree(rec.id, stream, NowNs());
+  m.allocated -= static_cast<int64_t>(rec.size);
+  if (rec.kind == PoolKind::kPersistent) m.persistent_allocated -= static_cast<int64_t>(rec.size);
+  ++m.num_frees;
+  if (rec.plan_index >= 0) {
+    m.planned_live[rec.plan_index] = 0;
+    --m.planned_live_count;
+  } else {
+    m.PoolFree(rec.block, rec.kind);
+  }
+  return Status::Ok();
+}
+
+Status MemAllocator::BeginStep(const std::string& signature) {
+  Impl& m = *impl_;
+  std::shared_ptr<const Plan> plan = plans_.Get(signature);
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.step_planned = false;
+  m.cursor = 0;
+  if (m.recording) m.trace.MarkStep(signature, NowNs());
+  if (!plan) return Status::Ok();
+  if (m.planned_live_count > 0) {
+    // Last step's planned allocations still hold arena bytes: this step cannot reuse the arena.
+    ++m.planned_misses;
+    return Status::Ok();
+  }
+  size_t need = static_cast<size_t>(plan->peak_bytes);
+  if (need > m.arena_size) {
+    if (m.arena) {
+      m.backend->Release(m.arena, m.arena_size);
+      m.reserved -= static_cast<int64_t>(m.arena_size);
+      m.arena = nullptr;
+      m.arena_size = 0;
+    }
+    size_t want =
+        (need + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes * kLargeSegmentRoundBytes;
+    StatusOr<void*> a = m.backend->Reserve(want);
+    if (!a.ok()) {
+      m.ReleaseCachedLocked();
+      a = m.backend->Reserve(want);
+    }
+    if (!a.ok()) {
+      ++m.planned_misses;
+      return a.status().WithContext("reserving the planned arena for step '" + signature + "'");
+    }
+    m.arena = *a;
+    m.arena_size = want;
+    m.AddReserved(static_cast<int64_t>(want));
+  }
+  m.arena_plan = plan;
+  m.planned_live.assign(plan->sizes.size(), 0);
+  m.step_planned = true;
+  ++m.planned_steps;
+  return Status::Ok();
+}
+
+void MemAllocator::EndStep() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->step_planned = false;
+  impl_->cursor = 0;
+}
+
+void MemAllocator::StartRecording() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->trace.Clear();
+  impl_->recording = true;
+}
+
+Trace MemAllocator::StopRecording() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->recording = false;
+  Trace t = std::move(impl_->trace);
+  impl_->trace = Trace();
+  return t;
+}
+
+bool MemAllocator::recording() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->recording;
+}
+
+StatusOr<std::vector<Plan>> MemAllocator::PlanFromTrace(const Trace& trace) {
+  LF_ASSIGN_OR_RETURN(std::vector<LifetimeTable> tables, trace.Lifetimes());
+  std::map<std::string, const LifetimeTable*> last;
+  for (const auto& t : tables) last[t.signature] = &t;
+  std::vector<Plan> out;
+  for (const auto& [sig, t] : last) {
+    Plan p = PlanStep(*t, sig);
+    LF_RETURN_IF_ERROR_CTX(CheckPlan(*t, p), "plan for step '" + sig + "'");
+    out.push_back(p);
+    plans_.Put(std::move(p));
+  }
+  return out;
+}
+
+Status MemAllocator::InstallPlan(Plan plan) {
+  size_t n = plan.sizes.size();
+  if (plan.offsets.size() != n || plan.streams.size() != n || plan.must_be_free.size() != n) {
+    return InvalidArgumentError("plan '" + plan.signature + "' has inconsistent table sizes");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.offsets[i] != kNotPlanned &&
+        (plan.offsets[i] < 0 || plan.offsets[i] + plan.sizes[i] > plan.peak_bytes)) {
+      return InvalidArgumentError("plan '" + plan.signature + "': allocation " + std::to_string(i) +
+                                  " lies outside the arena");
+    }
+    for (int32_t j : plan.must_be_free[i]) {
+      if (j < 0 || static_cast<size_t>(j) >= i) {
+        return InvalidArgumentError("plan '" + plan.signature + "': bad must_be_free entry");
+      }
+    }
+  }
+  plans_.Put(std::move(plan));
+  return Status::Ok();
+}
+
+void MemAllocator::ReleaseCached() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ReleaseCachedLocked();
+}
+
+AllocatorStats MemAllocator::Stats() const {
+  const Impl& m = *impl_;
+  AllocatorStats s;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    s.allocated_bytes = m.allocated;
+    s.reserved_bytes = m.reserved;
+    s.peak_allocated_bytes = m.peak_allocated;
+    s.peak_reserved_bytes = m.peak_reserved;
+    s.fragmentation = m.peak_reserved > 0 ? 1.0 - static_cast<double>(m.peak_allocated) /
+                                                      static_cast<double>(m.peak_reserved)
+                                          : 0.0;
+    for (const auto& pool : m.pools) {
+      if (!pool.free_blocks.empty()) {
+        s.largest_free_block_bytes =
+            std::max<int64_t>(s.largest_free_block_bytes, (*pool.free_blocks.rbegin())->size);
+      }
+      s.segments += static_cast<int64_t>(pool.segments.size());
+      for (const Block* b : pool.free_blocks) s.pending_fenced_blocks += b->has_fence ? 1 : 0;
+    }
+    s.live_allocations = static_cast<int64_t>(m.live.size());
+    s.num_allocs = m.num_allocs;
+    s.num_frees = m.num_frees;
+    s.planned_hits = m.planned_hits;
+    s.planned_misses = m.planned_misses;
+    s.planned_steps = m.planned_steps;
+    s.pool_allocs = m.pool_allocs;
+    s.arena_bytes = static_cast<int64_t>(m.arena_size);
+    s.persistent_allocated_bytes = m.persistent_allocated;
+  }
+  s.alloc_latency_ns = m.latency_ns.Summary();
+  return s;
+}
+
+void MemAllocator::ResetPeaks() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->peak_allocated = impl_->allocated;
+  impl_->peak_reserved = impl_->reserved;
+  impl_->latency_ns.Reset();
+}
+
+std::string MemAllocator::DescribeLive(size_t top_n) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->DescribeLiveLocked(top_n);
+}
+
+}  // namespace mem
+}  // namespace loongforge

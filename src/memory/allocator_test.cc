@@ -1,0 +1,422 @@
+// Tests of MemAllocator on the CPU (HostBackend + CpuFence): pooled best-fit with splitting and
+// coalescing, alignment, persistent vs transient pools, stream-safe reuse, threads, exhaustion,
+// and the planned path (hits, divergence, late frees).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "loongforge/memory.h"
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+std::unique_ptr<MemAllocator> MakeAllocator(size_t capacity, size_t segment,
+                                            CpuFence** fence_out = nullptr) {
+  MemAllocator::Options o;
+  o.segment_bytes = segment;
+  auto fence = std::make_unique<CpuFence>();
+  if (fence_out) *fence_out = fence.get();
+  return std::make_unique<MemAllocator>(o, CreateHostBackend(capacity), std::move(fence));
+}
+
+// Writes a per-allocation byte pattern over the whole block and checks it later: overlapping
+// live blocks corrupt each other's pattern.
+struct Tracked {
+  void* p;
+  size_t n;
+  uint8_t tag;
+};
+void Fill(const Tracked& t) { std::memset(t.p, t.tag, t.n); }
+bool Intact(const Tracked& t) {
+  const auto* b = static_cast<const uint8_t*>(t.p);
+  for (size_t i = 0; i < t.n; i += 61) {
+    if (b[i] != t.tag) return false;
+  }
+  return b[t.n - 1] == t.tag;
+}
+
+// Guards alignment and rounding: every pointer is 512-aligned and sizes round up to 512.
+TEST(MemAllocator, AlignmentAndRounding) {
+  auto a = MakeAllocator(64 * kMiB, 4 * kMiB);
+  std::vector<void*> ptrs;
+  for (size_t sz : {1, 511, 512, 513, 1000, 4097, 0}) {
+    auto p = a->Allocate(sz, 0);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % kAlignBytes, 0u);
+    ptrs.push_back(*p);
+  }
+  // 512*3 + 1024 + 1024 + 4608 + 512
+  EXPECT_EQ(a->Stats().allocated_bytes, 512 * 3 + 1024 + 1024 + 4608 + 512);
+  for (void* p : ptrs) ASSERT_TRUE(a->Free(p, 0).ok());
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+// Guards splitting, best-fit and coalescing: holes are reused by size, neighbours merge back into
+// one free block spanning the segment.
+TEST(MemAllocator, SplitBestFitCoalesce) {
+  auto a = MakeAllocator(64 * kMiB, 4 * kMiB);
+  void* x = *a->Allocate(256 * 1024, 0);
+  void* y = *a->Allocate(64 * 1024, 0);
+  void* z = *a->Allocate(512 * 1024, 0);
+  void* w = *a->Allocate(32 * 1024, 0);
+  void* v = *a->Allocate(128 * 1024, 0);
+  EXPECT_EQ(a->Stats().segments, 1);
+  ASSERT_TRUE(a->Free(y, 0).ok());  // 64 KiB hole
+  ASSERT_TRUE(a->Free(w, 0).ok());  // 32 KiB hole
+  void* q = *a->Allocate(30 * 1024, 0);
+  EXPECT_EQ(q, w) << "best fit takes the 32 KiB hole, not the 64 KiB one";
+  void* r = *a->Allocate(60 * 1024, 0);
+  EXPECT_EQ(r, y);
+  for (void* p : {x, z, q, r, v}) ASSERT_TRUE(a->Free(p, 0).ok());
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.largest_free_block_bytes, static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.live_allocations, 0);
+  a->ReleaseCached();
+  EXPECT_EQ(a->Stats().reserved_bytes, 0);
+}
+
+// Guards pool separation: a freed transient block is never handed to a persistent allocation
+// (parameters must not land in activation segments, and vice versa).
+TEST(MemAllocator, PersistentAndTransientPoolsAreSeparate) {
+  auto a = MakeAllocator(64 * kMiB, 2 * kMiB);
+  void* t = *a->Allocate(1024, 0, PoolKind::kTransient);
+  ASSERT_TRUE(a->Free(t, 0).ok());
+  void* p = *a->Allocate(1024, 0, PoolKind::kPersistent);
+  EXPECT_NE(p, t);
+  auto d = reinterpret_cast<uintptr_t>(p) > reinterpret_cast<uintptr_t>(t)
+               ? reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(t)
+               : reinterpret_cast<uintptr_t>(t) - reinterpret_cast<uintptr_t>(p);
+  EXPECT_GE(d, 2 * kMiB) << "persistent block inside the transient segment";
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.segments, 2);
+  EXPECT_EQ(s.persistent_allocated_bytes, 1024);
+  void* t2 = *a->Allocate(1024, 0, PoolKind::kTransient);
+  EXPECT_EQ(t2, t);
+  ASSERT_TRUE(a->Free(p, 0).ok());
+  ASSERT_TRUE(a->Free(t2, 0).ok());
+}
+
+// Guards stream-ordered reuse: a block freed on stream 1 is reused at once by stream 1, by
+// stream 2 only after stream 1 passes the fence recorded at the free.
+TEST(MemAllocator, StreamSafeReuse) {
+  CpuFence* fence = nullptr;
+  // One block per segment, so the only candidate for reuse is the freed block itself.
+  auto a = MakeAllocator(64 * kMiB, kMiB, &fence);
+  void* other = *a->Allocate(kMiB, 2);  // stream 2 is now known: frees record fences
+  void* x = *a->Allocate(kMiB, 1);
+  ASSERT_TRUE(a->Free(x, 1).ok());
+  void* same = *a->Allocate(kMiB, 1);
+  EXPECT_EQ(same, x) << "same stream may reuse at once";
+  ASSERT_TRUE(a->Free(same, 1).ok());
+  void* y = *a->Allocate(kMiB, 2);
+  EXPECT_NE(y, x) << "stream 2 reused a block stream 1 may still be using";
+  EXPECT_EQ(a->Stats().pending_fenced_blocks, 1);
+  fence->Complete(1);
+  void* z = *a->Allocate(kMiB, 2);
+  EXPECT_EQ(z, x) << "after the fence passed the block is free for stream 2";
+  EXPECT_EQ(a->Stats().segments, 3);
+  for (void* p : {other, y, z}) ASSERT_TRUE(a->Free(p, 2).ok());
+}
+
+// Guards the on-demand fence: with one stream seen, frees record nothing; a second stream wanting
+// the block must still wait for a fence on the owner.
+TEST(MemAllocator, OnDemandFenceForLateSecondStream) {
+  CpuFence* fence = nullptr;
+  auto a = MakeAllocator(64 * kMiB, kMiB, &fence);
+  void* x = *a->Allocate(kMiB, 1);
+  ASSERT_TRUE(a->Free(x, 1).ok());
+  EXPECT_EQ(a->Stats().pending_fenced_blocks, 0);
+  void* y = *a->Allocate(kMiB, 5);
+  EXPECT_NE(y, x);
+  fence->Complete(1);
+  void* z = *a->Allocate(kMiB, 5);
+  EXPECT_EQ(z, x);
+  ASSERT_TRUE(a->Free(y, 5).ok());
+  ASSERT_TRUE(a->Free(z, 5).ok());
+}
+
+// Guards the fallback against a reference: random alloc/free sequences keep every live block's
+// bytes intact (no overlap), and allocated bytes equal the reference sum of rounded sizes.
+TEST(MemAllocator, RandomSequenceMatchesReference) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  std::mt19937_64 rng(3);
+  std::vector<Tracked> live;
+  int64_t ref_allocated = 0;
+  for (int i = 0; i < 4000; ++i) {
+    if (live.empty() || rng() % 100 < 55) {
+      size_t n = 1 + rng() % (rng() % 8 == 0 ? 3 * kMiB : 64 * 1024);
+      auto p = a->Allocate(n, 0, rng() % 10 == 0 ? PoolKind::kPersistent : PoolKind::kTransient);
+      ASSERT_TRUE(p.ok()) << p.status();
+      Tracked t{*p, n, static_cast<uint8_t>(i)};
+      Fill(t);
+      live.push_back(t);
+      ref_allocated += static_cast<int64_t>(RoundUp(n));
+    } else {
+      size_t k = rng() % live.size();
+      ASSERT_TRUE(Intact(live[k])) << "block overwritten by a neighbour";
+      ASSERT_TRUE(a->Free(live[k].p, 0).ok());
+      ref_allocated -= static_cast<int64_t>(RoundUp(live[k].n));
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    ASSERT_EQ(a->Stats().allocated_bytes, ref_allocated);
+  }
+  for (auto& t : live) {
+    ASSERT_TRUE(Intact(t));
+    ASSERT_TRUE(a->Free(t.p, 0).ok());
+  }
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.num_allocs, s.num_frees);
+  EXPECT_LE(s.peak_allocated_bytes, s.peak_reserved_bytes);
+  EXPECT_EQ(s.alloc_latency_ns.count, s.num_allocs);
+  // Everything free again: every segment is one block (coalescing complete), so all go back.
+  a->ReleaseCached();
+  EXPECT_EQ(a->Stats().reserved_bytes, 0);
+}
+
+// Guards the error path: a double free and a foreign pointer are InvalidArgument, not a crash.
+TEST(MemAllocator, BadFreeIsAnError) {
+  auto a = MakeAllocator(16 * kMiB, 2 * kMiB);
+  void* x = *a->Allocate(100, 0);
+  ASSERT_TRUE(a->Free(x, 0).ok());
+  EXPECT_EQ(a->Free(x, 0).code(), StatusCode::kInvalidArgument);
+  int local = 0;
+  EXPECT_EQ(a->Free(&local, 0).code(), StatusCode::kInvalidArgument);
+}
+
+// Guards thread-safety: four threads allocating and freeing concurrently never share bytes and
+// leave consistent totals.
+TEST(MemAllocator, ThreadSafe) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + t);
+      std::vector<Tracked> live;
+      for (int i = 0; i < 3000; ++i) {
+        if (live.empty() || rng() % 2 == 0) {
+          size_t n = 1 + rng() % 100000;
+          auto p = a->Allocate(n, static_cast<StreamId>(t % 2));
+          if (!p.ok()) {
+            ++failures;
+            return;
+          }
+          Tracked tr{*p, n, static_cast<uint8_t>(t * 50 + i % 50)};
+          Fill(tr);
+          live.push_back(tr);
+        } else {
+          size_t k = rng() % live.size();
+          if (!Intact(live[k])) ++failures;
+          if (!a->Free(live[k].p, static_cast<StreamId>(t % 2)).ok()) ++failures;
+          live.erase(live.begin() + static_cast<long>(k));
+        }
+      }
+      for (auto& tr : live) {
+        if (!Intact(tr) || !a->Free(tr.p, static_cast<StreamId>(t % 2)).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.live_allocations, 0);
+  EXPECT_EQ(s.num_allocs, s.num_frees);
+}
+
+// Guards the out-of-memory report: ResourceExhausted that says what was live (largest first).
+TEST(MemAllocator, ExhaustionSaysWhatWasLive) {
+  auto a = MakeAllocator(8 * kMiB, 2 * kMiB);
+  void* big = *a->Allocate(3 * kMiB, 0, PoolKind::kPersistent);
+  void* mid = *a->Allocate(kMiB, 0);
+  auto fail = a->Allocate(6 * kMiB, 0);
+  ASSERT_FALSE(fail.ok());
+  EXPECT_EQ(fail.status().code(), StatusCode::kResourceExhausted);
+  const std::string& m = fail.status().message();
+  EXPECT_NE(m.find("out of memory allocating 6.0 MiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("2 live allocations"), std::string::npos) << m;
+  EXPECT_NE(m.find("top live: 3.0 MiB stream 0 persistent"), std::string::npos) << m;
+  EXPECT_NE(m.find("persistent"), std::string::npos) << m;
+  ASSERT_TRUE(a->Free(big, 0).ok());
+  ASSERT_TRUE(a->Free(mid, 0).ok());
+  // With the memory back, a retry succeeds (cached segments are released on the way).
+  auto ok = a->Allocate(6 * kMiB, 0);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_TRUE(a->Free(*ok, 0).ok());
+}
+
+// A step's allocation pattern: a small transformer-layer-like sequence with sizes scaled by `seq`.
+struct StepOp {
+  bool alloc;
+  int slot;
+  size_t size;
+};
+std::vector<StepOp> LayerStep(size_t seq) {
+  std::vector<StepOp> ops;
+  // forward: 4 layers each keep an activation, with temporaries freed inside the layer
+  for (int l = 0; l < 4; ++l) {
+    ops.push_back({true, 10 + l, seq * 4096});  // saved activation
+    ops.push_back({true, 20, seq * 12288});     // qkv temp
+    ops.push_back({true, 21, seq * 16384});     // mlp temp
+    ops.push_back({false, 20, 0});
+    ops.push_back({true, 22, seq * 4096});
+    ops.push_back({false, 21, 0});
+    ops.push_back({false, 22, 0});
+  }
+  for (int l = 3; l >= 0; --l) {  // backward
+    ops.push_back({true, 30, seq * 8192});
+    ops.push_back({false, 10 + l, 0});
+    ops.push_back({false, 30, 0});
+  }
+  return ops;
+}
+
+// Runs one step; returns false if any live block's pattern broke.
+bool RunStep(MemAllocator* a, const std::vector<StepOp>& ops, const std::string& sig,
+             std::vector<void*>* out_ptrs = nullptr) {
+  EXPECT_TRUE(a->BeginStep(sig).ok());
+  std::map<int, Tracked> live;
+  bool ok = true;
+  uint8_t tag = 1;
+  for (const auto& op : ops) {
+    if (op.alloc) {
+      auto p = a->Allocate(op.size, 0);
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) return false;
+      Tracked t{*p, op.size, tag++};
+      Fill(t);
+      live[op.slot] = t;
+      if (out_ptrs) out_ptrs->push_back(*p);
+    } else {
+      ok = ok && Intact(live[op.slot]);
+      EXPECT_TRUE(a->Free(live[op.slot].p, 0).ok());
+      live.erase(op.slot);
+    }
+  }
+  for (auto& [s, t] : live) ok = ok && Intact(t);
+  a->EndStep();
+  return ok;
+}
+
+// Guards the planned path: after recording, a matching step is served entirely from the arena
+// (no pool allocations), its bytes stay intact, and the arena is the plan's size.
+TEST(MemAllocator, PlannedStepHitsArena) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  auto ops = LayerStep(64);
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "b64"));
+  Trace t = a->StopRecording();
+  auto plans = a->PlanFromTrace(t);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 1u);
+  const Plan& p = (*plans)[0];
+  EXPECT_EQ(p.signature, "b64");
+  EXPECT_LE(p.peak_bytes, p.lower_bound_bytes * 105 / 100);
+  AllocatorStats before = a->Stats();
+  std::vector<void*> ptrs1, ptrs2;
+  ASSERT_TRUE(RunStep(a.get(), ops, "b64", &ptrs1));
+  ASSERT_TRUE(RunStep(a.get(), ops, "b64", &ptrs2));
+  AllocatorStats s = a->Stats();
+  int64_t n_allocs = 0;
+  for (const auto& op : ops) n_allocs += op.alloc;
+  EXPECT_EQ(s.planned_hits, 2 * n_allocs);
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.pool_allocs, before.pool_allocs);
+  EXPECT_EQ(s.planned_steps, 2);
+  EXPECT_EQ(ptrs1, ptrs2) << "a planned step hands out the same addresses every time";
+  EXPECT_GE(s.arena_bytes, p.peak_bytes);
+}
+
+// Guards divergence on size: a step with another shape under the same signature falls back to
+// the pool for the rest of the step, counts one miss, and corrupts nothing.
+TEST(MemAllocator, SizeMismatchFallsBack) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  auto ops = LayerStep(64);
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "b64"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  auto other = ops;
+  other[8].size += 4096;  // the second layer's activation differs
+  AllocatorStats before = a->Stats();
+  ASSERT_TRUE(RunStep(a.get(), other, "b64"));
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_misses, 1);
+  EXPECT_EQ(s.planned_hits - before.planned_hits, 5);  // the allocations before op 8
+  EXPECT_GT(s.pool_allocs, before.pool_allocs);
+  // The next matching step is planned again.
+  ASSERT_TRUE(RunStep(a.get(), ops, "b64"));
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+// Guards Note [Planned arena safety]: a tensor freed later than recorded must not be overwritten
+// by the allocation the plan put on its bytes.
+TEST(MemAllocator, LateFreeDiverges) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  std::vector<StepOp> ops = {{true, 1, 1 * kMiB}, {false, 1, 0},   {true, 2, 1 * kMiB},
+                             {false, 2, 0},       {true, 3, kMiB}, {false, 3, 0}};
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  auto plans = a->PlanFromTrace(a->StopRecording());
+  ASSERT_TRUE(plans.ok());
+  EXPECT_EQ((*plans)[0].peak_bytes, static_cast<int64_t>(kMiB));  // all three share the bytes
+  // Live step: slot 1 is freed only at the end.
+  std::vector<StepOp> late = {{true, 1, kMiB}, {true, 2, kMiB}, {false, 2, 0},
+                              {true, 3, kMiB}, {false, 3, 0},   {false, 1, 0}};
+  ASSERT_TRUE(RunStep(a.get(), late, "s")) << "a live planned block was overwritten";
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+}
+
+// Guards the step boundary: a planned block still live at the next BeginStep keeps the arena
+// busy, so that step is served by the pool (and counted) instead of reusing live bytes.
+TEST(MemAllocator, ArenaBusyAtStepBoundary) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  std::vector<StepOp> ops = {{true, 1, kMiB}, {false, 1, 0}};
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  void* kept = *a->Allocate(kMiB, 0);  // planned, and kept past the step
+  a->EndStep();
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  void* next = *a->Allocate(kMiB, 0);
+  EXPECT_NE(next, kept);
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  ASSERT_TRUE(a->Free(next, 0).ok());
+  ASSERT_TRUE(a->Free(kept, 0).ok());
+  a->EndStep();
+}
+
+// Guards per-signature plans: two padding buckets each get their own plan and both hit.
+TEST(MemAllocator, PlansPerSignature) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "b64"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "b128"));
+  auto plans = a->PlanFromTrace(a->StopRecording());
+  ASSERT_TRUE(plans.ok());
+  EXPECT_EQ(plans->size(), 2u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "b128"));
+    ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "b64"));
+  }
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.planned_steps, 6);
+  // One arena sized for the larger bucket serves both.
+  EXPECT_EQ(s.arena_bytes,
+            (std::max((*plans)[0].peak_bytes, (*plans)[1].peak_bytes) + (int64_t{2} << 20) - 1) /
+                (int64_t{2} << 20) * (int64_t{2} << 20));
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge

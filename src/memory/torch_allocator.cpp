@@ -1,0 +1,276 @@
+// libloongforge_alloc.so: MemSculptor behind torch's CUDAPluggableAllocator.
+//
+//   torch.cuda.memory.CUDAPluggableAllocator(path, "lf_alloc", "lf_free")
+//
+// One MemAllocator per device (cudaMalloc'd segments grown on demand, cudaEvent fences), created
+// on first use. The control functions (lf_begin_step, lf_start_recording, ...) are called by
+// python/loongforge/memory.py through ctypes on the same loaded library. Every entry point is
+// thread-safe (autograd's backward thread allocates too).
+//
+// Note [Exhaustion]
+// torch's pluggable allocator does not check for a null return, so on exhaustion lf_alloc throws
+// LfOutOfMemory (a std::bad_alloc whose what() says what was live). torch turns it into a Python
+// exception carrying that message; the same message stays readable with lf_last_error.
+//
+// Note [Graph capture]
+// An allocation made while its stream is capturing a CUDA graph must keep its bytes for the
+// graph's life: graph replays reuse them after capture ends. Such allocations come from the
+// persistent pool, are never planned, and their frees are deferred forever (the bytes stay held
+// until lf_release_graph_memory after the graph is destroyed). This is safe but not frugal; say so.
+#include <cuda_runtime_api.h>
+#include <sys/types.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+
+#include "loongforge/logging.h"
+#include "loongforge/memory.h"
+
+#define LF_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+class LfOutOfMemory : public std::bad_alloc {
+ public:
+  explicit LfOutOfMemory(std::string msg) : msg_(std::move(msg)) {}
+  const char* what() const noexcept override { return msg_.c_str(); }
+
+ private:
+  std::string msg_;
+};
+
+struct DeviceState {
+  std::once_flag once;
+  std::unique_ptr<MemAllocator> alloc;
+  Status init_status;
+  std::mutex graph_mu;
+  std::unordered_set<void*> graph_live, graph_held;
+};
+
+std::array<DeviceState, kMaxDevices> g_devices;
+std::atomic<int> g_persistent{0};
+std::mutex g_err_mu;
+std::string g_last_error;
+
+void SetError(const std::string& e) {
+  std::lock_guard<std::mutex> lock(g_err_mu);
+  g_last_error = e;
+}
+
+size_t EnvMiB(const char* name, size_t def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  return static_cast<size_t>(std::strtoull(v, nullptr, 10)) << 20;
+}
+
+MemAllocator* Get(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    SetError("MemSculptor: device index " + std::to_string(device) + " out of range");
+    return nullptr;
+  }
+  DeviceState& d = g_devices[device];
+  std::call_once(d.once, [&] {
+    auto backend = CreateCudaBackend(device, EnvMiB("LOONGFORGE_MEM_LIMIT_MB", 0));
+    if (!backend.ok()) {
+      d.init_status = backend.status();
+      return;
+    }
+    auto fence = CreateCudaFence(device);
+    if (!fence.ok()) {
+      d.init_status = fence.status();
+      return;
+    }
+    MemAllocator::Options o;
+    o.segment_bytes = EnvMiB("LOONGFORGE_MEM_SEGMENT_MB", 32);
+    d.alloc = std::make_unique<MemAllocator>(o, std::move(*backend), std::move(*fence));
+  });
+  if (!d.alloc) SetError(d.init_status.ToString());
+  return d.alloc.get();
+}
+
+bool Capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+int CopyOut(const std::string& s, char* buf, size_t len) {
+  if (buf && len > 0) {
+    size_t n = std::min(len - 1, s.size());
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return static_cast<int>(s.size());
+}
+
+std::string PlansJson(const std::vector<Plan>& plans) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& p = plans[i];
+    int64_t placed = 0;
+    for (int64_t o : p.offsets) placed += (o != kNotPlanned);
+    os << (i ? ", " : "") << "{\"signature\": \"" << p.signature << "\", \"algorithm\": \""
+       << p.algorithm << "\", \"allocations\": " << p.sizes.size() << ", \"planned\": " << placed
+       << ", \"peak_bytes\": " << p.peak_bytes << ", \"lower_bound_bytes\": " << p.lower_bound_bytes
+       << ", \"other_peak_bytes\": " << p.other_peak_bytes << ", \"overhead\": " << p.overhead()
+       << "}";
+  }
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge
+
+using loongforge::Status;         // NOLINT
+using namespace loongforge::mem;  // NOLINT: the exported C surface below
+
+LF_EXPORT void* lf_alloc(ssize_t size, int device, cudaStream_t stream) {
+  MemAllocator* a = Get(device);
+  if (!a) throw LfOutOfMemory(g_last_error);
+  bool capturing = Capturing(stream);
+  PoolKind kind = (capturing || g_persistent.load(std::memory_order_relaxed))
+                      ? PoolKind::kPersistent
+                      : PoolKind::kTransient;
+  auto p = a->Allocate(static_cast<size_t>(size), reinterpret_cast<StreamId>(stream), kind);
+  if (!p.ok()) {
+    std::string msg = "CUDA out of memory (MemSculptor, cuda:" + std::to_string(device) +
+                      "): " + p.status().message();
+    SetError(msg);
+    throw LfOutOfMemory(msg);
+  }
+  if (capturing) {
+    DeviceState& d = g_devices[device];
+    std::lock_guard<std::mutex> lock(d.graph_mu);
+    d.graph_live.insert(*p);
+  }
+  return *p;
+}
+
+LF_EXPORT void lf_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+  MemAllocator* a = Get(device);
+  if (!a || ptr == nullptr) return;
+  DeviceState& d = g_devices[device];
+  {
+    std::lock_guard<std::mutex> lock(d.graph_mu);
+    auto it = d.graph_live.find(ptr);
+    if (it != d.graph_live.end()) {  // Note [Graph capture]
+      d.graph_live.erase(it);
+      d.graph_held.insert(ptr);
+      return;
+    }
+  }
+  Status s = a->Free(ptr, reinterpret_cast<StreamId>(stream));
+  if (!s.ok()) {
+    SetError(s.ToString());
+    LF_LOG(ERROR) << "lf_free: " << s;
+  }
+}
+
+// Returns the bytes held for graphs captured earlier; call only once those graphs are destroyed.
+LF_EXPORT void lf_release_graph_memory(int device) {
+  MemAllocator* a = Get(device);
+  if (!a) return;
+  DeviceState& d = g_devices[device];
+  std::lock_guard<std::mutex> lock(d.graph_mu);
+  for (void* p : d.graph_held) a->Free(p, 0).IgnoreError();
+  d.graph_held.clear();
+}
+
+// 1: allocations from now on go to the persistent pool (parameters, optimizer state); 0: back.
+LF_EXPORT void lf_set_persistent(int on) { g_persistent.store(on ? 1 : 0); }
+
+// Returns 0, or -1 with lf_last_error set.
+LF_EXPORT int lf_begin_step(int device, const char* signature) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  Status s = a->BeginStep(signature ? signature : "");
+  if (!s.ok()) {
+    SetError(s.ToString());
+    return -1;
+  }
+  return 0;
+}
+
+LF_EXPORT void lf_end_step(int device) {
+  if (MemAllocator* a = Get(device)) a->EndStep();
+}
+
+LF_EXPORT int lf_start_recording(int device) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  a->StartRecording();
+  return 0;
+}
+
+// Stops recording, plans the last recorded step of each signature and installs the plans. Writes
+// a JSON list of plan summaries into buf; returns its full length, or -1 with lf_last_error set.
+// Also writes the trace as text to `trace_path` when it is not null or empty.
+LF_EXPORT int lf_stop_recording_and_plan(int device, char* buf, size_t len,
+                                         const char* trace_path) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  Trace t = a->StopRecording();
+  if (trace_path && *trace_path) {
+    FILE* f = std::fopen(trace_path, "w");
+    if (f) {
+      std::string text = t.ToText();
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+  }
+  auto plans = a->PlanFromTrace(t);
+  if (!plans.ok()) {
+    SetError(plans.status().ToString());
+    return -1;
+  }
+  return CopyOut(PlansJson(*plans), buf, len);
+}
+
+LF_EXPORT int lf_stats_json(int device, char* buf, size_t len) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  AllocatorStats s = a->Stats();
+  std::ostringstream os;
+  os << "{\"allocated_bytes\": " << s.allocated_bytes
+     << ", \"reserved_bytes\": " << s.reserved_bytes
+     << ", \"peak_allocated_bytes\": " << s.peak_allocated_bytes
+     << ", \"peak_reserved_bytes\": " << s.peak_reserved_bytes
+     << ", \"fragmentation\": " << s.fragmentation
+     << ", \"largest_free_block_bytes\": " << s.largest_free_block_bytes
+     << ", \"live_allocations\": " << s.live_allocations << ", \"num_allocs\": " << s.num_allocs
+     << ", \"num_frees\": " << s.num_frees << ", \"planned_hits\": " << s.planned_hits
+     << ", \"planned_misses\": " << s.planned_misses << ", \"planned_steps\": " << s.planned_steps
+     << ", \"pool_allocs\": " << s.pool_allocs << ", \"segments\": " << s.segments
+     << ", \"arena_bytes\": " << s.arena_bytes
+     << ", \"persistent_allocated_bytes\": " << s.persistent_allocated_bytes
+     << ", \"alloc_latency_ns\": " << loongforge::SummaryToJson(s.alloc_latency_ns) << "}";
+  return CopyOut(os.str(), buf, len);
+}
+
+LF_EXPORT void lf_reset_peaks(int device) {
+  if (MemAllocator* a = Get(device)) a->ResetPeaks();
+}
+
+LF_EXPORT void lf_release_cached(int device) {
+  if (MemAllocator* a = Get(device)) a->ReleaseCached();
+}
+
+LF_EXPORT int lf_last_error(char* buf, size_t len) {
+  std::lock_guard<std::mutex> lock(g_err_mu);
+  return CopyOut(g_last_error, buf, len);
+}
