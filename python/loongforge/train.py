@@ -104,7 +104,7 @@ class Dist:
         return self.rank == 0
 
 
-def setup_dist(device_arg: str) -> Dist:
+def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], None]] = None) -> Dist:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -119,6 +119,8 @@ def setup_dist(device_arg: str) -> Dist:
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    if before_init is not None:  # e.g. install MemSculptor before any CUDA allocation
+        before_init(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     return Dist(rank, world, local, device)
@@ -293,16 +295,42 @@ class Checkpointer:
             self.vault.close()
 
 
-def memsculptor_status(device: torch.device, enabled: bool, lf_mode: bool) -> str:
-    if not enabled:
-        return "off: --no-memsculptor" if lf_mode else "off"
-    if device.type != "cuda":
-        return "off: needs CUDA"
-    try:
-        from . import memory  # noqa: F401
-    except ImportError as e:
-        raise _missing("MemSculptor (loongforge.memory)", "memsculptor", e) from e
-    return "on"
+class MemoryPlanner:
+    """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
+
+    def __init__(self, enabled: bool, lf_mode: bool) -> None:
+        self.enabled, self.lf_mode = enabled, lf_mode
+        self.ms: Any = None
+        self.status = "off: --no-memsculptor" if lf_mode and not enabled else "off"
+
+    def install(self, device: torch.device) -> None:
+        if not self.enabled:
+            return
+        if device.type != "cuda":
+            self.status = "off: needs CUDA"
+            return
+        try:
+            from .memory import MemSculptor
+        except ImportError as e:
+            raise _missing("MemSculptor (loongforge.memory)", "memsculptor", e) from e
+        if not MemSculptor.available():
+            raise TrainError("MemSculptor is not usable here (allocator library missing or torch "
+                             "lacks CUDAPluggableAllocator); run with --no-memsculptor")
+        self.ms = MemSculptor(device.index or 0).install()
+        self.status = "on"
+
+    def persistent(self) -> Any:
+        return self.ms.persistent() if self.ms is not None else contextlib.nullcontext()
+
+    def record(self, steps: int) -> None:
+        if self.ms is not None:
+            self.ms.record(steps=steps)
+
+    def step(self, signature: str) -> Any:
+        return self.ms.step(signature) if self.ms is not None else contextlib.nullcontext()
+
+    def stats(self) -> Optional[Dict[str, Any]]:
+        return dict(self.ms.stats()) if self.ms is not None else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,10 +407,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                          f"build one with `loongforge pack`")
     if args.threads:
         torch.set_num_threads(args.threads)
-    d = setup_dist(args.device)
     lf = args.mode == "loongforge"
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
+    mem = MemoryPlanner(on["memsculptor"], lf)
+    d = setup_dist(args.device, mem.install)
 
     from .trainer_data import read_schema
 
@@ -396,8 +425,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         raise TrainError(str(e)) from e
     cfg = model.cfg
     args.image_size = cfg.image_size
-    status["memsculptor"] = memsculptor_status(d.device, on["memsculptor"], lf)
-    model.to(d.device).train()
+    status["memsculptor"] = mem.status
+    with mem.persistent():  # parameters live apart from the planned activation arena
+        model.to(d.device).train()
 
     loader = make_loader(args, d, on["datafusion"])
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
@@ -413,7 +443,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                                                              else "off")
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, args, d.device)
+    with mem.persistent():
+        opt = make_optimizer(params, args, d.device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.steps, args.lr_warmup,
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
@@ -447,6 +478,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             epoch += 1
 
     it = batches()
+    mem.record(steps=max(1, min(3, args.warmup)))
     rows: List[Dict[str, Any]] = []
     losses: List[Dict[str, Any]] = []
     t_prev = time.perf_counter()
@@ -468,7 +500,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             samples += b
             tokens += b * img_tokens + int(batch["attention_mask"].sum()) + b * (1 + horizon)
             last = micro == args.grad_accum - 1
-            with (contextlib.nullcontext() if last else sync.no_sync()):
+            sig = f"L{int(batch['tokens'].shape[1])}xB{b}"
+            with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
                 with trace.span("forward"), autocast():
                     out = (sync.wrapped if sync.kind == "ddp" else model)(batch,
                                                                          generator=noise_gen)
@@ -522,6 +555,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         trace.write(args.trace)
     ckpt.close()
     summary = summarize(args, d, rows, losses, status, model, loader, ckpt, total_s)
+    if mem.stats() is not None:
+        summary["figures"]["memory"]["memsculptor"] = mem.stats()
     if sync.kind == "ddp":
         summary["figures"]["comm_exposed_note"] = (
             "DDP overlaps its all-reduce inside backward; exposed time is not separable here")
