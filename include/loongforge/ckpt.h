@@ -1,0 +1,212 @@
+// CheckpointVault: incremental, asynchronous, crash-consistent checkpoints of named tensors.
+//
+// A tensor (name, dtype, shape, contiguous bytes) is cut into fixed chunks (4 MiB by default), each
+// hashed with XXH3-128. A checkpoint stores only the chunks whose hash is not already stored by the
+// previous checkpoint; a manifest maps every tensor to its chunks (hash, length, compression,
+// location). See Note [Vault layout] in src/ckpt/vault.cc for the on-disk format.
+//
+//   auto vault = CheckpointVault::Open(dir, opts);            // StatusOr<unique_ptr<...>>
+//   (*vault)->Save(step, tensors);   // snapshots (hash + copy of changed chunks) and returns
+//   (*vault)->Wait();                // waits for the background writer; returns its error, if any
+//   (*vault)->RestoreInto(step, targets);
+//
+// Threads: a vault owns one background writer thread ("ckpt-writer"). Save/Wait/Close must be
+// called from one thread at a time (they are serialized by a mutex). Read-only calls (List,
+// Describe, Restore*, Verify, Export) may run from any thread.
+//
+// Errors: InvalidArgument (bad dtype/shape/step), NotFound (no such step), DataLoss (checksum
+// mismatch, truncated or tampered manifest; the message names the tensor and chunk or the file),
+// ResourceExhausted (disk full; older checkpoints stay intact), Unavailable (another process holds
+// the vault open for writing), DeadlineExceeded (a wait ran past its timeout).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loongforge/status.h"
+
+namespace loongforge {
+namespace ckpt {
+
+// Element types. Names as in the manifest: bool u8 i8 i16 i32 i64 f16 bf16 f32 f64.
+enum class DType { kBool, kU8, kI8, kI16, kI32, kI64, kF16, kBF16, kF32, kF64 };
+StatusOr<DType> ParseDType(const std::string& name);
+const char* DTypeName(DType d);
+int DTypeSize(DType d);
+// Safetensors spelling ("F32", "BF16", ...).
+const char* DTypeSafetensorsName(DType d);
+
+// 128-bit chunk hash (XXH3-128 of the chunk's raw bytes, seed 0).
+struct Hash128 {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const Hash128& o) const { return lo == o.lo && hi == o.hi; }
+  bool operator!=(const Hash128& o) const { return !(*this == o); }
+  std::string ToHex() const;  // 32 hex digits, hi then lo
+  static StatusOr<Hash128> FromHex(const std::string& hex);
+};
+Hash128 HashBytes(const void* data, size_t len);
+
+// A tensor to save. `data` points to prod(shape) * DTypeSize(dtype) contiguous bytes, on the CPU
+// (device = -1) or on CUDA device `device` (only in CUDA builds). It must stay unchanged until
+// Save() returns, not longer.
+struct TensorRef {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  int device = -1;
+};
+
+// A stored tensor's description.
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t nbytes = 0;
+  int64_t num_chunks = 0;
+};
+
+// A tensor restored into a new CPU buffer.
+struct HostTensor {
+  TensorInfo info;
+  std::vector<uint8_t> data;
+};
+
+// Where RestoreInto() puts a tensor: `nbytes` must equal the stored size; device -1 = CPU pointer,
+// >= 0 = CUDA device pointer (CUDA builds only).
+struct RestoreTarget {
+  void* data = nullptr;
+  int64_t nbytes = 0;
+  int device = -1;
+};
+
+// Writable file and file-system operations used by the writer. The default is POSIX with fsync; a
+// test can wrap it to inject failures (e.g. ENOSPC after N bytes).
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(const void* data, size_t len) = 0;
+  virtual Status Sync() = 0;  // fsync
+  virtual Status Close() = 0;
+};
+class Env {
+ public:
+  virtual ~Env() = default;
+  // Creates or truncates `path`.
+  virtual StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status SyncDir(const std::string& dir) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+  static std::shared_ptr<Env> Posix();
+};
+
+struct VaultOptions {
+  int64_t chunk_bytes = int64_t{4} << 20;  // chunk size; >= 4 KiB, a multiple of 64
+  bool compress = false;                   // zstd per chunk, kept only when it pays
+  int compress_level = 1;                  // zstd level
+  double compress_max_ratio = 0.9;         // keep compressed if stored < ratio * raw
+  bool xor_delta = false;  // store a changed chunk as zstd(XOR with the previous full version)
+                           // when that is smaller; restore reads base + delta (depth 1, no chains)
+  int keep_last = 0;       // retention: keep the N newest checkpoints (0 = keep all)
+  int keep_every = 0;      // retention: also keep steps that are multiples of M (0 = none)
+  int max_inflight = 1;    // saves snapshotted but not yet committed; Save() blocks beyond this
+  bool fsync = true;       // fsync data, manifest and directories (off only for benchmarks)
+  bool read_only = false;  // open for reading (CLI ls/show/verify/export); no writer thread
+  int64_t wait_timeout_ms = 30 * 60 * 1000;  // bound on every wait for the writer
+  std::shared_ptr<Env> env;                  // null = Env::Posix()
+};
+
+// Figures of one save.
+struct SaveStats {
+  int64_t step = -1;
+  double blocking_s = 0;      // time Save() blocked the caller (back-pressure + snapshot)
+  double snapshot_s = 0;      // hash + copy part of blocking_s
+  double write_s = 0;         // background: compress + write + fsync + commit
+  int64_t bytes_total = 0;    // raw bytes of the state
+  int64_t bytes_copied = 0;   // raw bytes copied into staging by the snapshot
+  int64_t bytes_written = 0;  // bytes appended to the new segment (after compression)
+  int64_t chunks_total = 0;
+  int64_t chunks_written = 0;
+  int64_t chunks_skipped = 0;  // unchanged (or duplicate) chunks referenced, not written
+  int64_t chunks_compressed = 0;
+  int64_t chunks_delta = 0;
+};
+
+struct CheckpointSummary {
+  int64_t step = -1;
+  int64_t parent = -1;  // the checkpoint it was built on, -1 for a full one
+  int64_t num_tensors = 0;
+  int64_t bytes_total = 0;   // raw bytes of all tensors
+  int64_t bytes_own = 0;     // stored bytes in this checkpoint's own segment
+  int64_t num_segments = 0;  // segments it references (1 = self-contained)
+  double created_unix = 0;
+};
+
+struct GcStats {
+  int64_t segments_deleted = 0;
+  int64_t bytes_freed = 0;
+  int64_t segments_live = 0;
+  int64_t bytes_live = 0;
+};
+
+using ProgressFn = std::function<void(int64_t bytes_done)>;
+
+class CheckpointVault {
+ public:
+  // Opens (creating if needed, unless read_only) the vault in `dir`. A writable vault takes an
+  // exclusive lock on DIR/LOCK: a second writer gets Unavailable.
+  static StatusOr<std::unique_ptr<CheckpointVault>> Open(const std::string& dir,
+                                                         const VaultOptions& opts = {});
+  ~CheckpointVault();  // Close(); logs a writer error nobody collected
+  CheckpointVault(const CheckpointVault&) = delete;
+  CheckpointVault& operator=(const CheckpointVault&) = delete;
+
+  // Snapshots `tensors` (hash every chunk; copy changed chunks to staging) and queues them for the
+  // background writer. Blocks while max_inflight saves are pending. `step` must be greater than
+  // every step saved before. Returns a pending writer error first (the save is then not queued).
+  Status Save(int64_t step, const std::vector<TensorRef>& tensors);
+  // Waits until every queued save is committed; returns the first writer error since the last call.
+  Status Wait();
+  // Wait() and stop the writer thread. Idempotent.
+  Status Close();
+
+  // Committed steps, ascending.
+  StatusOr<std::vector<int64_t>> List() const;
+  std::optional<int64_t> Latest() const;
+  StatusOr<CheckpointSummary> Summary(int64_t step) const;
+  StatusOr<std::vector<TensorInfo>> Describe(int64_t step) const;
+  // Restores every tensor into new CPU buffers (one pass over the chunks; each checksum verified).
+  StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress = {}) const;
+  // Restores into caller buffers; `targets` names a subset (or all) of the tensors.
+  Status RestoreInto(int64_t step, const std::map<std::string, RestoreTarget>& targets,
+                     const ProgressFn& progress = {}) const;
+  // Reads every chunk of `step` and recomputes its checksum.
+  Status Verify(int64_t step, const ProgressFn& progress = {}) const;
+  // Writes `step` as a safetensors file (atomically: temp + fsync + rename).
+  Status ExportSafetensors(int64_t step, const std::string& path,
+                           const ProgressFn& progress = {}) const;
+
+  // Rewrites `step` into one segment of its own (self-contained) and recommits its manifest.
+  Status Merge(int64_t step, const ProgressFn& progress = {});
+  // Applies keep_last / keep_every (never deletes the newest), then gc.
+  Status ApplyRetention();
+  // Deletes segments no manifest references and stray temp files. Never a referenced segment.
+  StatusOr<GcStats> Gc(bool dry_run = false);
+
+  SaveStats last_stats() const;
+  const std::string& dir() const;
+
+  class Impl;
+
+ private:
+  explicit CheckpointVault(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt
+}  // namespace loongforge

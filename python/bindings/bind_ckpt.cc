@@ -1,0 +1,206 @@
+// Bindings of CheckpointVault (loongforge._C.CheckpointVault). Tensors cross as raw pointers:
+// (name, dtype, shape, data_ptr, device) tuples built by python/loongforge/ckpt.py from torch
+// tensors, so nothing is copied on the Python side. The GIL is released around save, restore and
+// lifecycle calls.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "loongforge/ckpt.h"
+
+namespace loongforge {
+namespace {
+using ckpt::CheckpointVault;
+
+py::dict StatsDict(const ckpt::SaveStats& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["blocking_s"] = s.blocking_s;
+  d["snapshot_s"] = s.snapshot_s;
+  d["write_s"] = s.write_s;
+  d["bytes_total"] = s.bytes_total;
+  d["bytes_copied"] = s.bytes_copied;
+  d["bytes_written"] = s.bytes_written;
+  d["chunks_total"] = s.chunks_total;
+  d["chunks_written"] = s.chunks_written;
+  d["chunks_skipped"] = s.chunks_skipped;
+  d["chunks_compressed"] = s.chunks_compressed;
+  d["chunks_delta"] = s.chunks_delta;
+  return d;
+}
+
+void BindCkpt(py::module_& m) {
+  py::class_<CheckpointVault>(m, "CheckpointVault",
+                              "Incremental, asynchronous, crash-consistent checkpoints (C++ core).")
+      .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
+                       bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
+                       bool read_only) {
+             ckpt::VaultOptions o;
+             o.chunk_bytes = chunk_bytes;
+             o.compress = compress;
+             o.compress_level = level;
+             o.xor_delta = xor_delta;
+             o.keep_last = keep_last;
+             o.keep_every = keep_every;
+             o.max_inflight = max_inflight;
+             o.fsync = fsync;
+             o.read_only = read_only;
+             StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
+               py::gil_scoped_release nogil;
+               return CheckpointVault::Open(dir, o);
+             }();
+             return ValueOrThrow(std::move(v));
+           }),
+           py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
+           py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
+           py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
+           py::arg("read_only") = false)
+      .def(
+          "save",
+          [](CheckpointVault& v, int64_t step, const py::list& tensors) {
+            std::vector<ckpt::TensorRef> refs;
+            refs.reserve(tensors.size());
+            for (const auto& item : tensors) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 5)
+                throw py::value_error(
+                    "save: each tensor is (name, dtype, shape, data_ptr, device)");
+              refs.push_back({t[0].cast<std::string>(), t[1].cast<std::string>(),
+                              t[2].cast<std::vector<int64_t>>(),
+                              reinterpret_cast<const void*>(t[3].cast<uintptr_t>()),
+                              t[4].cast<int>()});
+            }
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = v.Save(step, refs);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("step"), py::arg("tensors"),
+          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write.")
+      .def("wait",
+           [](CheckpointVault& v) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.Wait();
+             }
+             ThrowIfError(s);
+           })
+      .def("close",
+           [](CheckpointVault& v) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.Close();
+             }
+             ThrowIfError(s);
+           })
+      .def("list", [](const CheckpointVault& v) { return ValueOrThrow(v.List()); })
+      .def("latest", [](const CheckpointVault& v) { return v.Latest(); })
+      .def("describe",
+           [](const CheckpointVault& v, int64_t step) {
+             auto infos = ValueOrThrow(v.Describe(step));
+             py::list out;
+             for (const auto& i : infos) {
+               py::dict d;
+               d["name"] = i.name;
+               d["dtype"] = i.dtype;
+               d["shape"] = i.shape;
+               d["nbytes"] = i.nbytes;
+               d["num_chunks"] = i.num_chunks;
+               out.append(d);
+             }
+             return out;
+           })
+      .def("summary",
+           [](const CheckpointVault& v, int64_t step) {
+             auto s = ValueOrThrow(v.Summary(step));
+             py::dict d;
+             d["step"] = s.step;
+             d["parent"] = s.parent;
+             d["num_tensors"] = s.num_tensors;
+             d["bytes_total"] = s.bytes_total;
+             d["bytes_own"] = s.bytes_own;
+             d["num_segments"] = s.num_segments;
+             d["created_unix"] = s.created_unix;
+             return d;
+           })
+      .def(
+          "restore_into",
+          [](const CheckpointVault& v, int64_t step, const py::list& targets) {
+            std::map<std::string, ckpt::RestoreTarget> tg;
+            for (const auto& item : targets) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 4)
+                throw py::value_error(
+                    "restore_into: each target is (name, data_ptr, nbytes, device)");
+              tg[t[0].cast<std::string>()] = {reinterpret_cast<void*>(t[1].cast<uintptr_t>()),
+                                              t[2].cast<int64_t>(), t[3].cast<int>()};
+            }
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = v.RestoreInto(step, tg);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("step"), py::arg("targets"))
+      .def("verify",
+           [](const CheckpointVault& v, int64_t step) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.Verify(step);
+             }
+             ThrowIfError(s);
+           })
+      .def("export_safetensors",
+           [](const CheckpointVault& v, int64_t step, const std::string& path) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.ExportSafetensors(step, path);
+             }
+             ThrowIfError(s);
+           })
+      .def("merge",
+           [](CheckpointVault& v, int64_t step) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.Merge(step);
+             }
+             ThrowIfError(s);
+           })
+      .def(
+          "gc",
+          [](CheckpointVault& v, bool dry_run) {
+            StatusOr<ckpt::GcStats> r = [&] {
+              py::gil_scoped_release nogil;
+              return v.Gc(dry_run);
+            }();
+            auto s = ValueOrThrow(std::move(r));
+            py::dict d;
+            d["segments_deleted"] = s.segments_deleted;
+            d["bytes_freed"] = s.bytes_freed;
+            d["segments_live"] = s.segments_live;
+            d["bytes_live"] = s.bytes_live;
+            return d;
+          },
+          py::arg("dry_run") = false)
+      .def("apply_retention",
+           [](CheckpointVault& v) {
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = v.ApplyRetention();
+             }
+             ThrowIfError(s);
+           })
+      .def("stats", [](const CheckpointVault& v) { return StatsDict(v.last_stats()); });
+}
+
+}  // namespace
+LF_REGISTER_BINDINGS(ckpt, BindCkpt);
+}  // namespace loongforge

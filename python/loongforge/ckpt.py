@@ -1,0 +1,246 @@
+"""CheckpointVault: incremental, asynchronous, crash-consistent checkpoints for PyTorch state.
+
+    vault = CheckpointVault("/ckpt", keep_last=3)
+    vault.save(step, {"model": model.state_dict(), "optim": opt.state_dict(),
+                      "loader": loader.state_dict(), "rng": torch.get_rng_state(), "epoch": 3})
+    ...                          # training continues while the writer persists changed chunks
+    state = vault.load()         # latest committed checkpoint (or load(step))
+
+Tensors (CPU or CUDA, any of bool/uint8/int8/int16/int32/int64/float16/bfloat16/float32/float64)
+are handed to the C++ core as raw pointers (no copy in Python; non-contiguous ones are made
+contiguous first). Everything else in the state (numbers, strings, bytes, other picklables) is pickled
+into one small blob stored next to the tensors. See docs/ckpt.md.
+"""
+from __future__ import annotations
+
+import pickle
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _C
+
+__all__ = ["CheckpointVault"]
+
+_META_NAME = "__loongforge_meta__"
+_TO_CODE = {
+    torch.bool: "bool",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+}
+_FROM_CODE = {v: k for k, v in _TO_CODE.items()}
+_CUDA_COMPILED = bool(_C.build_info().get("cuda", False))
+
+
+class _Slot:
+    """Placeholder for a tensor inside the pickled skeleton of the state."""
+
+    __slots__ = ("name", "device", "requires_grad")
+
+    def __init__(self, name: str, device: str, requires_grad: bool) -> None:
+        self.name = name
+        self.device = device
+        self.requires_grad = requires_grad
+
+    def __getstate__(self) -> Tuple[str, str, bool]:
+        return (self.name, self.device, self.requires_grad)
+
+    def __setstate__(self, s: Tuple[str, str, bool]) -> None:
+        self.name, self.device, self.requires_grad = s
+
+
+def _flatten(obj: Any, path: str, out: List[Tuple[str, torch.Tensor]], names: set) -> Any:
+    if isinstance(obj, torch.Tensor):
+        name = path or "tensor"
+        if name in names or name == _META_NAME:
+            i = 1
+            while f"{name}#{i}" in names:
+                i += 1
+            name = f"{name}#{i}"
+        names.add(name)
+        out.append((name, obj))
+        return _Slot(name, str(obj.device), bool(obj.requires_grad))
+    if type(obj) in (dict, OrderedDict):
+        r = type(obj)()
+        for k, v in obj.items():
+            r[k] = _flatten(v, f"{path}/{k}" if path else str(k), out, names)
+        return r
+    if type(obj) in (list, tuple):
+        return type(obj)(_flatten(v, f"{path}/{i}", out, names) for i, v in enumerate(obj))
+    return obj
+
+
+def _unflatten(obj: Any, tensors: Dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, _Slot):
+        t = tensors[obj.name]
+        if obj.requires_grad and t.is_floating_point():
+            t.requires_grad_(True)
+        return t
+    if type(obj) in (dict, OrderedDict):
+        r = type(obj)()
+        for k, v in obj.items():
+            r[k] = _unflatten(v, tensors)
+        return r
+    if type(obj) in (list, tuple):
+        return type(obj)(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+class CheckpointVault:
+    """A directory of incremental checkpoints (see docs/ckpt.md).
+
+    Args:
+        dir: vault directory (created if missing).
+        chunk_bytes: chunk size for change detection (default 4 MiB).
+        compress: zstd each chunk when that saves >= 10%.
+        xor_delta: store changed chunks as zstd(XOR with the previous version) when smaller.
+        keep_last: keep only the newest N checkpoints (0 = keep all); keep_every: plus every M-th.
+        max_inflight: saves queued before save() blocks (back-pressure), default 1.
+        fsync: make every checkpoint durable (turn off only for benchmarks).
+
+    Errors from the background writer are raised by the next save()/wait()/close().
+    loongforge.DataLossError: corrupted data or manifest; loongforge.ResourceExhaustedError: disk full.
+    """
+
+    def __init__(self, dir: str, chunk_bytes: int = 4 << 20, compress: bool = False,
+                 xor_delta: bool = False, keep_last: int = 0, keep_every: int = 0,
+                 max_inflight: int = 1, fsync: bool = True, read_only: bool = False) -> None:
+        self.dir = str(dir)
+        self._read_only = read_only
+        self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
+                                     xor_delta=xor_delta, keep_last=keep_last,
+                                     keep_every=keep_every, max_inflight=max_inflight,
+                                     fsync=fsync, read_only=read_only)
+
+    # ---- saving ----
+    def save(self, step: int, state: Any) -> None:
+        """Snapshots `state` and returns; the write happens in the background."""
+        pairs: List[Tuple[str, torch.Tensor]] = []
+        skeleton = _flatten(state, "", pairs, set())
+        meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8) if meta else torch.empty(0, dtype=torch.uint8)
+        keep_alive = [meta_t]
+        refs = [(_META_NAME, "u8", [meta_t.numel()], meta_t.data_ptr(), -1)]
+        for name, t in pairs:
+            code = _TO_CODE.get(t.dtype)
+            if code is None:
+                raise TypeError(f"tensor '{name}' has unsupported dtype {t.dtype}")
+            t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            device = -1
+            if t.is_cuda:
+                if _CUDA_COMPILED:
+                    device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+                else:
+                    t = t.cpu()
+            keep_alive.append(t)
+            refs.append((name, code, list(t.shape), t.data_ptr(), device))
+        self._v.save(int(step), refs)
+        del keep_alive  # the C++ snapshot holds its own copy now
+
+    def wait(self) -> None:
+        """Blocks until every queued save is committed; raises the writer's error, if any."""
+        self._v.wait()
+
+    def close(self) -> None:
+        self._v.close()
+
+    # ---- loading ----
+    def latest(self) -> Optional[int]:
+        """Newest committed step, after pending saves of this vault are committed."""
+        self._settle()
+        return self._v.latest()
+
+    def steps(self) -> List[int]:
+        self._settle()
+        return list(self._v.list())
+
+    def _settle(self) -> None:
+        # Read-your-writes: reads see this vault's own queued saves (and raise their errors).
+        if not self._read_only:
+            self._v.wait()
+
+    def load(self, step: Optional[int] = None, map_location: Optional[str] = None) -> Any:
+        """Restores checkpoint `step` (default: the latest). Tensors return to the device they were
+        saved from (CUDA when available) unless `map_location` names one (e.g. "cpu")."""
+        self._settle()
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint in {self.dir}")
+        infos = {d["name"]: d for d in self._v.describe(int(step))}
+        if _META_NAME not in infos:
+            raise ValueError(f"checkpoint {step} in {self.dir} was not written by loongforge.ckpt")
+        meta_t = torch.empty(infos[_META_NAME]["nbytes"], dtype=torch.uint8)
+        self._v.restore_into(int(step), [(_META_NAME, meta_t.data_ptr(), meta_t.numel(), -1)])
+        skeleton = pickle.loads(meta_t.numpy().tobytes())
+        slots: Dict[str, _Slot] = {}
+        _collect_slots(skeleton, slots)
+        tensors: Dict[str, torch.Tensor] = {}
+        targets = []
+        moves = []
+        for name, slot in slots.items():
+            info = infos[name]
+            dev = torch.device(map_location) if map_location is not None else torch.device(slot.device)
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                dev = torch.device("cpu")
+            direct = dev.type == "cpu" or (dev.type == "cuda" and _CUDA_COMPILED)
+            alloc_dev = dev if direct else torch.device("cpu")
+            t = torch.empty(info["shape"], dtype=_FROM_CODE[info["dtype"]], device=alloc_dev)
+            index = -1
+            if alloc_dev.type == "cuda":
+                index = alloc_dev.index if alloc_dev.index is not None else torch.cuda.current_device()
+            targets.append((name, t.data_ptr(), info["nbytes"], index))
+            tensors[name] = t
+            if not direct:
+                moves.append((name, dev))
+        self._v.restore_into(int(step), targets)
+        for name, dev in moves:
+            tensors[name] = tensors[name].to(dev)
+        return _unflatten(skeleton, tensors)
+
+    def verify(self, step: Optional[int] = None) -> None:
+        """Re-reads every chunk of `step` (default latest) and checks its checksum."""
+        self._settle()
+        step = self.latest() if step is None else step
+        self._v.verify(int(step))
+
+    # ---- lifecycle ----
+    def merge(self, step: int) -> None:
+        self._v.merge(int(step))
+
+    def gc(self, dry_run: bool = False) -> Dict[str, int]:
+        return dict(self._v.gc(dry_run))
+
+    def export_safetensors(self, step: int, path: str) -> None:
+        self._v.export_safetensors(int(step), str(path))
+
+    def stats(self) -> Dict[str, Any]:
+        """Figures of the last save: blocking_s, bytes_written, bytes_total, chunks_written, ..."""
+        return dict(self._v.stats())
+
+    def __enter__(self) -> "CheckpointVault":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _collect_slots(obj: Any, out: Dict[str, _Slot]) -> None:
+    if isinstance(obj, _Slot):
+        out[obj.name] = obj
+    elif type(obj) in (dict, OrderedDict):
+        for v in obj.values():
+            _collect_slots(v, out)
+    elif type(obj) in (list, tuple):
+        for v in obj:
+            _collect_slots(v, out)

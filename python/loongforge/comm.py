@@ -1,0 +1,731 @@
+"""NexusSync: bucketed gradient synchronization overlapped with backward.
+
+A drop-in replacement for DDP's gradient path (see docs/comm.md):
+
+    sync = NexusSync(model, process_group=None, bucket_cap_mb=25, first_bucket_mb=1)
+    for micro, batch in enumerate(batches):
+        sync.set_micro_step(is_last=(micro == accum - 1))
+        loss(model(batch)).backward()
+    sync.finish()            # waits only for what is still in flight, grads are averaged
+    optimizer.step(); sync.zero_grad()
+
+* Every trainable parameter's ``.grad`` is a view into a flat per-bucket buffer, so nothing is
+  copied to communicate. Buckets are planned by byte size (a small first bucket, then
+  ``bucket_cap_mb``) in reverse registration order (= roughly backward order), and by group:
+  ``dense``, ``expert_high`` and ``expert_low`` (MoE experts split by measured routing load).
+  Frozen parameters get no bucket.
+* Autograd hooks (``register_post_accumulate_grad_hook`` on torch >= 2.1, the AccumulateGrad
+  node hook before) mark parameters ready; a bucket's collective is issued as soon as its last
+  gradient is ready, strictly in bucket order (a bucket ready early is held until the ones before
+  it are issued), so every rank issues the same collectives in the same order.
+* Dense buckets: averaged all-reduce (fp32, or bf16 with ``reduce_dtype=torch.bfloat16``).
+  Sparse groups (``sparse_groups``, default the low-load experts) with ``topk_ratio``: top-k with
+  error feedback in C++/CUDA (``loongforge._C``), values+indices exchanged by all_gather and
+  scatter-added (averaged) back into the bucket.
+* Collectives run on torch.distributed (Gloo on CPU, NCCL on GPU). Every wait is bounded by
+  ``timeout_s``; a failed or timed-out collective raises RuntimeError naming the bucket.
+  Bucket plans are compared across ranks at setup (hash all_gather); a mismatch raises
+  RuntimeError naming the first difference.
+* Without torch.distributed initialized (and no group given), NexusSync creates no group and only
+  manages the flat buffers (and top-k for sparse groups): finish() is then local.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["NexusSync", "topk_error_feedback", "scatter_add", "GROUPS"]
+
+GROUPS = ("dense", "expert_high", "expert_low")
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+_HAS_POST_ACC_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+def _dtype_code(t: torch.dtype, what: str) -> int:
+    if t not in _DTYPE_CODE:
+        raise ValueError(f"{what}: dtype {t} is not supported (float32 or bfloat16)")
+    return _DTYPE_CODE[t]
+
+
+def _stream_of(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+# ---- kernels ----------------------------------------------------------------------------------
+
+
+def topk_error_feedback(
+    grad: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    k: int,
+    value_dtype: torch.dtype = torch.float32,
+    values: Optional[torch.Tensor] = None,
+    indices: Optional[torch.Tensor] = None,
+    num_threads: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """residual += grad; take the k largest |residual| (ties: lower index) out of the residual.
+
+    Returns (values, int32 indices), indices ascending; after the call
+    values + residual == old residual + grad exactly (element-wise; bf16 values leave their
+    rounding error in the residual). ``residual`` is a contiguous float32 tensor; ``grad`` (or
+    None) a contiguous float32/bfloat16 tensor with as many elements on the same device. CUDA
+    tensors run the CUDA kernel on the current stream. ``values``/``indices`` may be given to write
+    into (k elements each, contiguous).
+    """
+    if residual.dtype != torch.float32 or not residual.is_contiguous():
+        raise ValueError("residual must be a contiguous float32 tensor")
+    n = residual.numel()
+    k = max(0, min(int(k), n))
+    gcode = 0
+    if grad is not None:
+        if grad.numel() != n or grad.device != residual.device or not grad.is_contiguous():
+            raise ValueError(
+                f"grad ({grad.numel()} elements on {grad.device}) must be contiguous and match "
+                f"residual ({n} elements on {residual.device})")
+        gcode = _dtype_code(grad.dtype, "grad")
+    vcode = _dtype_code(value_dtype, "values")
+    if values is None:
+        values = torch.empty(k, dtype=value_dtype, device=residual.device)
+    if indices is None:
+        indices = torch.empty(k, dtype=torch.int32, device=residual.device)
+    if values.numel() != k or indices.numel() != k or indices.dtype != torch.int32:
+        raise ValueError(f"values/indices must hold k={k} elements (indices int32)")
+    _C.comm_topk_error_feedback(
+        grad.data_ptr() if grad is not None else 0, gcode, residual.data_ptr(), n, k,
+        values.data_ptr(), vcode, indices.data_ptr(), residual.is_cuda, _stream_of(residual),
+        num_threads)
+    return values, indices
+
+
+def scatter_add(values: torch.Tensor, indices: torch.Tensor, dense: torch.Tensor,
+                num_segments: int = 1, scale: float = 1.0, zero_first: bool = False,
+                num_threads: int = 0) -> torch.Tensor:
+    """dense[indices] += scale * values, segment by segment (one segment per rank), in order.
+
+    values/indices hold num_segments * segment_len elements, contiguous, on dense's device.
+    Raises ValueError on an index outside dense (CPU; the CUDA kernel skips such indices).
+    """
+    if not dense.is_contiguous():
+        raise ValueError("dense must be contiguous")
+    total = values.numel()
+    if indices.numel() != total or indices.dtype != torch.int32:
+        raise ValueError("indices must be int32 with as many elements as values")
+    if num_segments <= 0 or total % num_segments:
+        raise ValueError(f"{total} values do not split into {num_segments} segments")
+    for t in (values, indices):
+        if t.device != dense.device or not t.is_contiguous():
+            raise ValueError("values/indices must be contiguous and on dense's device")
+    _C.comm_scatter_add(
+        values.data_ptr(), _dtype_code(values.dtype, "values"), indices.data_ptr(), num_segments,
+        total // num_segments, dense.data_ptr(), _dtype_code(dense.dtype, "dense"), dense.numel(),
+        float(scale), bool(zero_first), dense.is_cuda, _stream_of(dense), num_threads)
+    return dense
+
+
+# ---- planning ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    name: str
+    param: torch.nn.Parameter
+    offset: int
+    numel: int
+
+
+@dataclass
+class _Bucket:
+    index: int
+    group: str
+    dtype: torch.dtype
+    device: torch.device
+    slots: List[_Slot] = field(default_factory=list)
+    numel: int = 0
+    buffer: Optional[torch.Tensor] = None
+    residual: Optional[torch.Tensor] = None  # sparse buckets: fp32 error-feedback residual
+    sparse: bool = False
+    k: int = 0
+    pending: int = 0
+    # per step
+    work: Any = None
+    tmp: Optional[torch.Tensor] = None       # bf16 reduction copy, or gathered packed top-k
+    issued_at: float = 0.0
+    done_at: float = 0.0
+    tracked: bool = False
+
+    def describe(self) -> List[Any]:
+        return [self.index, self.group, str(self.dtype), self.device.type,
+                [(s.name, list(s.param.shape)) for s in self.slots], self.numel]
+
+
+class NexusSync:
+    """Bucketed, overlapped, optionally sparsified gradient synchronization (module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        process_group: Optional[Any] = None,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        expert_param_filter: Union[None, str, Callable[[str, torch.nn.Parameter], bool]] = None,
+        topk_ratio: Optional[float] = None,
+        sparse_groups: Sequence[str] = ("expert_low",),
+        expert_index_fn: Optional[Callable[[str], int]] = None,
+        expert_load: Optional[Sequence[float]] = None,
+        load_threshold: float = 0.5,
+        reduce_dtype: Optional[torch.dtype] = None,
+        topk_value_dtype: Optional[torch.dtype] = None,
+        comm_stream_priority: int = -1,
+        timeout_s: float = 300.0,
+        check_plan: bool = True,
+        skip_single_rank: bool = True,
+    ) -> None:
+        """
+        Args:
+          model: its parameters with requires_grad are synchronized (registration order).
+          process_group: torch.distributed group; None = the default group if initialized, else
+            no group at all (local mode).
+          bucket_cap_mb / first_bucket_mb: bucket byte caps; the first bucket of each group is
+            small so communication starts early in backward.
+          expert_param_filter: which params are MoE experts: a regex searched in the param name, or
+            a callable (name, param) -> bool. None: no experts.
+          topk_ratio: fraction of each sparse bucket's elements sent per step (None: all dense).
+          sparse_groups: groups that use top-k when topk_ratio is set.
+          expert_index_fn: name -> expert id (default: the number after "experts." / "expert.").
+          expert_load / load_threshold: per-expert token counts; an expert is low-load when its
+            load < load_threshold * mean load. Without loads every expert is high-load (exact).
+          reduce_dtype: None (the grad dtype) or torch.bfloat16 (reduce dense buckets in bf16).
+          topk_value_dtype: dtype of sent top-k values (default: the grad dtype).
+          comm_stream_priority: CUDA priority of the stream collectives are issued from (lower is
+            higher priority).
+          timeout_s: bound on every wait in finish() (Gloo); errors name the bucket.
+          check_plan: compare bucket plans across ranks at setup.
+          skip_single_rank: at world size 1, skip the (identity) all-reduce.
+        """
+        if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
+            raise ValueError("bucket_cap_mb and first_bucket_mb must be positive")
+        if topk_ratio is not None and not 0.0 < topk_ratio <= 1.0:
+            raise ValueError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
+        for g in sparse_groups:
+            if g not in GROUPS:
+                raise ValueError(f"unknown group {g!r} in sparse_groups (groups: {GROUPS})")
+        if reduce_dtype not in (None, torch.float32, torch.bfloat16):
+            raise ValueError("reduce_dtype must be None, torch.float32 or torch.bfloat16")
+        self._model = model
+        if process_group is None and dist.is_available() and dist.is_initialized():
+            process_group = dist.group.WORLD
+        self._pg = process_group
+        self._world = dist.get_world_size(process_group) if process_group is not None else 1
+        self._rank = dist.get_rank(process_group) if process_group is not None else 0
+        self._bucket_cap = int(bucket_cap_mb * 2**20)
+        self._first_cap = int(first_bucket_mb * 2**20)
+        self._topk_ratio = topk_ratio
+        self._sparse_groups = tuple(sparse_groups)
+        self._reduce_dtype = reduce_dtype
+        self._topk_value_dtype = topk_value_dtype
+        self._timeout = datetime.timedelta(seconds=timeout_s)
+        self._timeout_s = timeout_s
+        self._check_plan = check_plan
+        self._skip_single = skip_single_rank
+        self._load_threshold = load_threshold
+        if isinstance(expert_param_filter, str):
+            pat = re.compile(expert_param_filter)
+            self._is_expert = lambda name, p: pat.search(name) is not None
+        else:
+            self._is_expert = expert_param_filter or (lambda name, p: False)
+        self._expert_index_fn = expert_index_fn or _default_expert_index
+        self._low_experts: set = set()
+
+        self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self._named:
+            raise ValueError("NexusSync: the model has no trainable parameters")
+        self._lock = threading.Lock()
+        self._comm_stream = None
+        if any(p.is_cuda for _, p in self._named):
+            self._comm_stream = torch.cuda.Stream(priority=comm_stream_priority)
+        self._hook_handles: List[Any] = []
+        self._sync_enabled = True
+        self._micro_last = True
+        self._stats = _Stats()
+        self._reset_step()
+        if expert_load is not None:
+            self._low_experts = self._split_experts(expert_load, reduce=False)
+        self._build()
+        self._install_hooks()
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def buckets(self) -> List[_Bucket]:
+        return self._buckets
+
+    def set_micro_step(self, is_last: bool) -> None:
+        """Gradient accumulation: non-final micro-steps (is_last=False) communicate nothing."""
+        self._micro_last = bool(is_last)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate locally and communicate nothing (like DDP.no_sync)."""
+        prev = self._sync_enabled
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = prev
+
+    def zero_grad(self) -> None:
+        """Zeroes every bucket (one fill per bucket); use instead of optimizer.zero_grad()."""
+        for b in self._buckets:
+            b.buffer.zero_()
+        for b in self._buckets:
+            for s in b.slots:  # re-point grads an optimizer may have set to None
+                if s.param.grad is None or s.param.grad.data_ptr() != b.buffer[s.offset:].data_ptr():
+                    s.param.grad = b.buffer[s.offset:s.offset + s.numel].view_as(s.param)
+
+    def residual(self, param: torch.nn.Parameter) -> Optional[torch.Tensor]:
+        """The error-feedback residual of a parameter in a sparse bucket (a view), else None."""
+        for b in self._buckets:
+            if b.residual is None:
+                continue
+            for s in b.slots:
+                if s.param is param:
+                    return b.residual[s.offset:s.offset + s.numel].view_as(param)
+        return None
+
+    def set_expert_load(self, counts: Sequence[float]) -> None:
+        """Feeds per-expert token counts; re-splits experts into high/low load and replans.
+
+        Collective: call on every rank at the same point, between steps. Counts are summed
+        across ranks first, so every rank computes the same split.
+        """
+        low = self._split_experts(counts, reduce=True)
+        if low != self._low_experts:
+            self._low_experts = low
+            self._build()
+
+    def finish(self) -> None:
+        """Completes this step's synchronization; afterwards .grad hold the averaged gradients.
+
+        Issues the buckets not yet issued (parameters unused in this backward), waits only for
+        what is still in flight (each wait bounded by timeout_s) and averages. After a non-final
+        micro-step (or inside no_sync) it does nothing.
+        """
+        if not self._step_syncs():
+            self._stats.skipped_micro_steps += 1
+            self._reset_step()
+            return
+        t0 = time.perf_counter()
+        with self._lock:
+            self._issue_ready(force=True)
+        wait_s = 0.0
+        try:
+            for b in self._buckets:
+                tw = time.perf_counter()
+                self._wait(b)
+                wait_s += time.perf_counter() - tw
+                self._post(b)
+        finally:
+            for b in self._buckets:
+                b.work = None
+                b.tmp = None
+        if self._comm_stream is not None:
+            torch.cuda.current_stream().wait_stream(self._comm_stream)
+        t1 = time.perf_counter()
+        self._stats.end_step(self, t0, t1, wait_s)
+        self._reset_step()
+
+    wait = finish
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: bytes sent per group, collectives, exposed wait, overlap, issue times."""
+        return self._stats.as_dict(self)
+
+    metrics = stats  # the issue's name for the same dict
+
+    def close(self) -> None:
+        """Removes the autograd hooks (grads stay views into the buckets)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+
+    # ---- planning -----------------------------------------------------------------------------
+
+    def _group_of(self, name: str, p: torch.nn.Parameter) -> str:
+        if not self._is_expert(name, p):
+            return "dense"
+        return "expert_low" if self._expert_index_fn(name) in self._low_experts else "expert_high"
+
+    def _split_experts(self, counts: Sequence[float], reduce: bool) -> set:
+        c = torch.as_tensor(counts, dtype=torch.float64).flatten().clone()
+        if reduce and self._pg is not None and self._world > 1:
+            dev = torch.device("cuda", torch.cuda.current_device()) if self._comm_stream else "cpu"
+            ct = c.to(dev)
+            dist.all_reduce(ct, group=self._pg)
+            c = ct.cpu()
+        if c.numel() == 0:
+            return set()
+        mean = float(c.mean())
+        return {i for i, v in enumerate(c.tolist()) if v < self._load_threshold * mean}
+
+    def _plan(self) -> List[_Bucket]:
+        buckets: List[_Bucket] = []
+        open_by_key: Dict[Tuple[str, torch.dtype, torch.device], _Bucket] = {}
+        first_done: set = set()
+        for name, p in reversed(self._named):
+            group = self._group_of(name, p)
+            key = (group, p.dtype, p.device)
+            b = open_by_key.get(key)
+            nbytes = p.numel() * p.element_size()
+            if b is not None:
+                cap = self._first_cap if key not in first_done else self._bucket_cap
+                if b.numel and (b.numel * p.element_size() + nbytes > cap):
+                    first_done.add(key)
+                    b = None
+            if b is None:
+                b = _Bucket(index=len(buckets), group=group, dtype=p.dtype, device=p.device)
+                buckets.append(b)
+                open_by_key[key] = b
+            b.slots.append(_Slot(name, p, b.numel, p.numel()))
+            b.numel += p.numel()
+        for b in buckets:
+            if b.numel >= 2**31:
+                raise ValueError(f"bucket {b.index} holds {b.numel} elements (>= 2^31); lower "
+                                 "bucket_cap_mb")
+            b.sparse = self._topk_ratio is not None and b.group in self._sparse_groups
+            if b.sparse:
+                if b.dtype not in _DTYPE_CODE:
+                    raise ValueError(f"sparse group {b.group}: dtype {b.dtype} not supported")
+                b.k = max(1, int(math.ceil(self._topk_ratio * b.numel)))
+        return buckets
+
+    def _build(self) -> None:
+        old = getattr(self, "_buckets", [])
+        old_res = {}
+        for b in old:
+            if b.residual is not None:
+                for s in b.slots:
+                    old_res[id(s.param)] = b.residual[s.offset:s.offset + s.numel]
+        buckets = self._plan()
+        if self._check_plan:
+            self._verify_plan(buckets)
+        for b in buckets:
+            b.buffer = torch.zeros(b.numel, dtype=b.dtype, device=b.device)
+            if b.sparse:
+                b.residual = torch.zeros(b.numel, dtype=torch.float32, device=b.device)
+            for s in b.slots:
+                view = b.buffer[s.offset:s.offset + s.numel].view_as(s.param)
+                if s.param.grad is not None:
+                    view.copy_(s.param.grad)
+                s.param.grad = view
+                if b.residual is not None and id(s.param) in old_res:
+                    b.residual[s.offset:s.offset + s.numel].copy_(old_res[id(s.param)])
+        self._buckets = buckets
+        self._reset_step()
+
+    def _verify_plan(self, buckets: List[_Bucket]) -> None:
+        if self._pg is None or self._world == 1:
+            return
+        plan = [b.describe() + [b.sparse, b.k] for b in buckets]
+        digest = hashlib.sha256(repr(plan).encode()).digest()
+        h = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64)
+        if self._comm_stream is not None:
+            h = h.cuda()
+        hs = [torch.zeros_like(h) for _ in range(self._world)]
+        try:
+            dist.all_gather(hs, h, group=self._pg)
+        except RuntimeError as e:
+            raise RuntimeError(f"NexusSync: bucket plan check failed on rank {self._rank}: {e}")
+        if all(int(x) == int(hs[0]) for x in hs):
+            return
+        plans: List[Any] = [None] * self._world
+        dist.all_gather_object(plans, plan, group=self._pg)
+        for r, other in enumerate(plans):
+            if other == plans[0]:
+                continue
+            raise RuntimeError(
+                f"NexusSync: bucket plans differ between rank 0 and rank {r}: "
+                f"{_first_difference(plans[0], other)} (every rank must build the same model "
+                "with the same bucket options)")
+        raise RuntimeError("NexusSync: bucket plan hashes differ across ranks")
+
+    # ---- readiness ----------------------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        self._slot_of: Dict[int, Tuple[_Bucket, _Slot]] = {}
+        self._acc_nodes = []
+        for name, p in self._named:
+            if _HAS_POST_ACC_HOOK:
+                h = p.register_post_accumulate_grad_hook(lambda param, pid=id(p): self._ready(pid))
+            else:
+                # torch < 2.1: the AccumulateGrad node's post-hook runs after the grad is added.
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._acc_nodes.append(node)  # keep alive, or the hook is lost
+                h = node.register_hook(lambda gi, go, pid=id(p): self._ready(pid))
+            self._hook_handles.append(h)
+
+    def _step_syncs(self) -> bool:
+        return self._sync_enabled and self._micro_last
+
+    def _reset_step(self) -> None:
+        self._ready_ids: set = set()
+        self._next_issue = 0
+        self._step_t0: Optional[float] = None
+        for b in getattr(self, "_buckets", []):
+            b.pending = len(b.slots)
+
+    def _ready(self, pid: int) -> None:
+        if not self._step_syncs():
+            return
+        with self._lock:
+            if self._step_t0 is None:
+                self._step_t0 = time.perf_counter()
+            b, s = self._find(pid)
+            if pid in self._ready_ids:
+                raise RuntimeError(
+                    f"NexusSync: gradient of {s.name} produced twice in one step; use no_sync() or "
+                    "set_micro_step(False) for all but the last micro-step")
+            self._ready_ids.add(pid)
+            view = b.buffer[s.offset:s.offset + s.numel]
+            g = s.param.grad
+            if g is None or g.data_ptr() != view.data_ptr():
+                # The grad was replaced (e.g. zero_grad(set_to_none=True)): move it into the bucket.
+                if g is not None:
+                    view.copy_(g.reshape(-1))
+                else:
+                    view.zero_()
+                s.param.grad = view.view_as(s.param)
+                self._stats.grad_copies += 1
+            b.pending -= 1
+            self._issue_ready(force=False)
+
+    def _find(self, pid: int) -> Tuple[_Bucket, _Slot]:
+        cache = getattr(self, "_find_cache", None)
+        if cache is None or cache[0] is not self._buckets:
+            m = {id(s.param): (b, s) for b in self._buckets for s in b.slots}
+            cache = (self._buckets, m)
+            self._find_cache = cache
+        return cache[1][pid]
+
+    def _issue_ready(self, force: bool) -> None:
+        # In bucket order: a bucket ready before its predecessors waits for them (same order on
+        # every rank, so collectives match).
+        while self._next_issue < len(self._buckets):
+            b = self._buckets[self._next_issue]
+            if b.pending > 0 and not force:
+                return
+            self._issue(b)
+            self._next_issue += 1
+
+    # ---- collectives --------------------------------------------------------------------------
+
+    def _issue(self, b: _Bucket) -> None:
+        b.issued_at = time.perf_counter()
+        b.done_at = 0.0
+        b.tracked = False
+        stream_ctx = contextlib.nullcontext()
+        if self._comm_stream is not None and b.device.type == "cuda":
+            self._comm_stream.wait_stream(torch.cuda.current_stream(b.device))
+            stream_ctx = torch.cuda.stream(self._comm_stream)
+        try:
+            with stream_ctx:
+                if b.sparse:
+                    self._issue_sparse(b)
+                else:
+                    self._issue_dense(b)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"NexusSync: issuing the collective for bucket {b.index} ({b.group}, {b.numel} "
+                f"elements) failed on rank {self._rank} of {self._world} (a peer died, hung or "
+                f"diverged): {e}") from e
+        self._stats.issue_order.append(b.index)
+        self._stats.issue_times[b.index] = b.issued_at
+
+    def _communicates(self) -> bool:
+        return self._pg is not None and not (self._world == 1 and self._skip_single)
+
+    def _issue_dense(self, b: _Bucket) -> None:
+        if not self._communicates():
+            return
+        t = b.buffer
+        if self._reduce_dtype is not None and self._reduce_dtype != b.dtype:
+            b.tmp = t.to(self._reduce_dtype)
+            t = b.tmp
+        b.work = dist.all_reduce(t, group=self._pg, async_op=True)
+        self._stats.add(b.group, t.numel() * t.element_size(), b.buffer.numel() * b.buffer.element_size())
+        self._track(b)
+
+    def _issue_sparse(self, b: _Bucket) -> None:
+        vdtype = self._topk_value_dtype or b.dtype
+        vsize = torch.tensor([], dtype=vdtype).element_size()
+        nbytes = b.k * (4 + vsize)
+        packed = torch.empty(nbytes, dtype=torch.uint8, device=b.device)
+        idx = packed[:4 * b.k].view(torch.int32)
+        vals = packed[4 * b.k:].view(vdtype)
+        topk_error_feedback(b.buffer, b.residual, b.k, vdtype, values=vals, indices=idx)
+        if not self._communicates() or self._world == 1:
+            b.tmp = packed.view(1, nbytes)
+            return
+        out = torch.empty(self._world, nbytes, dtype=torch.uint8, device=b.device)
+        b.tmp = out
+        b.work = dist.all_gather(list(out.unbind(0)), packed, group=self._pg, async_op=True)
+        self._stats.add(b.group, nbytes, b.buffer.numel() * b.buffer.element_size())
+        self._track(b)
+
+    def _track(self, b: _Bucket) -> None:
+        self._stats.collectives += 1
+        b.tracked = True
+        try:
+            fut = b.work.get_future()
+        except (AttributeError, RuntimeError):
+            return
+
+        def done(_f: Any, b: _Bucket = b) -> None:
+            b.done_at = time.perf_counter()
+
+        fut.then(done)
+
+    def _wait(self, b: _Bucket) -> None:
+        if b.work is None:
+            return
+        try:
+            ok = b.work.wait(self._timeout) if b.device.type == "cpu" else b.work.wait()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"NexusSync: collective for bucket {b.index} ({b.group}, {b.numel} elements) "
+                f"failed on rank {self._rank} of {self._world} (a peer died, hung or diverged; "
+                f"timeout {self._timeout_s:g}s): {e}") from e
+        if ok is False:
+            raise RuntimeError(
+                f"NexusSync: collective for bucket {b.index} ({b.group}) did not finish within "
+                f"{self._timeout_s:g}s on rank {self._rank}")
+        if not b.done_at:
+            b.done_at = time.perf_counter()
+
+    def _post(self, b: _Bucket) -> None:
+        if b.sparse:
+            if b.tmp is None:
+                return
+            vdtype = self._topk_value_dtype or b.dtype
+            world = b.tmp.shape[0]
+            for r in range(world):
+                row = b.tmp[r]
+                scatter_add(row[4 * b.k:].view(vdtype), row[:4 * b.k].view(torch.int32), b.buffer,
+                            scale=1.0 / world, zero_first=(r == 0))
+            return
+        if b.work is None:
+            return
+        if b.tmp is not None:
+            b.buffer.copy_(b.tmp)
+        b.buffer.div_(self._world)
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.skipped_micro_steps = 0
+        self.collectives = 0
+        self.grad_copies = 0
+        self.bytes_sent = {g: 0 for g in GROUPS}
+        self.bytes_dense = {g: 0 for g in GROUPS}
+        self.exposed_wait_s_total = 0.0
+        self.finish_s_total = 0.0
+        self.comm_busy_s_total = 0.0
+        self.last: Dict[str, Any] = {}
+        self.issue_order: List[int] = []
+        self.issue_times: Dict[int, float] = {}
+
+    def add(self, group: str, sent: int, dense: int) -> None:
+        self.bytes_sent[group] += sent
+        self.bytes_dense[group] += dense
+
+    def end_step(self, sync: NexusSync, t0: float, t1: float, wait_s: float) -> None:
+        self.steps += 1
+        start = sync._step_t0 if sync._step_t0 is not None else t0
+        intervals = sorted((b.issued_at, b.done_at or t1) for b in sync._buckets
+                           if b.tracked)
+        busy, cur_s, cur_e = 0.0, None, None
+        for s, e in intervals:  # union of in-flight intervals = time communication was running
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    busy += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            busy += cur_e - cur_s
+        communicated = sync._communicates()
+        self.exposed_wait_s_total += wait_s
+        self.finish_s_total += t1 - t0
+        self.comm_busy_s_total += busy
+        self.last = {
+            "issue_order": list(self.issue_order),
+            "issue_times_s": [round(self.issue_times.get(b.index, t0) - start, 6)
+                              for b in sync._buckets],
+            "exposed_wait_s": wait_s,
+            "finish_s": t1 - t0,
+            "comm_busy_s": busy,
+            "overlap_ratio": (max(0.0, 1.0 - wait_s / busy) if busy > 0 and communicated
+                              else None),
+        }
+        self.issue_order = []
+        self.issue_times = {}
+
+    def as_dict(self, sync: NexusSync) -> Dict[str, Any]:
+        return {
+            "world_size": sync._world,
+            "buckets": len(sync._buckets),
+            "bucket_groups": [b.group for b in sync._buckets],
+            "bucket_bytes": [b.numel * b.buffer.element_size() for b in sync._buckets],
+            "steps": self.steps,
+            "skipped_micro_steps": self.skipped_micro_steps,
+            "collectives": self.collectives,
+            "bytes_sent": dict(self.bytes_sent),
+            "bytes_dense_equivalent": dict(self.bytes_dense),
+            "exposed_wait_s_total": self.exposed_wait_s_total,
+            "finish_s_total": self.finish_s_total,
+            "comm_busy_s_total": self.comm_busy_s_total,
+            "overlap_ratio": (max(0.0, 1.0 - self.exposed_wait_s_total / self.comm_busy_s_total)
+                              if self.comm_busy_s_total > 0 else None),
+            "grad_copies": self.grad_copies,
+            "hook": "post_accumulate_grad" if _HAS_POST_ACC_HOOK else "accumulate_grad_node",
+            "last_step": dict(self.last),
+        }
+
+
+def _default_expert_index(name: str) -> int:
+    m = re.search(r"experts?\.(\d+)\.", name)
+    if m is None:
+        raise ValueError(f"cannot find the expert index in parameter name {name!r}; pass "
+                         "expert_index_fn")
+    return int(m.group(1))
+
+
+def _first_difference(a: List[Any], b: List[Any]) -> str:
+    fields = ["index", "group", "dtype", "device", "params", "numel", "sparse", "k"]
+    for i in range(min(len(a), len(b))):
+        for f, x, y in zip(fields, a[i], b[i]):
+            if x == y:
+                continue
+            if f == "params":
+                for j in range(min(len(x), len(y))):
+                    if x[j] != y[j]:
+                        return f"bucket {i} param {j}: {x[j]} vs {y[j]}"
+                return f"bucket {i}: {len(x)} vs {len(y)} params"
+            return f"bucket {i} {f}: {x} vs {y}"
+    return f"{len(a)} vs {len(b)} buckets"

@@ -1,0 +1,28 @@
+// CPU twin of device_hash.cu: used when CUDA is not compiled in.
+#include <cstdlib>
+
+#include "ckpt/device.h"
+
+#ifndef LOONGFORGE_WITH_CUDA
+namespace loongforge {
+namespace ckpt {
+namespace internal {
+namespace {
+Status NoCuda() {
+  return UnimplementedError("CheckpointVault: CUDA support is not compiled into this build");
+}
+}  // namespace
+
+bool DeviceSupportCompiled() { return false; }
+Status DeviceHashChunks(const void*, int64_t, int64_t, int, std::vector<Hash128>*) {
+  return NoCuda();
+}
+Status DeviceToHost(void*, const void*, size_t, int) { return NoCuda(); }
+Status HostToDevice(void*, const void*, size_t, int) { return NoCuda(); }
+void* AllocHost(size_t n, bool) { return std::malloc(n ? n : 1); }
+void FreeHost(void* p, bool) { std::free(p); }
+
+}  // namespace internal
+}  // namespace ckpt
+}  // namespace loongforge
+#endif  // LOONGFORGE_WITH_CUDA

@@ -1,0 +1,1104 @@
+// CheckpointVault: snapshot, background writer, restore, lifecycle.
+//
+// Note [Vault layout]
+//   DIR/LOCK                           flock'ed by the one writable opener
+//   DIR/manifests/ckpt-<step:012>.manifest   committed checkpoints (self-checking, see manifest.h)
+//   DIR/segments/seg-<step:012>-<rand>.lfs   packed, append-only chunk data of one save (or merge)
+// A save appends the chunks no earlier checkpoint stores (by XXH3-128) to one new segment, fsyncs
+// it and the directory, then commits the manifest: write temp, fsync, rename, fsync directory. A
+// segment no manifest references is garbage (a crashed save); gc deletes it. Restore reads every
+// chunk's stored location directly (no replay); an XOR-delta chunk names its full base chunk, so a
+// restore reads at most two stored chunks for one. Segments give one data file (one fsync) per
+// save and sequential reads on restore; gc works per segment, and merge rewrites a checkpoint into
+// one segment of its own so that older ones can be dropped.
+//
+// Note [Change detection]
+// Save() hashes every chunk on the caller's thread and copies only chunks whose hash the previous
+// snapshot did not contain (the first save after Open compares with the latest committed manifest).
+// The writer resolves every hash against the chunks of the latest committed manifest, so an
+// unchanged chunk costs one hash and no copy. If a save fails, the next Save() snapshots in full.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ckpt/device.h"
+#include "ckpt/manifest.h"
+#include "loongforge/ckpt.h"
+#include "loongforge/logging.h"
+#include "loongforge/metrics.h"
+#include "loongforge/queue.h"
+
+namespace loongforge {
+namespace ckpt {
+namespace fs = std::filesystem;
+using internal::ChunkLoc;
+using internal::ChunkRec;
+using internal::Codec;
+using internal::Manifest;
+using internal::TensorRec;
+
+namespace {
+
+struct HashKey {
+  size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 31)); }
+};
+
+std::string ManifestName(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "ckpt-%012lld.manifest", static_cast<long long>(step));
+  return buf;
+}
+
+bool ParseManifestName(const std::string& name, int64_t* step) {
+  if (name.size() != 5 + 12 + 9 || name.compare(0, 5, "ckpt-") != 0 ||
+      name.compare(17, 9, ".manifest") != 0)
+    return false;
+  for (size_t i = 5; i < 17; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  *step = std::stoll(name.substr(5, 12));
+  return true;
+}
+
+std::string NewSegmentName(int64_t step, const char* kind) {
+  static std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(NowSeconds() * 1e9));
+  static std::mutex mu;
+  uint32_t r;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    r = static_cast<uint32_t>(rng());
+  }
+  char buf[80];
+  std::snprintf(buf, sizeof(buf), "seg-%012lld-%s%08x.lfs", static_cast<long long>(step), kind, r);
+  return buf;
+}
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open " + path);
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// Open read-only segment files for one read pass.
+class SegmentReader {
+ public:
+  explicit SegmentReader(std::string seg_dir) : seg_dir_(std::move(seg_dir)) {}
+  ~SegmentReader() {
+    for (auto& [_, fd] : fds_) ::close(fd);
+  }
+  Status Read(const ChunkLoc& loc, void* dst) {
+    auto it = fds_.find(loc.seg);
+    if (it == fds_.end()) {
+      const std::string path = seg_dir_ + "/" + loc.seg;
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        if (errno == ENOENT) return DataLossError("segment file " + path + " is missing");
+        return ErrnoToStatus(errno, "open " + path);
+      }
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      it = fds_.emplace(loc.seg, fd).first;
+    }
+    char* p = static_cast<char*>(dst);
+    int64_t off = loc.off, left = loc.len;
+    while (left > 0) {
+      ssize_t n = ::pread(it->second, p, static_cast<size_t>(left), off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, "read segment " + loc.seg);
+      }
+      if (n == 0)
+        return DataLossError("segment " + loc.seg + " is truncated (wanted bytes " +
+                             std::to_string(loc.off) + ".." + std::to_string(loc.off + loc.len) +
+                             ")");
+      p += n;
+      off += n;
+      left -= n;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::string seg_dir_;
+  std::unordered_map<std::string, int> fds_;
+};
+
+// Decodes one stored chunk into `dst` (c.raw bytes) and verifies its checksum.
+class ChunkDecoder {
+ public:
+  ChunkDecoder(const std::string& seg_dir) : reader_(seg_dir) {}
+  ~ChunkDecoder() {
+    if (dctx_) ZSTD_freeDCtx(dctx_);
+  }
+
+  Status Decode(const ChunkRec& c, uint8_t* dst, const std::string& what) {
+    if (c.codec == Codec::kXorZstd) {
+      LF_RETURN_IF_ERROR(
+          DecodeFull(c.base_codec, c.base, c.raw, c.base_hash, dst, what + " (delta base)"));
+      LF_RETURN_IF_ERROR(ReadStored(c.loc, what));
+      delta_.resize(static_cast<size_t>(c.raw));
+      LF_RETURN_IF_ERROR(Decompress(delta_.data(), c.raw, what));
+      for (int64_t i = 0; i < c.raw; ++i) dst[i] ^= delta_[static_cast<size_t>(i)];
+      return Check(c.hash, dst, c.raw, what);
+    }
+    return DecodeFull(c.codec, c.loc, c.raw, c.hash, dst, what);
+  }
+
+ private:
+  Status DecodeFull(Codec codec, const ChunkLoc& loc, int64_t raw, const Hash128& hash,
+                    uint8_t* dst, const std::string& what) {
+    if (codec == Codec::kRaw) {
+      if (loc.len != raw) return DataLossError(what + ": stored length does not match raw length");
+      LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, dst), what);
+    } else if (codec == Codec::kZstd) {
+      LF_RETURN_IF_ERROR(ReadStored(loc, what));
+      LF_RETURN_IF_ERROR(Decompress(dst, raw, what));
+    } else {
+      return DataLossError(what + ": unknown codec " + std::to_string(static_cast<int>(codec)));
+    }
+    return Check(hash, dst, raw, what);
+  }
+  Status ReadStored(const ChunkLoc& loc, const std::string& what) {
+    stored_.resize(static_cast<size_t>(loc.len));
+    LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, stored_.data()), what);
+    return Status::Ok();
+  }
+  Status Decompress(uint8_t* dst, int64_t raw, const std::string& what) {
+    if (!dctx_) dctx_ = ZSTD_createDCtx();
+    size_t n =
+        ZSTD_decompressDCtx(dctx_, dst, static_cast<size_t>(raw), stored_.data(), stored_.size());
+    if (ZSTD_isError(n) || static_cast<int64_t>(n) != raw)
+      return DataLossError(what + ": corrupt compressed data (" +
+                           (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + ")");
+    return Status::Ok();
+  }
+  static Status Check(const Hash128& want, const uint8_t* data, int64_t n,
+                      const std::string& what) {
+    Hash128 got = HashBytes(data, static_cast<size_t>(n));
+    if (got != want)
+      return DataLossError(what + ": checksum mismatch (stored " + want.ToHex() + ", read " +
+                           got.ToHex() + ")");
+    return Status::Ok();
+  }
+
+  SegmentReader reader_;
+  ZSTD_DCtx* dctx_ = nullptr;
+  std::vector<uint8_t> stored_, delta_;
+};
+
+std::string ChunkWhat(int64_t step, const std::string& tensor, size_t idx, const ChunkLoc& loc) {
+  return "checkpoint " + std::to_string(step) + ": tensor '" + tensor + "' chunk " +
+         std::to_string(idx) + " (segment " + loc.seg + " offset " + std::to_string(loc.off) + ")";
+}
+
+// Staging memory for one snapshot, reused across saves (no page faults after the first).
+struct Arena {
+  uint8_t* data = nullptr;
+  size_t capacity = 0;
+  bool pinned = false;
+  void Reserve(size_t n, bool want_pinned) {
+    if (n <= capacity && (pinned || !want_pinned)) return;
+    Free();
+    n = std::max<size_t>(n, 1);
+    if (want_pinned) {
+      data = static_cast<uint8_t*>(internal::AllocHost(n, true));
+      pinned = data != nullptr;
+    }
+    if (!data) data = static_cast<uint8_t*>(internal::AllocHost(n, false));
+    LF_CHECK(data != nullptr) << "out of host memory for a " << n << "-byte checkpoint snapshot";
+    capacity = n;
+  }
+  void Free() {
+    if (data) internal::FreeHost(data, pinned);
+    data = nullptr;
+    capacity = 0;
+    pinned = false;
+  }
+};
+
+struct PendingChunk {
+  Hash128 hash;
+  int64_t raw = 0;
+  const uint8_t* staged = nullptr;  // null: unchanged since the previous snapshot
+};
+struct PendingTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t nbytes = 0;
+  std::vector<PendingChunk> chunks;
+};
+struct Job {
+  int64_t step = -1;
+  std::vector<PendingTensor> tensors;
+  std::unique_ptr<Arena> arena;
+  SaveStats stats;
+};
+
+}  // namespace
+
+class CheckpointVault::Impl {
+ public:
+  Impl(std::string dir, VaultOptions opts)
+      : dir_(std::move(dir)),
+        opts_(std::move(opts)),
+        queue_(std::max(1, opts_.max_inflight), "ckpt-writer") {
+    if (!opts_.env) opts_.env = Env::Posix();
+    man_dir_ = dir_ + "/manifests";
+    seg_dir_ = dir_ + "/segments";
+  }
+  ~Impl() {
+    Status s = Close();
+    if (!s.ok()) LF_LOG(ERROR) << "CheckpointVault " << dir_ << ": " << s;
+    if (cctx_) ZSTD_freeCCtx(cctx_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+
+  Status Init() {
+    if (opts_.chunk_bytes < 4096 || opts_.chunk_bytes % 64 != 0)
+      return InvalidArgumentError("chunk_bytes must be >= 4096 and a multiple of 64, got " +
+                                  std::to_string(opts_.chunk_bytes));
+    if (opts_.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
+    if (opts_.read_only) {
+      if (!fs::is_directory(man_dir_))
+        return NotFoundError(dir_ + " is not a checkpoint vault (no manifests/ directory)");
+      return Status::Ok();
+    }
+    std::error_code ec;
+    fs::create_directories(man_dir_, ec);
+    if (!ec) fs::create_directories(seg_dir_, ec);
+    if (ec) return ErrnoToStatus(ec.value(), "create vault directories in " + dir_);
+    const std::string lock_path = dir_ + "/LOCK";
+    lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) return ErrnoToStatus(errno, "open " + lock_path);
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+      return UnavailableError("checkpoint vault " + dir_ +
+                              " is open for writing by another process (LOCK is held)");
+    // Seed change detection and the writer's chunk index from the latest committed checkpoint.
+    if (auto latest = Latest()) {
+      LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(*latest));
+      IndexFrom(m, /*seed_known=*/true);
+      last_step_ = *latest;
+    }
+    writer_ = std::thread([this] { WriterLoop(); });
+    return Status::Ok();
+  }
+
+  // ---------------- save path ----------------
+
+  Status Save(int64_t step, const std::vector<TensorRef>& tensors) {
+    std::lock_guard<std::mutex> api(api_mu_);
+    const double t0 = NowSeconds();
+    if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+    if (closed_) return FailedPreconditionError("vault " + dir_ + " is closed");
+    // Back-pressure: wait for a free in-flight slot.
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait_for(l, std::chrono::milliseconds(opts_.wait_timeout_ms),
+                        [&] { return inflight_ < opts_.max_inflight; }))
+        return DeadlineExceededError("checkpoint save: writer did not free a slot within " +
+                                     std::to_string(opts_.wait_timeout_ms) + " ms");
+      if (!error_.ok()) {
+        Status e = error_;
+        error_ = Status::Ok();
+        known_.clear();  // Note [Change detection]: the next save is full
+        return e;
+      }
+    }
+    if (step <= last_step_)
+      return InvalidArgumentError("checkpoint step " + std::to_string(step) +
+                                  " is not greater than the last step " +
+                                  std::to_string(last_step_));
+    auto job = std::make_unique<Job>();
+    job->step = step;
+    // Validate and size.
+    std::set<std::string> names;
+    size_t total = 0;
+    bool any_device = false;
+    for (const auto& t : tensors) {
+      LF_ASSIGN_OR_RETURN(DType dt, ParseDType(t.dtype));
+      if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
+      if (!names.insert(t.name).second)
+        return InvalidArgumentError("tensor name '" + t.name + "' appears twice");
+      int64_t n = DTypeSize(dt);
+      for (int64_t d : t.shape) {
+        if (d < 0) return InvalidArgumentError("tensor '" + t.name + "' has a negative dimension");
+        n *= d;
+      }
+      if (n > 0 && t.data == nullptr)
+        return InvalidArgumentError("tensor '" + t.name + "' has no data pointer");
+      if (t.device >= 0) {
+        if (!internal::DeviceSupportCompiled())
+          return UnimplementedError("tensor '" + t.name +
+                                    "' is on a CUDA device but CUDA support is not compiled in");
+        any_device = true;
+      }
+      PendingTensor pt{t.name, dt, t.shape, n, {}};
+      job->tensors.push_back(std::move(pt));
+      total += static_cast<size_t>(n);
+    }
+    // Snapshot: hash every chunk, copy those not in the previous snapshot.
+    job->arena = TakeArena();
+    job->arena->Reserve(total, any_device);
+    uint8_t* out = job->arena->data;
+    std::unordered_set<Hash128, HashKey> now;
+    SaveStats& st = job->stats;
+    st.step = step;
+    const int64_t cb = opts_.chunk_bytes;
+    std::vector<Hash128> dev_hashes;
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const TensorRef& src = tensors[ti];
+      PendingTensor& pt = job->tensors[ti];
+      const uint8_t* base = static_cast<const uint8_t*>(src.data);
+      const int64_t nchunks = (pt.nbytes + cb - 1) / cb;
+      if (src.device >= 0) {
+        Status s = internal::DeviceHashChunks(base, pt.nbytes, cb, src.device, &dev_hashes);
+        if (!s.ok()) {
+          ReturnArena(std::move(job->arena));
+          return s.WithContext("hash tensor '" + pt.name + "' on device");
+        }
+      }
+      for (int64_t c = 0; c < nchunks; ++c) {
+        const int64_t off = c * cb;
+        const int64_t len = std::min(cb, pt.nbytes - off);
+        PendingChunk pc;
+        pc.raw = len;
+        pc.hash = src.device >= 0 ? dev_hashes[static_cast<size_t>(c)]
+                                  : HashBytes(base + off, static_cast<size_t>(len));
+        if (!known_.count(pc.hash) && !now.count(pc.hash)) {
+          if (src.device >= 0) {
+            Status s =
+                internal::DeviceToHost(out, base + off, static_cast<size_t>(len), src.device);
+            if (!s.ok()) {
+              ReturnArena(std::move(job->arena));
+              return s.WithContext("copy tensor '" + pt.name + "' from device");
+            }
+          } else {
+            std::memcpy(out, base + off, static_cast<size_t>(len));
+          }
+          pc.staged = out;
+          out += len;
+          st.bytes_copied += len;
+        }
+        now.insert(pc.hash);
+        pt.chunks.push_back(pc);
+        ++st.chunks_total;
+      }
+      st.bytes_total += pt.nbytes;
+    }
+    known_ = std::move(now);
+    last_step_ = step;
+    const double t1 = NowSeconds();
+    st.snapshot_s = t1 - t0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++inflight_;
+    }
+    st.blocking_s = NowSeconds() - t0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      last_stats_ = st;
+    }
+    Status s = queue_.Push(std::move(job), std::chrono::milliseconds(opts_.wait_timeout_ms));
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      --inflight_;
+      cv_.notify_all();
+      return s.WithContext("queue checkpoint " + std::to_string(step));
+    }
+    return Status::Ok();
+  }
+
+  Status Wait() {
+    std::lock_guard<std::mutex> api(api_mu_);
+    return WaitLocked();
+  }
+
+  Status WaitLocked() {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::milliseconds(opts_.wait_timeout_ms),
+                      [&] { return inflight_ == 0; }))
+      return DeadlineExceededError("checkpoint writer still busy after " +
+                                   std::to_string(opts_.wait_timeout_ms) + " ms");
+    Status e = error_;
+    if (!e.ok()) {
+      error_ = Status::Ok();
+      known_.clear();
+    }
+    return e;
+  }
+
+  Status Close() {
+    std::lock_guard<std::mutex> api(api_mu_);
+    if (closed_) return Status::Ok();
+    Status s = writer_.joinable() ? WaitLocked() : Status::Ok();
+    queue_.Close();
+    if (writer_.joinable()) writer_.join();
+    closed_ = true;
+    if (lock_fd_ >= 0) {  // let another writer in (and the file system be unmounted)
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+    }
+    return s;
+  }
+
+  // ---------------- writer ----------------
+
+  void WriterLoop() {
+    pthread_setname_np(pthread_self(), "ckpt-writer");
+    while (true) {
+      std::unique_ptr<Job> job;
+      Status s = queue_.Pop(&job, std::chrono::hours(24 * 365));
+      if (!s.ok()) {
+        if (s.code() == StatusCode::kCancelled) break;
+        continue;
+      }
+      Status w;
+      {
+        std::lock_guard<std::mutex> wl(writer_mu_);
+        const double t0 = NowSeconds();
+        w = WriteJob(job.get());
+        job->stats.write_s = NowSeconds() - t0;
+        if (w.ok()) {
+          Status r = RetentionLocked();
+          if (!r.ok()) LF_LOG(WARNING) << "checkpoint retention: " << r;
+        }
+      }
+      ReturnArena(std::move(job->arena));
+      std::lock_guard<std::mutex> l(mu_);
+      if (!w.ok()) {
+        LF_LOG(ERROR) << "checkpoint " << job->step << " failed: " << w;
+        if (error_.ok()) error_ = w;
+      } else if (last_stats_.step == job->stats.step) {
+        last_stats_ = job->stats;
+      }
+      --inflight_;
+      cv_.notify_all();
+    }
+  }
+
+  // Writes one segment and commits the manifest. Runs under writer_mu_.
+  Status WriteJob(Job* job) {
+    const std::string seg_name = NewSegmentName(job->step, "");
+    const std::string seg_path = seg_dir_ + "/" + seg_name;
+    Manifest m;
+    m.step = job->step;
+    m.parent = latest_committed_;
+    m.chunk_bytes = opts_.chunk_bytes;
+    m.created_unix =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::unique_ptr<WritableFile> file;
+    int64_t seg_off = 0;
+    std::unordered_map<Hash128, ChunkRec, HashKey> written;
+    SaveStats& st = job->stats;
+    auto fail = [&](const Status& s) {
+      if (file) file->Close().IgnoreError();
+      opts_.env->Remove(seg_path).IgnoreError();
+      std::string hint = s.code() == StatusCode::kResourceExhausted
+                             ? " (disk full? older checkpoints are intact)"
+                             : " (older checkpoints are intact)";
+      return s.WithContext("checkpoint " + std::to_string(job->step) + hint);
+    };
+    std::vector<uint8_t> zbuf, xbuf, basebuf;
+    std::unique_ptr<ChunkDecoder> decoder;
+    for (const PendingTensor& pt : job->tensors) {
+      TensorRec tr{pt.name, pt.dtype, pt.shape, pt.nbytes, {}};
+      const std::vector<ChunkRec>* prev_slots = nullptr;
+      if (auto it = prev_slots_.find(pt.name); it != prev_slots_.end()) prev_slots = &it->second;
+      for (size_t ci = 0; ci < pt.chunks.size(); ++ci) {
+        const PendingChunk& pc = pt.chunks[ci];
+        if (auto it = index_.find(pc.hash); it != index_.end()) {
+          tr.chunks.push_back(it->second);
+          ++st.chunks_skipped;
+          continue;
+        }
+        if (auto it = written.find(pc.hash); it != written.end()) {
+          tr.chunks.push_back(it->second);
+          ++st.chunks_skipped;
+          continue;
+        }
+        if (pc.staged == nullptr)
+          return fail(FailedPreconditionError(
+              "tensor '" + pt.name + "' chunk " + std::to_string(ci) +
+              " was unchanged at snapshot time but its stored copy is gone (an earlier save "
+              "failed); save again"));
+        ChunkRec rec;
+        rec.hash = pc.hash;
+        rec.raw = pc.raw;
+        const uint8_t* payload = pc.staged;
+        int64_t payload_len = pc.raw;
+        if (opts_.compress) {
+          zbuf.resize(ZSTD_compressBound(static_cast<size_t>(pc.raw)));
+          if (!cctx_) cctx_ = ZSTD_createCCtx();
+          size_t z = ZSTD_compressCCtx(cctx_, zbuf.data(), zbuf.size(), pc.staged,
+                                       static_cast<size_t>(pc.raw), opts_.compress_level);
+          if (!ZSTD_isError(z) && static_cast<double>(z) < opts_.compress_max_ratio * pc.raw) {
+            rec.codec = Codec::kZstd;
+            payload = zbuf.data();
+            payload_len = static_cast<int64_t>(z);
+          }
+        }
+        if (opts_.xor_delta && prev_slots && ci < prev_slots->size()) {
+          const ChunkRec& base = (*prev_slots)[ci];
+          if (base.raw == pc.raw && base.codec != Codec::kXorZstd) {
+            if (!decoder) decoder = std::make_unique<ChunkDecoder>(seg_dir_);
+            basebuf.resize(static_cast<size_t>(pc.raw));
+            Status bs = decoder->Decode(
+                base, basebuf.data(),
+                "delta base of tensor '" + pt.name + "' chunk " + std::to_string(ci));
+            if (bs.ok()) {
+              for (int64_t i = 0; i < pc.raw; ++i) basebuf[i] ^= pc.staged[i];
+              xbuf.resize(ZSTD_compressBound(static_cast<size_t>(pc.raw)));
+              if (!cctx_) cctx_ = ZSTD_createCCtx();
+              size_t z = ZSTD_compressCCtx(cctx_, xbuf.data(), xbuf.size(), basebuf.data(),
+                                           static_cast<size_t>(pc.raw), opts_.compress_level);
+              if (!ZSTD_isError(z) && static_cast<int64_t>(z) < payload_len &&
+                  static_cast<double>(z) < opts_.compress_max_ratio * pc.raw) {
+                rec.codec = Codec::kXorZstd;
+                rec.base_codec = base.codec;
+                rec.base_hash = base.hash;
+                rec.base = base.loc;
+                payload = xbuf.data();
+                payload_len = static_cast<int64_t>(z);
+              }
+            } else {
+              LF_LOG(WARNING) << bs << "; storing the chunk in full";
+            }
+          }
+        }
+        if (!file) {
+          auto f = opts_.env->NewWritableFile(seg_path);
+          if (!f.ok()) return fail(f.status());
+          file = std::move(f).value();
+        }
+        Status as = file->Append(payload, static_cast<size_t>(payload_len));
+        if (!as.ok()) return fail(as);
+        rec.loc = {seg_name, seg_off, payload_len};
+        seg_off += payload_len;
+        st.bytes_written += payload_len;
+        ++st.chunks_written;
+        if (rec.codec == Codec::kZstd) ++st.chunks_compressed;
+        if (rec.codec == Codec::kXorZstd) ++st.chunks_delta;
+        written.emplace(rec.hash, rec);
+        tr.chunks.push_back(rec);
+      }
+      m.tensors.push_back(std::move(tr));
+    }
+    // Data first: the segment and its directory entry are durable before the manifest names them.
+    if (file) {
+      if (opts_.fsync) {
+        Status s = file->Sync();
+        if (!s.ok()) return fail(s);
+      }
+      Status s = file->Close();
+      if (!s.ok()) return fail(s);
+      if (opts_.fsync) {
+        s = opts_.env->SyncDir(seg_dir_);
+        if (!s.ok()) return fail(s);
+      }
+    }
+    Status s = CommitManifest(m);
+    if (!s.ok()) return fail(s);
+    IndexFrom(m, /*seed_known=*/false);
+    return Status::Ok();
+  }
+
+  Status CommitManifest(const Manifest& m) {
+    const std::string body = internal::SerializeManifest(m);
+    const std::string final_path = man_dir_ + "/" + ManifestName(m.step);
+    const std::string tmp_path = final_path + ".tmp";
+    LF_ASSIGN_OR_RETURN(auto f, opts_.env->NewWritableFile(tmp_path));
+    Status s = f->Append(body.data(), body.size());
+    if (s.ok() && opts_.fsync) s = f->Sync();
+    Status c = f->Close();
+    if (s.ok()) s = c;
+    if (s.ok()) s = opts_.env->Rename(tmp_path, final_path);
+    if (s.ok() && opts_.fsync) s = opts_.env->SyncDir(man_dir_);
+    if (!s.ok()) {
+      opts_.env->Remove(tmp_path).IgnoreError();
+      return s.WithContext("commit manifest " + final_path);
+    }
+    return Status::Ok();
+  }
+
+  // Rebuilds the writer's chunk index from `m`. `seed_known` also resets the save-side hash set
+  // (only with api_mu_ held: Init).
+  void IndexFrom(const Manifest& m, bool seed_known) {
+    index_.clear();
+    prev_slots_.clear();
+    if (seed_known) known_.clear();
+    for (const auto& t : m.tensors) {
+      for (const auto& c : t.chunks) {
+        index_.emplace(c.hash, c);
+        if (seed_known) known_.insert(c.hash);
+      }
+      prev_slots_[t.name] = t.chunks;
+    }
+    latest_committed_ = m.step;
+  }
+
+  std::unique_ptr<Arena> TakeArena() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (free_arenas_.empty()) return std::make_unique<Arena>();
+    auto a = std::move(free_arenas_.back());
+    free_arenas_.pop_back();
+    return a;
+  }
+  void ReturnArena(std::unique_ptr<Arena> a) {
+    if (!a) return;
+    std::lock_guard<std::mutex> l(mu_);
+    free_arenas_.push_back(std::move(a));
+  }
+
+  // ---------------- read path ----------------
+
+  StatusOr<std::vector<int64_t>> List() const {
+    std::vector<int64_t> steps;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(man_dir_, ec)) {
+      int64_t step;
+      if (ParseManifestName(e.path().filename().string(), &step)) steps.push_back(step);
+    }
+    if (ec) return ErrnoToStatus(ec.value(), "list " + man_dir_);
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+
+  std::optional<int64_t> Latest() const {
+    auto l = List();
+    if (!l.ok() || l->empty()) return std::nullopt;
+    return l->back();
+  }
+
+  StatusOr<Manifest> LoadManifest(int64_t step) const {
+    const std::string path = man_dir_ + "/" + ManifestName(step);
+    auto bytes = ReadWholeFile(path);
+    if (!bytes.ok()) {
+      if (bytes.status().code() == StatusCode::kNotFound)
+        return NotFoundError("checkpoint " + std::to_string(step) + " not found in " + dir_);
+      return bytes.status();
+    }
+    return internal::ParseManifest(*bytes, path);
+  }
+
+  // Decodes every chunk of `m` in one pass ordered by (segment, offset); `dst(tensor, chunk)`
+  // gives where chunk bytes go (a host pointer), `done(tensor, chunk, ptr)` is called after each.
+  template <typename DstFn, typename DoneFn>
+  Status ReadAll(const Manifest& m, const std::set<std::string>* only, DstFn dst, DoneFn done,
+                 const ProgressFn& progress) const {
+    struct Item {
+      const TensorRec* t;
+      size_t ci;
+      int64_t offset;
+    };
+    std::vector<Item> items;
+    for (const auto& t : m.tensors) {
+      if (only && !only->count(t.name)) continue;
+      int64_t off = 0;
+      for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
+        items.push_back({&t, ci, off});
+        off += t.chunks[ci].raw;
+      }
+    }
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      const ChunkLoc& x = a.t->chunks[a.ci].loc;
+      const ChunkLoc& y = b.t->chunks[b.ci].loc;
+      return x.seg != y.seg ? x.seg < y.seg : x.off < y.off;
+    });
+    ChunkDecoder dec(seg_dir_);
+    int64_t done_bytes = 0;
+    for (const Item& it : items) {
+      const ChunkRec& c = it.t->chunks[it.ci];
+      uint8_t* p = dst(*it.t, it.ci, it.offset);
+      LF_RETURN_IF_ERROR(dec.Decode(c, p, ChunkWhat(m.step, it.t->name, it.ci, c.loc)));
+      LF_RETURN_IF_ERROR(done(*it.t, it.ci, it.offset, p));
+      done_bytes += c.raw;
+      if (progress) progress(done_bytes);
+    }
+    return Status::Ok();
+  }
+
+  StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress) const {
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    std::vector<HostTensor> out(m.tensors.size());
+    std::unordered_map<const TensorRec*, HostTensor*> by;
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      out[i].info = Info(m.tensors[i]);
+      out[i].data.resize(static_cast<size_t>(m.tensors[i].nbytes));
+      by[&m.tensors[i]] = &out[i];
+    }
+    LF_RETURN_IF_ERROR(ReadAll(
+        m, nullptr,
+        [&](const TensorRec& t, size_t, int64_t off) { return by[&t]->data.data() + off; },
+        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress));
+    return out;
+  }
+
+  Status RestoreInto(int64_t step, const std::map<std::string, RestoreTarget>& targets,
+                     const ProgressFn& progress) const {
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    std::set<std::string> only;
+    std::unordered_map<const TensorRec*, const RestoreTarget*> by;
+    bool any_device = false;
+    for (const auto& t : m.tensors) {
+      auto it = targets.find(t.name);
+      if (it == targets.end()) continue;
+      if (it->second.nbytes != t.nbytes)
+        return InvalidArgumentError("restore target for tensor '" + t.name + "' has " +
+                                    std::to_string(it->second.nbytes) + " bytes, checkpoint has " +
+                                    std::to_string(t.nbytes));
+      if (t.nbytes > 0 && it->second.data == nullptr)
+        return InvalidArgumentError("restore target for tensor '" + t.name + "' is null");
+      if (it->second.device >= 0) any_device = true;
+      only.insert(t.name);
+      by[&t] = &it->second;
+    }
+    for (const auto& [name, _] : targets)
+      if (!only.count(name))
+        return NotFoundError("tensor '" + name + "' is not in checkpoint " + std::to_string(step));
+    std::vector<uint8_t> staging(any_device ? static_cast<size_t>(m.chunk_bytes) : 0);
+    return ReadAll(
+        m, &only,
+        [&](const TensorRec& t, size_t, int64_t off) -> uint8_t* {
+          const RestoreTarget* tg = by[&t];
+          return tg->device >= 0 ? staging.data() : static_cast<uint8_t*>(tg->data) + off;
+        },
+        [&](const TensorRec& t, size_t ci, int64_t off, uint8_t* p) -> Status {
+          const RestoreTarget* tg = by[&t];
+          if (tg->device < 0) return Status::Ok();
+          return internal::HostToDevice(static_cast<uint8_t*>(tg->data) + off, p,
+                                        static_cast<size_t>(t.chunks[ci].raw), tg->device);
+        },
+        progress);
+  }
+
+  Status Verify(int64_t step, const ProgressFn& progress) const {
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
+    return ReadAll(
+        m, nullptr, [&](const TensorRec&, size_t, int64_t) { return scratch.data(); },
+        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress);
+  }
+
+  static TensorInfo Info(const TensorRec& t) {
+    return {t.name, DTypeName(t.dtype), t.shape, t.nbytes, static_cast<int64_t>(t.chunks.size())};
+  }
+
+  Status ExportSafetensors(int64_t step, const std::string& path,
+                           const ProgressFn& progress) const {
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    nlohmann::ordered_json header;
+    header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
+    int64_t off = 0;
+    for (const auto& t : m.tensors) {
+      header[t.name] = {{"dtype", DTypeSafetensorsName(t.dtype)},
+                        {"shape", t.shape},
+                        {"data_offsets", {off, off + t.nbytes}}};
+      off += t.nbytes;
+    }
+    std::string h = header.dump();
+    while (h.size() % 8 != 0) h.push_back(' ');
+    const std::string tmp = path + ".tmp";
+    LF_ASSIGN_OR_RETURN(auto f, opts_.env->NewWritableFile(tmp));
+    uint8_t len_le[8];
+    uint64_t hl = h.size();
+    for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(hl >> (8 * i));
+    Status s = f->Append(len_le, 8);
+    if (s.ok()) s = f->Append(h.data(), h.size());
+    // Tensors in manifest order, chunks in order (safetensors data must be contiguous).
+    std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
+    ChunkDecoder dec(seg_dir_);
+    int64_t done = 0;
+    for (const auto& t : m.tensors) {
+      for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
+        const ChunkRec& c = t.chunks[ci];
+        s = dec.Decode(c, scratch.data(), ChunkWhat(step, t.name, ci, c.loc));
+        if (s.ok()) s = f->Append(scratch.data(), static_cast<size_t>(c.raw));
+        done += c.raw;
+        if (progress) progress(done);
+      }
+    }
+    if (s.ok()) s = f->Sync();
+    Status c = f->Close();
+    if (s.ok()) s = c;
+    if (s.ok()) s = opts_.env->Rename(tmp, path);
+    if (!s.ok()) {
+      opts_.env->Remove(tmp).IgnoreError();
+      return s.WithContext("export checkpoint " + std::to_string(step) + " to " + path);
+    }
+    return Status::Ok();
+  }
+
+  // ---------------- lifecycle ----------------
+
+  Status Merge(int64_t step, const ProgressFn& progress) {
+    std::lock_guard<std::mutex> api(api_mu_);
+    if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+    LF_RETURN_IF_ERROR(WaitLocked());
+    std::lock_guard<std::mutex> wl(writer_mu_);
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    const std::string seg_name = NewSegmentName(step, "m");
+    const std::string seg_path = seg_dir_ + "/" + seg_name;
+    LF_ASSIGN_OR_RETURN(auto file, opts_.env->NewWritableFile(seg_path));
+    ChunkDecoder dec(seg_dir_);
+    std::vector<uint8_t> raw(static_cast<size_t>(m.chunk_bytes)), z;
+    std::unordered_map<Hash128, ChunkRec, HashKey> done_map;
+    int64_t off = 0, done_bytes = 0;
+    Status s;
+    for (auto& t : m.tensors) {
+      for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
+        ChunkRec& c = t.chunks[ci];
+        done_bytes += c.raw;
+        if (auto it = done_map.find(c.hash); it != done_map.end()) {
+          c = it->second;
+          continue;
+        }
+        s = dec.Decode(c, raw.data(), ChunkWhat(step, t.name, ci, c.loc));
+        if (!s.ok()) break;
+        ChunkRec n;
+        n.hash = c.hash;
+        n.raw = c.raw;
+        const uint8_t* payload = raw.data();
+        int64_t len = c.raw;
+        if (opts_.compress) {
+          z.resize(ZSTD_compressBound(static_cast<size_t>(c.raw)));
+          if (!cctx_) cctx_ = ZSTD_createCCtx();
+          size_t zn = ZSTD_compressCCtx(cctx_, z.data(), z.size(), raw.data(),
+                                        static_cast<size_t>(c.raw), opts_.compress_level);
+          if (!ZSTD_isError(zn) && static_cast<double>(zn) < opts_.compress_max_ratio * c.raw) {
+            n.codec = Codec::kZstd;
+            payload = z.data();
+            len = static_cast<int64_t>(zn);
+          }
+        }
+        s = file->Append(payload, static_cast<size_t>(len));
+        n.loc = {seg_name, off, len};
+        off += len;
+        done_map.emplace(n.hash, n);
+        c = n;
+        if (progress) progress(done_bytes);
+      }
+    }
+    if (s.ok() && opts_.fsync) s = file->Sync();
+    Status cs = file->Close();
+    if (s.ok()) s = cs;
+    if (s.ok() && opts_.fsync) s = opts_.env->SyncDir(seg_dir_);
+    m.parent = -1;
+    if (s.ok()) s = CommitManifest(m);  // atomically replaces the old manifest of `step`
+    if (!s.ok()) {
+      opts_.env->Remove(seg_path).IgnoreError();
+      return s.WithContext("merge checkpoint " + std::to_string(step) + " (it is unchanged)");
+    }
+    if (step == latest_committed_) IndexFrom(m, /*seed_known=*/false);
+    return GcLocked(false).status();
+  }
+
+  Status ApplyRetention() {
+    std::lock_guard<std::mutex> api(api_mu_);
+    if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+    LF_RETURN_IF_ERROR(WaitLocked());
+    std::lock_guard<std::mutex> wl(writer_mu_);
+    return RetentionLocked();
+  }
+
+  Status RetentionLocked() {
+    if (opts_.keep_last <= 0) return Status::Ok();
+    LF_ASSIGN_OR_RETURN(std::vector<int64_t> steps, List());
+    if (steps.empty()) return Status::Ok();
+    std::set<int64_t> keep;
+    for (size_t i = steps.size() > static_cast<size_t>(opts_.keep_last)
+                        ? steps.size() - static_cast<size_t>(opts_.keep_last)
+                        : 0;
+         i < steps.size(); ++i)
+      keep.insert(steps[i]);
+    keep.insert(steps.back());
+    bool removed = false;
+    for (int64_t s : steps) {
+      if (keep.count(s) || (opts_.keep_every > 0 && s % opts_.keep_every == 0)) continue;
+      LF_RETURN_IF_ERROR(opts_.env->Remove(man_dir_ + "/" + ManifestName(s)));
+      removed = true;
+    }
+    if (removed && opts_.fsync) LF_RETURN_IF_ERROR(opts_.env->SyncDir(man_dir_));
+    if (removed) return GcLocked(false).status();
+    return Status::Ok();
+  }
+
+  StatusOr<GcStats> Gc(bool dry_run) {
+    std::lock_guard<std::mutex> api(api_mu_);
+    if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+    LF_RETURN_IF_ERROR(WaitLocked());
+    std::lock_guard<std::mutex> wl(writer_mu_);
+    return GcLocked(dry_run);
+  }
+
+  // Runs with writer_mu_ held, so no segment is being written. A manifest that cannot be read
+  // stops gc: nothing is deleted unless every manifest proves it unreferenced.
+  StatusOr<GcStats> GcLocked(bool dry_run) {
+    LF_ASSIGN_OR_RETURN(std::vector<int64_t> steps, List());
+    std::set<std::string> live;
+    for (int64_t s : steps) {
+      auto m = LoadManifest(s);
+      if (!m.ok()) return m.status().WithContext("gc stopped, nothing deleted");
+      for (auto& seg : m->Segments()) live.insert(seg);
+    }
+    GcStats st;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(seg_dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      const int64_t size = static_cast<int64_t>(e.file_size(ec));
+      if (live.count(name)) {
+        ++st.segments_live;
+        st.bytes_live += size;
+        continue;
+      }
+      ++st.segments_deleted;
+      st.bytes_freed += size;
+      if (!dry_run) LF_RETURN_IF_ERROR(opts_.env->Remove(e.path().string()));
+    }
+    for (const auto& e : fs::directory_iterator(man_dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 && !dry_run)
+        LF_RETURN_IF_ERROR(opts_.env->Remove(e.path().string()));
+    }
+    if (!dry_run && st.segments_deleted > 0 && opts_.fsync)
+      LF_RETURN_IF_ERROR(opts_.env->SyncDir(seg_dir_));
+    return st;
+  }
+
+  StatusOr<CheckpointSummary> Summary(int64_t step) const {
+    LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+    CheckpointSummary s;
+    s.step = m.step;
+    s.parent = m.parent;
+    s.num_tensors = static_cast<int64_t>(m.tensors.size());
+    s.created_unix = m.created_unix;
+    auto segs = m.Segments();
+    s.num_segments = static_cast<int64_t>(segs.size());
+    char prefix[32];
+    std::snprintf(prefix, sizeof(prefix), "seg-%012lld-", static_cast<long long>(step));
+    std::set<std::pair<std::string, int64_t>> own;
+    for (const auto& t : m.tensors) {
+      s.bytes_total += t.nbytes;
+      for (const auto& c : t.chunks)
+        if (c.loc.seg.rfind(prefix, 0) == 0 && own.insert({c.loc.seg, c.loc.off}).second)
+          s.bytes_own += c.loc.len;
+    }
+    return s;
+  }
+
+  SaveStats last_stats() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_stats_;
+  }
+
+  std::string dir_;
+  VaultOptions opts_;
+  std::string man_dir_, seg_dir_;
+  int lock_fd_ = -1;
+  bool closed_ = false;
+
+  std::mutex api_mu_;      // serializes Save / Wait / Close / Merge / Gc
+  mutable std::mutex mu_;  // inflight_, error_, last_stats_, free_arenas_
+  std::condition_variable cv_;
+  int inflight_ = 0;
+  Status error_;
+  SaveStats last_stats_;
+  std::vector<std::unique_ptr<Arena>> free_arenas_;
+
+  // Save-side (api_mu_): hashes of the previous snapshot, last step saved.
+  std::unordered_set<Hash128, HashKey> known_;
+  int64_t last_step_ = -1;
+
+  // Writer-side (writer_mu_): chunks of the latest committed manifest.
+  std::mutex writer_mu_;
+  std::unordered_map<Hash128, ChunkRec, HashKey> index_;
+  std::unordered_map<std::string, std::vector<ChunkRec>> prev_slots_;
+  int64_t latest_committed_ = -1;
+  ZSTD_CCtx* cctx_ = nullptr;
+
+  BoundedQueue<std::unique_ptr<Job>> queue_;
+  std::thread writer_;  // "ckpt-writer", joined by Close()
+};
+
+// ---------------- public wrappers ----------------
+
+CheckpointVault::CheckpointVault(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CheckpointVault::~CheckpointVault() = default;
+
+StatusOr<std::unique_ptr<CheckpointVault>> CheckpointVault::Open(const std::string& dir,
+                                                                 const VaultOptions& opts) {
+  auto impl = std::make_unique<Impl>(dir, opts);
+  LF_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<CheckpointVault>(new CheckpointVault(std::move(impl)));
+}
+
+Status CheckpointVault::Save(int64_t step, const std::vector<TensorRef>& t) {
+  return impl_->Save(step, t);
+}
+Status CheckpointVault::Wait() { return impl_->Wait(); }
+Status CheckpointVault::Close() { return impl_->Close(); }
+StatusOr<std::vector<int64_t>> CheckpointVault::List() const { return impl_->List(); }
+std::optional<int64_t> CheckpointVault::Latest() const { return impl_->Latest(); }
+StatusOr<CheckpointSummary> CheckpointVault::Summary(int64_t step) const {
+  return impl_->Summary(step);
+}
+StatusOr<std::vector<TensorInfo>> CheckpointVault::Describe(int64_t step) const {
+  LF_ASSIGN_OR_RETURN(Manifest m, impl_->LoadManifest(step));
+  std::vector<TensorInfo> out;
+  for (const auto& t : m.tensors) out.push_back(Impl::Info(t));
+  return out;
+}
+StatusOr<std::vector<HostTensor>> CheckpointVault::Restore(int64_t step,
+                                                           const ProgressFn& p) const {
+  return impl_->Restore(step, p);
+}
+Status CheckpointVault::RestoreInto(int64_t step,
+                                    const std::map<std::string, RestoreTarget>& targets,
+                                    const ProgressFn& p) const {
+  return impl_->RestoreInto(step, targets, p);
+}
+Status CheckpointVault::Verify(int64_t step, const ProgressFn& p) const {
+  return impl_->Verify(step, p);
+}
+Status CheckpointVault::ExportSafetensors(int64_t step, const std::string& path,
+                                          const ProgressFn& p) const {
+  return impl_->ExportSafetensors(step, path, p);
+}
+Status CheckpointVault::Merge(int64_t step, const ProgressFn& p) { return impl_->Merge(step, p); }
+Status CheckpointVault::ApplyRetention() { return impl_->ApplyRetention(); }
+StatusOr<GcStats> CheckpointVault::Gc(bool dry_run) { return impl_->Gc(dry_run); }
+SaveStats CheckpointVault::last_stats() const { return impl_->last_stats(); }
+const std::string& CheckpointVault::dir() const { return impl_->dir_; }
+
+}  // namespace ckpt
+}  // namespace loongforge

@@ -1,0 +1,607 @@
+// Tests of CheckpointVault: hashing, round trips, incremental saves, crash consistency, lifecycle.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "ckpt/device.h"
+#include "ckpt/xxh3_lanes.h"
+#include "loongforge/ckpt.h"
+
+#ifdef LOONGFORGE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace loongforge {
+namespace ckpt {
+namespace {
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  std::string d =
+      (fs::temp_directory_path() / ("lf_ckpt_" + name + "_" + std::to_string(getpid()))).string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// Owns named byte buffers and hands out TensorRefs to them.
+struct State {
+  struct T {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<T> ts;
+  void Add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+           uint64_t seed) {
+    int64_t n = DTypeSize(*ParseDType(dtype));
+    for (auto d : shape) n *= d;
+    ts.push_back({name, dtype, shape, RandomBytes(static_cast<size_t>(n), seed)});
+  }
+  std::vector<TensorRef> Refs() const {
+    std::vector<TensorRef> r;
+    for (const auto& t : ts) r.push_back({t.name, t.dtype, t.shape, t.bytes.data(), -1});
+    return r;
+  }
+};
+
+void ExpectRestores(CheckpointVault* v, int64_t step, const State& s) {
+  auto r = v->Restore(step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), s.ts.size());
+  for (size_t i = 0; i < s.ts.size(); ++i) {
+    EXPECT_EQ((*r)[i].info.name, s.ts[i].name);
+    EXPECT_EQ((*r)[i].info.dtype, s.ts[i].dtype);
+    EXPECT_EQ((*r)[i].info.shape, s.ts[i].shape);
+    EXPECT_TRUE((*r)[i].data == s.ts[i].bytes) << "step " << step << " tensor " << s.ts[i].name;
+  }
+}
+
+VaultOptions SmallOpts() {
+  VaultOptions o;
+  o.chunk_bytes = 4096;
+  return o;
+}
+
+// Guards the GPU kernel's algorithm: the lane-by-lane XXH3-128 it runs equals libxxhash's.
+TEST(CkptHash, LaneDecompositionMatchesXxh3) {
+  static const uint8_t kSecret[] = LF_XXH3_SECRET_BYTES;
+  std::mt19937_64 rng(7);
+  std::vector<size_t> lens = {241, 255, 256, 1023, 1024, 1025, 1087, 4096, 65537, 4 << 20};
+  for (int i = 0; i < 30; ++i) lens.push_back(241 + rng() % 50000);
+  for (size_t len : lens) {
+    auto data = RandomBytes(len + 3, len);
+    for (size_t misalign : {size_t{0}, size_t{3}}) {
+      const uint8_t* p = data.data() + misalign;
+      uint64_t acc[8];
+      for (int lane = 0; lane < 8; ++lane) acc[lane] = xxh3::LongLoopLane(p, len, kSecret, lane);
+      Hash128 h;
+      xxh3::Finalize128(acc, len, kSecret, &h.lo, &h.hi);
+      EXPECT_EQ(h, HashBytes(p, len)) << "len " << len << " misalign " << misalign;
+    }
+  }
+}
+
+// Guards dtype handling: every dtype (bf16 included), empty and scalar tensors survive a round
+// trip.
+TEST(CkptVault, RoundTripEveryDtype) {
+  std::string dir = TempDir("dtypes");
+  State s;
+  uint64_t seed = 1;
+  for (const char* dt : {"bool", "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"})
+    s.Add(std::string("t_") + dt, dt, {3, 1000}, seed++);
+  s.Add("empty", "f32", {0, 5}, seed++);
+  s.Add("scalar", "f64", {}, seed++);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+    ExpectRestores(v->get(), 1, s);
+  }
+  // Reopened read-only, the same.
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
+  auto v = CheckpointVault::Open(dir, ro);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRestores(v->get(), 1, s);
+  EXPECT_EQ((*v)->Latest(), std::optional<int64_t>(1));
+  EXPECT_EQ((*v)->Save(2, s.Refs()).code(), StatusCode::kFailedPrecondition);
+}
+
+// Guards change detection: an unchanged state writes nothing; one changed chunk writes one chunk.
+TEST(CkptVault, WritesOnlyChangedChunks) {
+  std::string dir = TempDir("change");
+  State s;
+  s.Add("w", "f32", {16, 1024}, 1);  // 64 KiB = 16 chunks of 4 KiB
+  s.Add("b", "f32", {100}, 2);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_EQ((*v)->last_stats().chunks_written, 17);
+  ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_EQ((*v)->last_stats().chunks_written, 0);
+  EXPECT_EQ((*v)->last_stats().bytes_copied, 0);
+  s.ts[0].bytes[5 * 4096 + 17] ^= 1;
+  ASSERT_TRUE((*v)->Save(3, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  SaveStats st = (*v)->last_stats();
+  EXPECT_EQ(st.chunks_written, 1);
+  EXPECT_EQ(st.bytes_written, 4096);
+  EXPECT_EQ(st.chunks_skipped, 16);
+  ExpectRestores(v->get(), 3, s);
+  // A reopened vault compares with the latest manifest: still incremental.
+  v->reset();
+  v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE(v.ok());
+  s.ts[1].bytes[0] ^= 1;
+  ASSERT_TRUE((*v)->Save(4, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_EQ((*v)->last_stats().chunks_written, 1);
+  EXPECT_EQ((*v)->Save(4, s.Refs()).code(), StatusCode::kInvalidArgument);  // steps increase
+}
+
+// Guards the one-pass restore: 50 incremental saves, each restorable exactly, without replay.
+TEST(CkptVault, ChainOfFiftyRestoresExactly) {
+  std::string dir = TempDir("chain");
+  State s;
+  s.Add("a", "f32", {8, 1024}, 1);
+  s.Add("b", "bf16", {3000}, 2);
+  s.Add("c", "u8", {777}, 3);
+  std::vector<State> history;
+  VaultOptions o = SmallOpts();
+  o.max_inflight = 3;
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE(v.ok());
+  std::mt19937_64 rng(5);
+  for (int step = 1; step <= 50; ++step) {
+    auto& t = s.ts[rng() % s.ts.size()];
+    for (int k = 0; k < 3; ++k) t.bytes[rng() % t.bytes.size()] ^= 0x5a;
+    ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+    history.push_back(s);
+  }
+  ASSERT_TRUE((*v)->Wait().ok());
+  auto steps = (*v)->List();
+  ASSERT_EQ(steps->size(), 50u);
+  for (int step = 1; step <= 50; ++step) ExpectRestores(v->get(), step, history[step - 1]);
+  EXPECT_GT((*v)->Summary(50)->num_segments, 1);
+}
+
+// Guards checksum verification: a flipped byte in a chunk gives DataLoss naming the tensor.
+TEST(CkptVault, FlippedByteIsDataLossNamingTensor) {
+  std::string dir = TempDir("flip");
+  State s;
+  s.Add("layer.0.weight", "f32", {4096}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(7, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  std::string seg;
+  for (auto& e : fs::directory_iterator(dir + "/segments")) seg = e.path().string();
+  {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 * 2 + 100);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(4096 * 2 + 100);
+    f.write(&c, 1);
+  }
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  auto r = (*v)->Restore(7);
+  ASSERT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("tensor 'layer.0.weight' chunk 2"), std::string::npos)
+      << r.status();
+  Status vs = (*v)->Verify(7);
+  EXPECT_EQ(vs.code(), StatusCode::kDataLoss);
+}
+
+// Guards manifest integrity: a truncated or edited manifest is DataLoss naming the file.
+TEST(CkptVault, TruncatedOrTamperedManifestIsDataLoss) {
+  std::string dir = TempDir("trunc");
+  State s;
+  s.Add("w", "f32", {2048}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(3, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  const std::string man = dir + "/manifests/ckpt-000000000003.manifest";
+  std::string body;
+  {
+    std::ifstream f(man, std::ios::binary);
+    body.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
+  std::ofstream(man, std::ios::binary | std::ios::trunc) << body.substr(0, body.size() - 10);
+  auto v = CheckpointVault::Open(dir, ro);
+  auto r = (*v)->Restore(3);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find(man), std::string::npos) << r.status();
+  std::string tampered = body;
+  tampered[tampered.size() - 5] ^= 1;
+  std::ofstream(man, std::ios::binary | std::ios::trunc) << tampered;
+  EXPECT_EQ((*v)->Restore(3).status().code(), StatusCode::kDataLoss);
+}
+
+// Injects ENOSPC after `budget` bytes of appends.
+class FullDiskEnv : public Env {
+ public:
+  explicit FullDiskEnv(int64_t budget) : budget_(budget) {}
+  class File : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> f, FullDiskEnv* env) : f_(std::move(f)), env_(env) {}
+    Status Append(const void* d, size_t n) override {
+      if (env_->budget_ < static_cast<int64_t>(n)) return ErrnoToStatus(ENOSPC, "write (injected)");
+      env_->budget_ -= static_cast<int64_t>(n);
+      return f_->Append(d, n);
+    }
+    Status Sync() override { return f_->Sync(); }
+    Status Close() override { return f_->Close(); }
+    std::unique_ptr<WritableFile> f_;
+    FullDiskEnv* env_;
+  };
+  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    LF_ASSIGN_OR_RETURN(auto f, Env::Posix()->NewWritableFile(p));
+    return std::unique_ptr<WritableFile>(new File(std::move(f), this));
+  }
+  Status Rename(const std::string& a, const std::string& b) override {
+    return Env::Posix()->Rename(a, b);
+  }
+  Status SyncDir(const std::string& d) override { return Env::Posix()->SyncDir(d); }
+  Status Remove(const std::string& p) override { return Env::Posix()->Remove(p); }
+  std::atomic<int64_t> budget_;
+};
+
+// Guards full-disk handling: ResourceExhausted on the next call, older checkpoints intact, and
+// the save after the error is complete (not referencing chunks that were never written).
+TEST(CkptVault, InjectedEnospcKeepsOlderCheckpoints) {
+  std::string dir = TempDir("enospc");
+  auto env = std::make_shared<FullDiskEnv>(40000);
+  VaultOptions o = SmallOpts();
+  o.env = env;
+  State s;
+  s.Add("w", "f32", {8192}, 1);  // 32 KiB
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  State first = s;
+  for (auto& b : s.ts[0].bytes) b ^= 0xff;  // all chunks change: 32 KiB more does not fit
+  ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+  Status w = (*v)->Wait();
+  ASSERT_EQ(w.code(), StatusCode::kResourceExhausted) << w;
+  EXPECT_NE(w.message().find("older checkpoints are intact"), std::string::npos) << w;
+  EXPECT_EQ((*v)->Latest(), std::optional<int64_t>(1));
+  ExpectRestores(v->get(), 1, first);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir + "/segments"), fs::directory_iterator()), 1);
+  env->budget_ = 1 << 30;
+  ASSERT_TRUE((*v)->Save(3, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 3, s);
+}
+
+// Guards the error path on a real full filesystem (a 1 MiB tmpfs; skipped if mount is denied).
+TEST(CkptVault, RealFullTmpfs) {
+  std::string dir = TempDir("tmpfs");
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount tmpfs here: " << std::strerror(errno);
+  {
+    State s;
+    s.Add("w", "u8", {600 * 1024}, 1);
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+    State first = s;
+    for (auto& b : s.ts[0].bytes) b ^= 0xff;
+    ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+    Status w = (*v)->Wait();
+    EXPECT_EQ(w.code(), StatusCode::kResourceExhausted) << w;
+    ExpectRestores(v->get(), 1, first);
+  }
+  ::umount2(dir.c_str(), MNT_DETACH);
+}
+
+// Guards crash consistency: a writer killed with SIGKILL at a random moment leaves the latest
+// committed checkpoint restorable and exact.
+TEST(CkptVault, KillNineDuringWriteKeepsLastCommitted) {
+  std::string dir = TempDir("kill");
+  auto make_state = [](int64_t step) {
+    State s;
+    s.Add("w", "f32", {256 * 1024}, static_cast<uint64_t>(step));  // 1 MiB, all new each step
+    return s;
+  };
+  int checked = 0;
+  for (int round = 0; round < 3; ++round) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      VaultOptions o;
+      o.chunk_bytes = 64 * 1024;
+      auto v = CheckpointVault::Open(dir, o);
+      if (!v.ok()) ::_exit(3);
+      int64_t start = (*v)->Latest().value_or(0) + 1;
+      for (int64_t step = start;; ++step) {
+        State s = make_state(step);
+        if (!(*v)->Save(step, s.Refs()).ok()) ::_exit(4);
+        if (!(*v)->Wait().ok()) ::_exit(5);
+      }
+    }
+    ::usleep(150000 + 70000 * round);
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited early with " << WEXITSTATUS(status);
+    VaultOptions o;
+    o.chunk_bytes = 64 * 1024;
+    auto v = CheckpointVault::Open(dir, o);  // the lock died with the child
+    ASSERT_TRUE(v.ok()) << v.status();
+    auto latest = (*v)->Latest();
+    if (!latest) continue;  // killed before the first commit: nothing to check yet
+    ExpectRestores(v->get(), *latest, make_state(*latest));
+    auto gc = (*v)->Gc();  // removes the half-written segment, keeps everything referenced
+    ASSERT_TRUE(gc.ok()) << gc.status();
+    ASSERT_TRUE((*v)->Verify(*latest).ok());
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "the child never committed a checkpoint before being killed";
+}
+
+// Guards gc and retention: unreferenced segments go, referenced ones never do.
+TEST(CkptVault, GcNeverDeletesReferencedChunks) {
+  std::string dir = TempDir("gc");
+  VaultOptions o = SmallOpts();
+  o.keep_last = 2;
+  o.keep_every = 5;
+  State s;
+  s.Add("frozen", "f32", {4096}, 1);  // never changes: its chunks stay in segment 1
+  s.Add("hot", "f32", {1024}, 2);
+  std::map<int64_t, State> hist;
+  auto v = CheckpointVault::Open(dir, o);
+  for (int step = 1; step <= 12; ++step) {
+    s.ts[1].bytes[step] ^= 1;
+    ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+    hist[step] = s;
+  }
+  std::ofstream(dir + "/segments/seg-000000000099-deadbeef.lfs") << "stray";
+  auto st = (*v)->Gc();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->segments_deleted, 1);
+  auto steps = *(*v)->List();
+  EXPECT_EQ(steps, (std::vector<int64_t>{5, 10, 11, 12}));
+  for (int64_t step : steps) ExpectRestores(v->get(), step, hist[step]);
+  // Segment of step 1 (frozen weights) is still referenced by step 12.
+  bool seg1 = false;
+  for (auto& e : fs::directory_iterator(dir + "/segments"))
+    seg1 |= e.path().filename().string().rfind("seg-000000000001-", 0) == 0;
+  EXPECT_TRUE(seg1);
+}
+
+// Guards merge: the merged checkpoint restores exactly what restore gave, from one segment, and
+// survives deleting every other checkpoint.
+TEST(CkptVault, MergeEqualsRestore) {
+  std::string dir = TempDir("merge");
+  VaultOptions o = SmallOpts();
+  o.compress = true;
+  State s;
+  s.Add("a", "f32", {4096}, 1);
+  s.Add("b", "i64", {1000}, 2);
+  auto v = CheckpointVault::Open(dir, o);
+  for (int step = 1; step <= 6; ++step) {
+    s.ts[step % 2].bytes[step * 100] ^= 3;
+    ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+  }
+  ASSERT_TRUE((*v)->Wait().ok());
+  auto before = (*v)->Restore(6);
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE((*v)->Merge(6).ok());
+  EXPECT_EQ((*v)->Summary(6)->num_segments, 1);
+  EXPECT_EQ((*v)->Summary(6)->parent, -1);
+  for (int step = 1; step <= 5; ++step)
+    fs::remove(dir + "/manifests/ckpt-00000000000" + std::to_string(step) + ".manifest");
+  ASSERT_TRUE((*v)->Gc().ok());
+  auto after = (*v)->Restore(6);
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (size_t i = 0; i < before->size(); ++i) EXPECT_TRUE((*before)[i].data == (*after)[i].data);
+  // Saving after a merge of the latest step stays incremental and correct.
+  s.ts[0].bytes[0] ^= 1;
+  ASSERT_TRUE((*v)->Save(7, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_EQ((*v)->last_stats().chunks_written, 1);
+  ExpectRestores(v->get(), 7, s);
+}
+
+// Guards the codecs: zstd and XOR-delta chunks are chosen when they pay and restore exactly.
+TEST(CkptVault, CompressionAndXorDeltaRoundTrip) {
+  std::string dir = TempDir("codec");
+  VaultOptions o = SmallOpts();
+  o.compress = true;
+  o.xor_delta = true;
+  State s;
+  s.Add("noise", "u8", {16384}, 1);
+  s.ts.push_back({"zeros", "f32", {4096}, std::vector<uint8_t>(16384, 0)});
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_GE((*v)->last_stats().chunks_compressed, 1);  // zeros compress, noise does not
+  for (size_t i = 0; i < s.ts[0].bytes.size(); i += 97) s.ts[0].bytes[i] ^= 1;  // sparse change
+  ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  SaveStats st = (*v)->last_stats();
+  EXPECT_EQ(st.chunks_delta, 4);
+  EXPECT_LT(st.bytes_written, 16384 / 2);
+  ExpectRestores(v->get(), 2, s);
+  ASSERT_TRUE((*v)->Verify(2).ok());
+}
+
+// Guards export: the safetensors file has the documented header and the exact tensor bytes.
+TEST(CkptVault, ExportSafetensors) {
+  std::string dir = TempDir("export");
+  State s;
+  s.Add("x.weight", "bf16", {3, 5000}, 1);
+  s.Add("y", "i32", {7}, 2);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  const std::string out = dir + "/out.safetensors";
+  ASSERT_TRUE((*v)->ExportSafetensors(1, out).ok());
+  std::ifstream f(out, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), {});
+  uint64_t hl = 0;
+  for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(all[i])) << (8 * i);
+  EXPECT_EQ(hl % 8, 0u);
+  auto h = nlohmann::json::parse(all.substr(8, hl));
+  EXPECT_EQ(h["x.weight"]["dtype"], "BF16");
+  EXPECT_EQ(h["x.weight"]["shape"], nlohmann::json({3, 5000}));
+  for (const auto& t : s.ts) {
+    auto off = h[t.name]["data_offsets"];
+    size_t b = 8 + hl + off[0].get<size_t>(), e = 8 + hl + off[1].get<size_t>();
+    EXPECT_EQ(std::string(t.bytes.begin(), t.bytes.end()), all.substr(b, e - b));
+  }
+  EXPECT_EQ(all.size(), 8 + hl + 30000 + 28);
+}
+
+// Guards single-writer locking: a second writable opener gets Unavailable.
+TEST(CkptVault, SecondWriterIsUnavailable) {
+  std::string dir = TempDir("lock");
+  auto a = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE(a.ok());
+  auto b = CheckpointVault::Open(dir, SmallOpts());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
+}
+
+// Guards input validation: bad dtypes and size mismatches are caller errors, not crashes.
+TEST(CkptVault, RejectsBadInput) {
+  std::string dir = TempDir("bad");
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  uint8_t x[4] = {};
+  EXPECT_EQ((*v)->Save(1, {{"a", "f128", {1}, x, -1}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*v)->Save(1, {{"a", "u8", {4}, x, -1}, {"a", "u8", {4}, x, -1}}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*v)->Save(1, {{"a", "u8", {4}, x, -1}}).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  uint8_t y[8];
+  EXPECT_EQ((*v)->RestoreInto(1, {{"a", {y, 8, -1}}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*v)->RestoreInto(1, {{"nope", {y, 4, -1}}}).code(), StatusCode::kNotFound);
+  EXPECT_EQ((*v)->Restore(9).status().code(), StatusCode::kNotFound);
+  VaultOptions bad = SmallOpts();
+  bad.chunk_bytes = 1000;
+  EXPECT_EQ(CheckpointVault::Open(TempDir("bad2"), bad).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+#ifdef LOONGFORGE_WITH_CUDA
+bool HaveDevice() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Guards the CUDA hash kernel: same bytes, same XXH3-128 as the CPU, on random data and odd sizes.
+TEST(CkptCuda, DeviceHashMatchesCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t chunk : {int64_t{4096}, int64_t{1} << 20}) {
+    for (int64_t n : {int64_t{1}, int64_t{200}, int64_t{241}, int64_t{4096}, int64_t{4097 + 100},
+                      int64_t{3 << 20} + 13, int64_t{9} << 20}) {
+      auto host = RandomBytes(static_cast<size_t>(n), static_cast<uint64_t>(n));
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, static_cast<size_t>(n)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), static_cast<size_t>(n), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      std::vector<Hash128> got;
+      ASSERT_TRUE(internal::DeviceHashChunks(d, n, chunk, 0, &got).ok());
+      ASSERT_EQ(static_cast<int64_t>(got.size()), (n + chunk - 1) / chunk);
+      for (size_t i = 0; i < got.size(); ++i) {
+        int64_t off = static_cast<int64_t>(i) * chunk, len = std::min(chunk, n - off);
+        EXPECT_EQ(got[i], HashBytes(host.data() + off, static_cast<size_t>(len)))
+            << "n " << n << " chunk " << i;
+      }
+      cudaFree(d);
+    }
+  }
+}
+
+// Guards the device save/restore path: a device tensor saved and restored into device memory.
+TEST(CkptCuda, DeviceSaveAndRestoreInto) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::string dir = TempDir("cuda");
+  const int64_t n = 3 * 4096 + 100;
+  auto host = RandomBytes(n, 3);
+  void *d = nullptr, *d2 = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d2, n), cudaSuccess);
+  cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  ASSERT_TRUE((*v)->RestoreInto(1, {{"g", {d2, n, 0}}}).ok());
+  std::vector<uint8_t> back(n);
+  cudaMemcpy(back.data(), d2, n, cudaMemcpyDeviceToHost);
+  EXPECT_TRUE(back == host);
+  cudaFree(d);
+  cudaFree(d2);
+}
+#endif
+
+}  // namespace
+}  // namespace ckpt
+}  // namespace loongforge
+
+namespace loongforge {
+namespace ckpt {
+namespace {
+
+int RunCli(const std::string& args) {
+  int rc = std::system((std::string(LF_TEST_CLI) + " " + args + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Guards the CLI: ls/show/verify/export/merge/gc/restore run, and corruption gives exit code 4.
+TEST(CkptCli, SubcommandsAndDataLossExitCode) {
+  std::string dir = TempDir("cli");
+  State s;
+  s.Add("w", "f32", {4096}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    s.ts[0].bytes[0] ^= 1;
+    ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  EXPECT_EQ(RunCli("ckpt ls " + dir), 0);
+  EXPECT_EQ(RunCli("ckpt show " + dir + " --step 1"), 0);
+  EXPECT_EQ(RunCli("ckpt verify " + dir + " --all"), 0);
+  EXPECT_EQ(RunCli("ckpt export " + dir + " --out " + dir + "/x.safetensors"), 0);
+  EXPECT_TRUE(fs::exists(dir + "/x.safetensors"));
+  EXPECT_EQ(RunCli("ckpt restore " + dir + " --out " + dir + "/r"), 0);
+  EXPECT_EQ(fs::file_size(dir + "/r/0.bin"), 4096u * 4);
+  EXPECT_EQ(RunCli("ckpt merge " + dir + " --step 2"), 0);
+  EXPECT_EQ(RunCli("ckpt gc " + dir), 0);
+  EXPECT_EQ(RunCli("ckpt show " + dir + " --step 9"), 3);
+  std::string seg;
+  for (auto& e : fs::directory_iterator(dir + "/segments")) seg = e.path().string();
+  fs::resize_file(seg, fs::file_size(seg) - 1);  // either live segment: --all must catch it
+  EXPECT_EQ(RunCli("ckpt verify " + dir + " --all"), 4);
+}
+
+}  // namespace
+}  // namespace ckpt
+}  // namespace loongforge

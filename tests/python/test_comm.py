@@ -1,0 +1,294 @@
+"""Tests of NexusSync (python/loongforge/comm.py) over real Gloo process groups on 127.0.0.1.
+
+Each multi-process test spawns ranks with torch.multiprocessing; assertions run inside the ranks
+and a failing rank fails the test with its traceback.
+"""
+import copy
+import datetime
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+from loongforge import comm
+from loongforge.comm import NexusSync
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank, world, port, timeout_s=30):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Tiny(nn.Module):
+    """Embedding, residual blocks, 4 experts, a frozen layer, a sometimes-unused layer, a head."""
+
+    def __init__(self, width=32, bad=False):
+        super().__init__()
+        self.emb = nn.Linear(8, width)
+        self.blocks = nn.ModuleList([nn.Linear(width, width) for _ in range(3)])
+        self.unused = nn.Linear(width, width + (1 if bad else 0))
+        self.experts = nn.ModuleList([nn.Linear(width, width) for _ in range(4)])
+        self.frozen = nn.Linear(width, width)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x, use_unused=True):
+        h = self.emb(x)
+        for b in self.blocks:
+            h = h + torch.relu(b(h))
+        if use_unused:
+            h = h + self.unused(h)[..., :h.shape[-1]]
+        h = h + sum(e(h) for e in self.experts) / 4
+        return self.head(self.frozen(h))
+
+
+def _trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _flat_reference(sync, ref_model, world):
+    """Per bucket: the reference model's local grads laid out like the bucket, all-reduced, /W."""
+    ref = dict(ref_model.named_parameters())
+    out = []
+    for b in sync.buckets:
+        flat = torch.cat([ref[s.name].grad.reshape(-1) if ref[s.name].grad is not None
+                          else torch.zeros(s.numel) for s in b.slots])
+        dist.all_reduce(flat)
+        out.append(flat / world)
+    return out
+
+
+def _suite(rank, world, port):
+    _init(rank, world, port)
+    torch.manual_seed(0)
+    model = Tiny()
+    ref_model = copy.deepcopy(model)
+    ddp_model = nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.005,
+                                                    find_unused_parameters=True)
+    sync = NexusSync(model, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    assert len(sync.buckets) >= 6, len(sync.buckets)
+    torch.manual_seed(100 + rank)
+    x = torch.randn(16, 8)
+    use_unused = rank % 2 == 0  # odd ranks leave `unused` without a grad: its bucket is late
+
+    # Exactness: bitwise equal to an all-reduce of the same flat buffer, /W.
+    model(x, use_unused).square().mean().backward()
+    sync.finish()
+    ref_model(x, use_unused).square().mean().backward()
+    for b, want in zip(sync.buckets, _flat_reference(sync, ref_model, world)):
+        assert torch.equal(b.buffer, want), f"bucket {b.index} differs"
+    # ... and equal to the float64 mean of every rank's grads (summation-order rounding only).
+    for (n, p), (_, q) in zip(_trainable(model), _trainable(ref_model)):
+        local = q.grad.double() if q.grad is not None else torch.zeros_like(p, dtype=torch.float64)
+        gathered = [torch.zeros_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        mean = torch.stack(gathered).mean(0)
+        err = (p.grad.double() - mean).abs().max() / mean.abs().max().clamp_min(1e-30)
+        assert err <= 1e-6, (n, float(err))
+    # ... and to DDP (different bucket layout, so different summation order: tolerance).
+    ddp_model(x, use_unused).square().mean().backward()
+    for (n, p), (_, q) in zip(_trainable(model), _trainable(ddp_model.module)):
+        qg = q.grad if q.grad is not None else torch.zeros_like(p)
+        assert torch.allclose(p.grad, qg, rtol=1e-6, atol=1e-7), n
+
+    # Views: every trainable .grad lives inside its bucket; frozen params have none.
+    for b in sync.buckets:
+        base, end = b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.numel() * 4
+        for s in b.slots:
+            assert base <= s.param.grad.data_ptr() < end and s.param.grad._base is not None, s.name
+    assert model.frozen.weight.grad is None
+    assert all("frozen" not in s.name for b in sync.buckets for s in b.slots)
+
+    # Ordering: same issue order on every rank although readiness order differs (unused param).
+    order = sync.stats()["last_step"]["issue_order"]
+    orders = [None] * world
+    dist.all_gather_object(orders, order)
+    assert all(o == orders[0] for o in orders) and order == list(range(len(sync.buckets))), orders
+    assert sync.stats()["bucket_bytes"][0] <= 0.001 * 2**20 + 32 * 33 * 4  # small first bucket
+
+    # Accumulation: non-final micro-steps communicate nothing; the result is the summed grads.
+    sync.zero_grad()
+    ref_model.zero_grad()
+    before = sync.stats()["collectives"]
+    xs = [torch.randn(16, 8) for _ in range(3)]
+    for i, xi in enumerate(xs):
+        sync.set_micro_step(is_last=(i == 2))
+        model(xi).sum().backward()
+        if i < 2:
+            sync.finish()  # a no-op on non-final micro-steps
+            assert sync.stats()["collectives"] == before
+        ref_model(xi).sum().backward()
+    sync.finish()
+    assert sync.stats()["collectives"] == before + len(sync.buckets)
+    for b, want in zip(sync.buckets, _flat_reference(sync, ref_model, world)):
+        assert torch.equal(b.buffer, want), f"accumulated bucket {b.index} differs"
+    # no_sync() form.
+    sync.zero_grad()
+    before = sync.stats()["collectives"]
+    with sync.no_sync():
+        model(xs[0]).sum().backward()
+    assert sync.stats()["collectives"] == before
+    model(xs[1]).sum().backward()
+    sync.finish()
+    assert sync.stats()["collectives"] == before + len(sync.buckets)
+    sync.close()
+
+    # Top-k + error feedback on the low-load experts: nothing is lost, exactly. Integer-valued
+    # grads (loss = sum(p * C)) keep every fp32 sum exact; W is a power of two.
+    torch.manual_seed(0)
+    moe = Tiny()
+    tk = NexusSync(moe, bucket_cap_mb=0.005, first_bucket_mb=0.001,
+                   expert_param_filter=r"^experts\.", expert_load=[100, 1, 100, 2],
+                   topk_ratio=0.1)
+    groups = {s.name: b.group for b in tk.buckets for s in b.slots}
+    assert groups["experts.1.weight"] == "expert_low" and groups["experts.0.weight"] == "expert_high"
+    assert groups["emb.weight"] == "dense"
+    params = _trainable(moe)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    total = {n: torch.zeros_like(p) for n, p in params}
+    synced = {n: torch.zeros_like(p) for n, p in params}
+    for step in range(4):
+        tk.zero_grad()
+        coeffs = {n: torch.randint(-20, 21, p.shape, generator=gen).float() for n, p in params}
+        sum((p * coeffs[n]).sum() for n, p in params).backward()
+        tk.finish()
+        for n, p in params:
+            total[n] += coeffs[n]
+            synced[n] += p.grad
+    for n, p in params:
+        res = tk.residual(p)
+        local = total[n] - (res if res is not None else 0)
+        dist.all_reduce(local)
+        assert torch.equal(synced[n], local / world), n
+        if groups[n] == "dense":
+            assert res is None
+    st = tk.stats()
+    low = st["bytes_sent"]["expert_low"]
+    assert 0 < low < 0.25 * st["bytes_dense_equivalent"]["expert_low"], st
+    assert st["bytes_sent"]["dense"] == st["bytes_dense_equivalent"]["dense"]
+    tk.close()
+
+    # Plan mismatch: the last rank builds a different model -> a clear error on every rank.
+    torch.manual_seed(0)
+    other = Tiny(bad=(rank == world - 1))
+    try:
+        NexusSync(other, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    except RuntimeError as e:
+        msg = str(e)
+        assert "plans differ" in msg and "unused.bias" in msg and "[33]" in msg, msg
+    else:
+        raise AssertionError("plan mismatch not detected")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# Guards exactness, views, ordering, accumulation, frozen/unused params, top-k conservation and
+# plan checks at 2 ranks.
+def test_suite_2_ranks():
+    mp.spawn(_suite, args=(2, _free_port()), nprocs=2, join=True)
+
+
+# Guards the same at 4 ranks (different Gloo reduction schedule, more late buckets).
+def test_suite_4_ranks():
+    mp.spawn(_suite, args=(4, _free_port()), nprocs=4, join=True)
+
+
+def _failure_worker(rank, world, port, mode, out_dir):
+    _init(rank, world, port, timeout_s=4)
+    torch.manual_seed(0)
+    model = Tiny()
+    sync = NexusSync(model, bucket_cap_mb=0.005, first_bucket_mb=0.001, timeout_s=4)
+    if rank == 1:
+        if mode == "exit":
+            os._exit(0)  # dies mid-step, without a word to its peers
+        deadline = time.time() + 30  # hangs: alive but never joins the collectives
+        while time.time() < deadline and not os.path.exists(os.path.join(out_dir, "done")):
+            time.sleep(0.1)
+        os._exit(0)
+    t0 = time.time()
+    err = None
+    try:
+        model(torch.randn(16, 8)).sum().backward()
+        sync.finish()
+    except RuntimeError as e:
+        err = str(e)
+    elapsed = time.time() - t0
+    with open(os.path.join(out_dir, "result.json"), "w") as f:
+        json.dump({"err": err, "elapsed": elapsed}, f)
+    open(os.path.join(out_dir, "done"), "w").close()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+# Guards failure handling: a dead or hung peer gives a RuntimeError naming the bucket within the
+# timeout (4 s), never a hang.
+def test_dead_or_hung_rank_raises_within_timeout(tmp_path, mode):
+    mp.spawn(_failure_worker, args=(2, _free_port(), mode, str(tmp_path)), nprocs=2, join=True)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["err"] is not None, "no error raised"
+    assert "NexusSync" in res["err"] and "bucket" in res["err"], res["err"]
+    assert res["elapsed"] < 10.0, res
+
+
+# Guards local mode (no torch.distributed): flat buffers, views, no collectives, plain grads.
+def test_local_mode_without_process_group():
+    assert not dist.is_initialized()
+    torch.manual_seed(0)
+    model = Tiny()
+    ref = copy.deepcopy(model)
+    sync = NexusSync(model, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    sync.finish()
+    ref(x).sum().backward()
+    for (n, p), (_, q) in zip(_trainable(model), _trainable(ref)):
+        assert torch.equal(p.grad, q.grad), n
+    st = sync.stats()
+    assert st["world_size"] == 1 and st["collectives"] == 0 and st["steps"] == 1
+    # zero_grad(set_to_none) by an optimizer: grads move back into the buckets on the next step.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    sync.finish()
+    b0 = sync.buckets[-1]
+    assert b0.slots[0].param.grad.data_ptr() == b0.buffer.data_ptr() + 4 * b0.slots[0].offset
+    assert torch.equal(model.emb.weight.grad, ref.emb.weight.grad)
+
+
+# Guards the Python kernel wrappers: agree with torch.topk, conserve, reject bad input as ValueError.
+def test_kernel_wrappers():
+    g = torch.randn(10000)
+    res = torch.randn(10000)
+    acc = res + g
+    vals, idx = comm.topk_error_feedback(g, res, 100)
+    want = torch.topk(acc.abs(), 100).indices.sort().values
+    assert torch.equal(idx.long(), want)
+    assert torch.equal(vals, acc[want])
+    assert torch.equal(res + torch.zeros(10000).index_put_((idx.long(),), vals), acc)
+    vb, ib = comm.topk_error_feedback(g.bfloat16(), torch.zeros(10000), 10, torch.bfloat16)
+    assert vb.dtype == torch.bfloat16 and ib.numel() == 10
+    dense = torch.zeros(10000)
+    comm.scatter_add(torch.cat([vals, vals]), torch.cat([idx, idx]), dense, num_segments=2,
+                     scale=0.5, zero_first=True)
+    assert torch.equal(dense[want], vals)
+    with pytest.raises(ValueError):
+        comm.topk_error_feedback(g, torch.zeros(5), 1)
+    with pytest.raises(ValueError, match="index 10000"):
+        comm.scatter_add(torch.ones(1), torch.tensor([10000], dtype=torch.int32), dense)
+    with pytest.raises(ValueError):
+        NexusSync(Tiny(), topk_ratio=2.0)
