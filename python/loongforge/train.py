@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
+    p.add_argument("--stop-after", type=int, default=0,
+                   help="stop after this many steps of the --steps schedule (simulates a preemption)")
     p.add_argument("--json-out", default=None, help="summary JSON (figures + loss curve)")
     p.add_argument("--metrics-jsonl", default=None, help="one JSON line per step")
     p.add_argument("--trace", default=None, help="Chrome-trace JSON of --trace-steps steps")
@@ -228,14 +230,34 @@ class SyncBackend:
                 from .comm import NexusSync
             except ImportError as e:
                 raise _missing("NexusSync (loongforge.comm)", "nexussync", e) from e
-            self.nexus = NexusSync(model)
+            moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+            # MoE expert weights form their own bucket groups (high/low load by routing counts).
+            self.nexus = NexusSync(model, expert_param_filter=r"\.experts\." if moe else None)
 
     def no_sync(self) -> Any:
         if self.kind == "ddp":
             return self.wrapped.no_sync()
-        if self.kind == "nexussync" and hasattr(self.nexus, "no_sync"):
+        if self.kind == "nexussync":
             return self.nexus.no_sync()
         return contextlib.nullcontext()
+
+    def zero_grad(self, opt: torch.optim.Optimizer) -> None:
+        if self.kind == "nexussync":
+            self.nexus.zero_grad()  # grads are views into the flat buckets: zero in place
+        else:
+            opt.zero_grad(set_to_none=True)
+
+    def feed_expert_load(self, model: Gr00tPolicy) -> None:
+        """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
+        if self.kind != "nexussync" or not model.cfg.moe_experts:
+            return
+        counts = torch.zeros(model.cfg.moe_experts, dtype=torch.float64)
+        for c in model.expert_token_counts().values():
+            counts += c.detach().to("cpu", torch.float64)
+        self.nexus.set_expert_load(counts.tolist())
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self.nexus.stats()) if self.nexus is not None else {}
 
     def finish(self) -> None:
         """Waits for this step's gradient reduction (NexusSync); DDP has finished in backward."""
@@ -248,33 +270,46 @@ class SyncBackend:
 
 
 class Checkpointer:
-    """torch.save (baseline / --no-vault) or CheckpointVault. ``stall_s``: time training blocked."""
+    """torch.save (baseline / --no-vault) or CheckpointVault. ``stall_s``: time training blocked.
+
+    Rank 0 writes the shared state (model, optimizer, scheduler); every rank writes its own small
+    state (loader position, RNG) so that a multi-rank resume is exact on every rank."""
+
+    SHARED = ("step", "model", "optimizer", "scheduler", "config")
 
     def __init__(self, kind: str, directory: Optional[str], d: Dist) -> None:
         self.kind, self.dir, self.d = kind, directory, d
         self.vault: Any = None
         self.stall_s = 0.0
+        self.drain_s = 0.0
         self.bytes_written = 0
-        if directory and d.is_main:
-            os.makedirs(directory, exist_ok=True)
-        if kind == "vault" and directory:
+        if directory:
+            os.makedirs(os.path.join(directory, "rank_state"), exist_ok=True)
+        if kind == "vault" and directory and d.is_main:
             try:
                 from .ckpt import CheckpointVault
             except ImportError as e:
                 raise _missing("CheckpointVault (loongforge.ckpt)", "vault", e) from e
-            self.vault = CheckpointVault(directory)
+            self.vault = CheckpointVault(os.path.join(directory, "vault"))
+
+    def _rank_path(self, step: int) -> str:
+        return os.path.join(self.dir, "rank_state", f"rank{self.d.rank:05d}_step_{step:08d}.pt")
 
     def save(self, step: int, state: Dict[str, Any]) -> float:
         if not self.dir:
             return 0.0
         t = time.perf_counter()
-        if self.kind == "vault":
-            self.vault.save(step, state)
-        elif self.d.is_main:
-            path = os.path.join(self.dir, f"step_{step:08d}.pt")
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)
-            self.bytes_written += os.path.getsize(path)
+        shared = {k: v for k, v in state.items() if k in self.SHARED}
+        mine = {k: v for k, v in state.items() if k not in self.SHARED}
+        torch.save(mine, self._rank_path(step))  # small: loader position and RNG
+        if self.d.is_main:
+            if self.kind == "vault":
+                self.vault.save(step, shared)  # blocks only for the snapshot
+            else:
+                path = os.path.join(self.dir, f"step_{step:08d}.pt")
+                torch.save(shared, path + ".tmp")
+                os.replace(path + ".tmp", path)
+                self.bytes_written += os.path.getsize(path)
         dt = time.perf_counter() - t
         self.stall_s += dt
         return dt
@@ -283,16 +318,35 @@ class Checkpointer:
         if not self.dir or not os.path.isdir(self.dir):
             return None
         if self.kind == "vault":
-            return self.vault.load_latest()
-        files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
-                       f.endswith(".pt"))
-        if not files:
+            # Every rank reads the vault (read-only on ranks > 0).
+            from .ckpt import CheckpointVault
+
+            v = self.vault or CheckpointVault(os.path.join(self.dir, "vault"), read_only=True)
+            step = v.latest()
+            shared = v.load(step, map_location="cpu") if step is not None else None
+        else:
+            files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
+                           f.endswith(".pt"))
+            shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu")
+                      if files else None)
+        if shared is None:
             return None
-        return torch.load(os.path.join(self.dir, files[-1]), map_location="cpu")
+        rank_file = self._rank_path(int(shared["step"]))
+        if not os.path.exists(rank_file):
+            raise TrainError(f"checkpoint step {shared['step']}: missing {rank_file}")
+        shared.update(torch.load(rank_file, map_location="cpu"))
+        return shared
 
     def close(self) -> None:
-        if self.vault is not None and hasattr(self.vault, "close"):
-            self.vault.close()
+        if self.vault is not None:
+            t = time.perf_counter()
+            self.vault.close()  # drains the background writer
+            self.drain_s = time.perf_counter() - t
+            try:
+                self.bytes_written = int(self.vault.stats().get("bytes_written_total",
+                                         self.vault.stats().get("bytes_written", 0)))
+            except Exception:  # informational
+                pass
 
 
 class MemoryPlanner:
@@ -431,11 +485,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     loader = make_loader(args, d, on["datafusion"])
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
-    sync_kind = "none"
-    if d.world > 1:
-        sync_kind = "nexussync" if on["nexussync"] else "ddp"
+    # NexusSync also runs at world size 1 (flat gradient buckets, no collectives) so that the
+    # single-process ablation measures its bookkeeping honestly.
+    sync_kind = "nexussync" if on["nexussync"] else ("ddp" if d.world > 1 else "none")
     status["nexussync"] = ("on" if sync_kind == "nexussync" else
-                           "off: world size 1" if on["nexussync"] else "off")
+                           "off: --no-nexussync" if lf else "off")
     sync = SyncBackend(model, d, sync_kind)
     ckpt_dir = args.ckpt_dir if args.ckpt_every or args.resume else None
     ckpt = Checkpointer("vault" if on["vault"] else "torch", ckpt_dir, d)
@@ -483,13 +537,14 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     losses: List[Dict[str, Any]] = []
     t_prev = time.perf_counter()
     t_run = t_prev
-    for step in range(start_step, args.steps):
+    end_step = min(args.steps, args.stop_after) if args.stop_after else args.steps
+    for step in range(start_step, end_step):
         trace.step = step
         wait = compute = 0.0
         tokens = samples = 0
         loss_sum = 0.0
         extra: Dict[str, float] = {}
-        opt.zero_grad(set_to_none=True)
+        sync.zero_grad(opt)
         for micro in range(args.grad_accum):
             t0 = time.perf_counter()
             with trace.span("data_wait"):
@@ -501,6 +556,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             tokens += b * img_tokens + int(batch["attention_mask"].sum()) + b * (1 + horizon)
             last = micro == args.grad_accum - 1
             sig = f"L{int(batch['tokens'].shape[1])}xB{b}"
+            if sync.nexus is not None:
+                sync.nexus.set_micro_step(is_last=last)
             with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
                 with trace.span("forward"), autocast():
                     out = (sync.wrapped if sync.kind == "ddp" else model)(batch,
@@ -516,6 +573,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             compute += time.perf_counter() - t1
         with trace.span("comm"):
             sync.finish()
+        if step == start_step + args.warmup or (step + 1) % 100 == 0:
+            sync.feed_expert_load(model)  # collective: every rank at the same step
         with trace.span("optimizer"):
             gnorm = (float(torch.nn.utils.clip_grad_norm_(params, args.clip)) if args.clip
                      else float("nan"))
@@ -555,6 +614,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         trace.write(args.trace)
     ckpt.close()
     summary = summarize(args, d, rows, losses, status, model, loader, ckpt, total_s)
+    if sync.stats():
+        summary["nexussync_stats"] = sync.stats()
     if mem.stats() is not None:
         summary["figures"]["memory"]["memsculptor"] = mem.stats()
     if sync.kind == "ddp":
@@ -583,6 +644,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "ckpt_stall_share": sum(r["ckpt_stall_s"] for r in rows) / tot if rows else float("nan"),
         "ckpt_stall_s": ckpt.stall_s,
         "ckpt_bytes_written": ckpt.bytes_written,
+        "ckpt_drain_s": ckpt.drain_s,
         "memory": peak_memory(d.device),
     }
     return {

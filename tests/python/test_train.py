@@ -65,9 +65,10 @@ def test_baseline_three_steps(db, tmp_path):
 # Guards: loongforge mode runs end to end once DataFusion is in the build.
 @pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
 def test_loongforge_three_steps(db, tmp_path):
-    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--no-vault"],
-             tmp_path, "l")
-    assert s["modules"]["datafusion"] == "on"
+    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
+                       "--ckpt-dir", str(tmp_path / "v")], tmp_path, "l")
+    assert s["modules"]["datafusion"] == "on" and s["modules"]["vault"] == "on"
+    assert s["modules"]["nexussync"] == "on" and "nexussync_stats" in s
     assert s["modules"]["memsculptor"] in ("off: needs CUDA", "on")
     assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
 
@@ -135,13 +136,17 @@ def test_sampler_matches_datafusion(db):
             assert got == epoch_order(24, 3, 11, e, rank, world), (world, rank, e)
 
 
-# Guards: resuming from the latest checkpoint continues the identical loss curve.
-def test_resume_is_exact(db, tmp_path):
-    base = COMMON + ["--data", db, "--mode", "baseline", "--ckpt-every", "2"]
+# Guards: resuming from the latest checkpoint continues the identical loss curve (both modes:
+# torch.save + DataLoader position, and CheckpointVault + DataFusion position).
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_resume_is_exact(db, tmp_path, mode):
+    if mode == "loongforge" and not _has_datafusion():
+        pytest.skip("loongforge.data not in this build yet")
+    base = COMMON + ["--data", db, "--mode", mode, "--ckpt-every", "2"]
     full = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
-    _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c2"), "--ckpt-every", "2"],
-         tmp_path, "tmp")  # writes step 2 and 4; drop step 4 to simulate an interruption
-    os.remove(tmp_path / "c2" / "step_00000004.pt")
+    part = _run(base + ["--steps", "4", "--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")],
+                tmp_path, "part")  # preempted after step 3: the latest checkpoint is step 2
+    assert [r["loss"] for r in part["loss_curve"]] == [r["loss"] for r in full["loss_curve"]][:3]
     res = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c2"), "--resume"],
                tmp_path, "res")
     a = [r["loss"] for r in full["loss_curve"]][2:]
