@@ -9,6 +9,11 @@ from typing import Any, Dict
 from . import _C
 from ._C import DataLossError, ResourceExhaustedError
 from .data import DataFusionLoader
+from . import packing
+from .ckpt import CheckpointVault
+from .comm import NexusSync
+from .memory import MemSculptor, plan_trace, replay_trace, trace_from_snapshot
+from .packing import demo_data, inspect_db, pack
 
 __version__: str = _C.build_info()["version"]
 
@@ -18,4 +23,5 @@ def build_info() -> Dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "DataFusionLoader", "DataLossError", "ResourceExhaustedError", "__version__"]
+__all__ = ["build_info", "demo_data", "pack", "inspect_db", "packing", "DataFusionLoader", "CheckpointVault", "NexusSync", "MemSculptor", "plan_trace", "replay_trace",
+           "trace_from_snapshot", "DataLossError", "ResourceExhaustedError", "__version__"]

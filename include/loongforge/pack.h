@@ -1,0 +1,106 @@
+// Building and examining LoongForge datasets: a synthetic robot-dataset generator (demo-data),
+// the packer that turns an episode folder into the LMDB record store, and inspect.
+//
+// The episode-folder input format and the LMDB layout are described in docs/DATASET.md:
+//   <src>/episodes/<id>/steps.jsonl            one JSON object per line:
+//                                              {"step": i, "state": [...], "action": [...],
+//                                               "instruction": "..."}
+//   <src>/episodes/<id>/cam_<name>/<step>.jpg  one JPEG per camera per step
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loongforge/dataset.h"
+#include "loongforge/status.h"
+
+namespace loongforge {
+
+// ---- demo-data ----------------------------------------------------------------------------------
+
+struct DemoDataOptions {
+  std::string out_dir;  // episodes are written to <out_dir>/episodes/
+  int episodes = 8;
+  int cameras = 2;                        // names come from camera_names or the default list
+  std::vector<std::string> camera_names;  // empty: "front", "wrist", "side", "top", "left", ...
+  int width = 640, height = 480;
+  int steps_min = 40, steps_max = 80;  // episode length, uniform in [steps_min, steps_max]
+  int state_dim = 14, action_dim = 14;
+  uint64_t seed = 0;
+  int quality = 90;        // JPEG quality, 4:2:0 chroma subsampling
+  int threads = 0;         // 0 = hardware concurrency; the output does not depend on it
+  bool overwrite = false;  // replace an existing <out_dir>/episodes
+  bool progress = true;    // progress bar on stderr
+};
+
+struct DemoDataResult {
+  int64_t episodes = 0, steps = 0, frames = 0;
+  int64_t jpeg_bytes = 0;  // total size of all frames
+  double seconds = 0;
+};
+
+// The default camera names for `k` cameras ("front", "wrist", "side", "top", then "cam4", ...).
+std::vector<std::string> DefaultCameraNames(int k);
+
+// Writes a synthetic dataset in the episode-folder format. Frames are rendered scenes (textured
+// wall and wooden table, lighting gradient, robot-arm links, boxes and balls that follow the
+// episode's state trajectory, per-pixel sensor noise) encoded with libjpeg-turbo, so JPEG sizes
+// and decode costs resemble real camera frames. Deterministic in (options minus threads/progress).
+// The episodes are staged in <out_dir>/episodes.partial and renamed into place when complete.
+// Errors: InvalidArgument for bad options, AlreadyExists if <out_dir>/episodes exists and
+// !overwrite, I/O errors naming the file.
+StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& options);
+
+// Renders one synthetic frame (RGB, width*height*3 bytes) for tests and benchmarks of decoders:
+// the scene of episode `episode`, camera index `camera`, at normalized time `t` in [0, 1].
+std::vector<uint8_t> RenderDemoFrame(int width, int height, uint64_t seed, int episode, int camera,
+                                     double t);
+
+// ---- pack ---------------------------------------------------------------------------------------
+
+struct PackOptions {
+  std::string src;                    // the folder holding episodes/
+  std::string out;                    // the LMDB directory to create
+  int horizon = 16;                   // action chunk length (future steps per sample)
+  std::string tokenizer = "byte-v1";  // MakeTokenizer() id
+  int threads = 0;                    // JPEG read/validate threads; 0 = hardware concurrency
+  bool overwrite = false;             // replace an existing DB at `out` (atomically, on success)
+  bool progress = true;
+};
+
+struct PackResult {
+  Schema schema;
+  int64_t bytes_written = 0;  // keys + values
+  int64_t jpeg_bytes = 0;
+  double seconds = 0;
+  double scan_seconds = 0;   // parse steps.jsonl, list frames, cross-episode checks
+  double write_seconds = 0;  // read + check frames, write records, commit (fsync + rename)
+};
+
+// Validates every input and writes the DB (docs/DATASET.md). Samples are numbered 0..N-1 in
+// episode order (episode ids in natural order: digit runs compare numerically), then step order.
+// The DB is staged in <out>.partial and published by rename only after every record and the
+// schema are written and synced; on any error nothing is left at <out> (an existing DB replaced
+// with overwrite stays as it was) and <out>.partial is removed.
+// Errors name the file (and line for steps.jsonl):
+//   NotFound: missing <src>/episodes, steps.jsonl, camera folder in one episode, frame for a step.
+//   InvalidArgument: empty episodes folder, non-JSON line, missing/mistyped step/state/action/
+//     instruction, ragged state or action dims (expected vs got), non-contiguous step numbers,
+//     a camera folder not present in the first episode, a frame that is not a JPEG, a frame of a
+//     different size, a frame file with no step, a bad file name.
+//   AlreadyExists: `out` exists and !overwrite.
+StatusOr<PackResult> PackEpisodes(const PackOptions& options);
+
+// ---- inspect ------------------------------------------------------------------------------------
+
+// A JSON report of the DB at `path`: "schema", "counts" (keys, samples, episodes), "modalities"
+// (per modality: count, total_bytes, mean_bytes), "db_file_bytes", and "sample" (sample
+// `sample_id` decoded: episode, step, tokens, text, state, action_row0, amask, and per camera
+// the JPEG width, height and bytes). OutOfRange if sample_id is not in the DB.
+StatusOr<std::string> InspectJson(const std::string& path, int64_t sample_id);
+
+// The same report as human-readable text.
+StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id);
+
+}  // namespace loongforge

@@ -1,0 +1,582 @@
+// Tests of the dataset format: demo-data -> pack -> RecordReader round trip, normalization stats,
+// pack's validation of bad inputs (named errors, no DB left behind), inspect, and the CLI.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "loongforge/dataset.h"
+#include "loongforge/pack.h"
+#include "loongforge/tokenizer.h"
+
+namespace loongforge {
+namespace {
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "lf_pack_test_XXXXXX").string();
+    char* p = ::mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  fs::path operator/(const std::string& s) const { return path_ / s; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const fs::path& p, const std::string& data) {
+  fs::create_directories(p.parent_path());
+  std::ofstream out(p, std::ios::binary);
+  out << data;
+}
+
+// A real JPEG of random content (not a constant image) of the given size.
+std::string MakeJpeg(int w, int h, uint32_t seed) {
+  std::vector<unsigned char> rgb(static_cast<size_t>(w) * h * 3);
+  std::mt19937 rng(seed);
+  for (auto& v : rgb) v = static_cast<unsigned char>(rng());
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0), 0);
+  std::string out(reinterpret_cast<char*>(buf), size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+template <typename T>
+std::vector<T> AsVec(std::string_view v) {
+  std::vector<T> out(v.size() / sizeof(T));
+  std::memcpy(out.data(), v.data(), out.size() * sizeof(T));
+  return out;
+}
+
+PackOptions Opts(const fs::path& src, const fs::path& out, int horizon = 3) {
+  PackOptions o;
+  o.src = src.string();
+  o.out = out.string();
+  o.horizon = horizon;
+  o.threads = 2;
+  o.progress = false;
+  return o;
+}
+
+// ---- tokenizer ----------------------------------------------------------------------------------
+
+// Guards the byte-v1 id layout that every packed DB depends on (0 pad, 1 bos, 2 eos, byte+3).
+TEST(Tokenizer, ByteV1Layout) {
+  auto tok = MakeTokenizer("byte-v1");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->id(), "byte-v1");
+  EXPECT_EQ((*tok)->vocab_size(), 259);
+  std::vector<int32_t> ids = (*tok)->Encode("Az\xff");
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 'A' + 3, 'z' + 3, 255 + 3, 2}));
+  EXPECT_EQ((*tok)->Encode(""), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ((*tok)->Decode(ids), "Az\xff");
+}
+
+// Guards the factory: unknown ids are a caller error listing the known ones; registration works.
+TEST(Tokenizer, FactoryRegistry) {
+  auto bad = MakeTokenizer("sentencepiece-x");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("byte-v1"), std::string::npos);
+  RegisterTokenizer("test-upper", []() -> StatusOr<std::unique_ptr<Tokenizer>> {
+    return std::unique_ptr<Tokenizer>(new ByteTokenizer());
+  });
+  EXPECT_TRUE(MakeTokenizer("test-upper").ok());
+}
+
+// ---- demo-data ----------------------------------------------------------------------------------
+
+// Guards realism of synthetic frames: a 640x480 q90 frame must cost like a camera frame
+// (flat-colour frames would be a few KB and make loader benchmarks meaningless).
+TEST(DemoData, FrameJpegSizeIsRealistic) {
+  std::vector<uint8_t> rgb = RenderDemoFrame(640, 480, 7, 0, 0, 0.3);
+  ASSERT_EQ(rgb.size(), 640u * 480 * 3);
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(tjCompress2(tj, rgb.data(), 640, 0, 480, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0), 0);
+  tjFree(buf);
+  tjDestroy(tj);
+  EXPECT_GT(size, 40000u);
+  EXPECT_LT(size, 90000u);
+  // The scene moves: a later frame of the same episode differs.
+  EXPECT_NE(rgb, RenderDemoFrame(640, 480, 7, 0, 0, 0.8));
+}
+
+// Guards determinism: the generated dataset does not depend on the thread count.
+TEST(DemoData, DeterministicAcrossThreads) {
+  TempDir tmp;
+  DemoDataOptions o;
+  o.episodes = 3;
+  o.width = 48;
+  o.height = 32;
+  o.steps_min = 2;
+  o.steps_max = 4;
+  o.progress = false;
+  o.seed = 5;
+  o.out_dir = (tmp / "a").string();
+  o.threads = 1;
+  ASSERT_TRUE(GenerateDemoData(o).ok());
+  o.out_dir = (tmp / "b").string();
+  o.threads = 3;
+  ASSERT_TRUE(GenerateDemoData(o).ok());
+  int files = 0;
+  for (auto& e : fs::recursive_directory_iterator(tmp / "a")) {
+    if (!e.is_regular_file()) continue;
+    fs::path rel = fs::relative(e.path(), tmp / "a");
+    EXPECT_EQ(ReadFile(e.path()), ReadFile(tmp / "b" / rel.string())) << rel;
+    ++files;
+  }
+  EXPECT_GT(files, 3 * 3);
+  // Existing output is refused without overwrite.
+  EXPECT_EQ(GenerateDemoData(o).status().code(), StatusCode::kAlreadyExists);
+}
+
+// ---- round trip ---------------------------------------------------------------------------------
+
+// Guards the whole format: every record read back equals what the episode folder says, with the
+// action chunk built from the next `horizon` steps (last action repeated, amask 0 past the end).
+TEST(Pack, DemoDataRoundTrip) {
+  TempDir tmp;
+  DemoDataOptions d;
+  d.out_dir = (tmp / "src").string();
+  d.episodes = 3;
+  d.cameras = 2;
+  d.width = 64;
+  d.height = 48;
+  d.steps_min = 3;
+  d.steps_max = 7;
+  d.state_dim = 5;
+  d.action_dim = 7;
+  d.progress = false;
+  auto gen = GenerateDemoData(d);
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  const int horizon = 4;
+  auto packed = PackEpisodes(Opts(tmp / "src", tmp / "db", horizon));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_FALSE(fs::exists(tmp / "db.partial"));
+
+  auto reader = RecordReader::Open((tmp / "db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const Schema& s = (*reader)->schema();
+  EXPECT_EQ(s.num_samples, gen->steps);
+  EXPECT_EQ(s.num_episodes, 3);
+  EXPECT_EQ(s.cameras, (std::vector<std::string>{"front", "wrist"}));
+  EXPECT_EQ(s.image_width, 64);
+  EXPECT_EQ(s.image_height, 48);
+  EXPECT_EQ(s.state_dim, 5);
+  EXPECT_EQ(s.action_dim, 7);
+  EXPECT_EQ(s.action_horizon, horizon);
+  EXPECT_EQ(s.tokenizer, "byte-v1");
+  EXPECT_EQ(s.vocab_size, 259);
+  auto keys = (*reader)->Keys();
+  ASSERT_TRUE(keys.ok());
+  EXPECT_EQ(static_cast<int64_t>(keys->size()), s.num_samples * 7 + 1);  // 2 cams + 5 + schema
+
+  ByteTokenizer tok;
+  auto txn = (*reader)->Begin();
+  ASSERT_TRUE(txn.ok());
+  int64_t id = 0;
+  int max_tokens = 0;
+  std::vector<std::string> eps;
+  for (auto& e : fs::directory_iterator(tmp / "src" / "episodes"))
+    eps.push_back(e.path().filename());
+  std::sort(eps.begin(), eps.end());
+  for (size_t e = 0; e < eps.size(); ++e) {
+    fs::path dir = tmp / "src" / "episodes" / eps[e];
+    std::vector<nlohmann::json> rows;
+    std::ifstream in(dir / "steps.jsonl");
+    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    for (size_t t = 0; t < rows.size(); ++t, ++id) {
+      auto get = [&](const std::string& m) {
+        auto v = txn->Get(SampleKey(id, m));
+        EXPECT_TRUE(v.ok()) << v.status();
+        return v.ok() ? std::string(*v) : std::string();
+      };
+      EXPECT_EQ(get("cam_front"), ReadFile(dir / "cam_front" / (std::to_string(t) + ".jpg")));
+      EXPECT_EQ(get("cam_wrist"), ReadFile(dir / "cam_wrist" / (std::to_string(t) + ".jpg")));
+      std::vector<float> state;
+      for (double v : rows[t]["state"]) state.push_back(static_cast<float>(v));
+      EXPECT_EQ(AsVec<float>(get("state")), state);
+      std::vector<float> chunk;
+      std::vector<uint8_t> mask;
+      for (int k = 0; k < horizon; ++k) {
+        size_t src = std::min(t + k, rows.size() - 1);
+        for (double v : rows[src]["action"]) chunk.push_back(static_cast<float>(v));
+        mask.push_back(t + k < rows.size());
+      }
+      EXPECT_EQ(AsVec<float>(get("action")), chunk) << "sample " << id;
+      EXPECT_EQ(AsVec<uint8_t>(get("amask")), mask);
+      EXPECT_EQ(AsVec<int32_t>(get("meta")),
+                (std::vector<int32_t>{static_cast<int32_t>(e), static_cast<int32_t>(t)}));
+      auto ids = tok.Encode(rows[t]["instruction"].get<std::string>());
+      EXPECT_EQ(AsVec<int32_t>(get("tokens")), ids);
+      max_tokens = std::max(max_tokens, static_cast<int>(ids.size()));
+    }
+  }
+  EXPECT_EQ(id, s.num_samples);
+  EXPECT_EQ(s.max_tokens, max_tokens);
+
+  // inspect decodes the same sample.
+  auto js = InspectJson((tmp / "db").string(), 1);
+  ASSERT_TRUE(js.ok()) << js.status();
+  auto j = nlohmann::json::parse(*js);
+  EXPECT_EQ(j["sample"]["step"], 1);
+  EXPECT_EQ(j["sample"]["cameras"]["front"]["width"], 64);
+  EXPECT_EQ(j["modalities"]["cam_wrist"]["count"], s.num_samples);
+  EXPECT_EQ(InspectJson((tmp / "db").string(), s.num_samples).status().code(),
+            StatusCode::kOutOfRange);
+  auto text = InspectText((tmp / "db").string(), 0);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("cameras front, wrist (64x48)"), std::string::npos) << *text;
+}
+
+// ---- a hand-made tiny episode set -------------------------------------------------------------
+
+// Episodes "2" (steps 0..2) and "10" (steps 0..1), cameras a and b, 2-d state, 1-d action.
+void MakeTinySet(const fs::path& src) {
+  const char* ep2 =
+      "{\"step\": 0, \"state\": [1, 10], \"action\": [0.5], \"instruction\": \"go\"}\n"
+      "{\"step\": 1, \"state\": [3, 10], \"action\": [1.5], \"instruction\": \"go\"}\n"
+      "\n"
+      "{\"step\": 2, \"state\": [5, 10], \"action\": [2.5], \"instruction\": \"go\"}\n";
+  const char* ep10 =
+      "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"stop now\"}\r\n"
+      "{\"step\": 1, \"state\": [9, 20], \"action\": [-3], \"instruction\": \"stop now\"}\r\n";
+  WriteFile(src / "episodes" / "2" / "steps.jsonl", ep2);
+  WriteFile(src / "episodes" / "10" / "steps.jsonl", ep10);
+  uint32_t seed = 1;
+  for (const char* ep : {"2", "10"}) {
+    int n = std::string(ep) == "2" ? 3 : 2;
+    for (const char* cam : {"a", "b"})
+      for (int t = 0; t < n; ++t)
+        WriteFile(
+            src / "episodes" / ep / (std::string("cam_") + cam) / (std::to_string(t) + ".jpg"),
+            MakeJpeg(16, 8, seed++));
+  }
+}
+
+// Guards normalization stats and natural episode order ("2" before "10") on known numbers.
+TEST(Pack, StatsOnHandMadeEpisodes) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  auto r = PackEpisodes(Opts(tmp / "src", tmp / "db", 3));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto reader = RecordReader::Open((tmp / "db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const Schema& s = (*reader)->schema();
+  EXPECT_EQ(s.num_samples, 5);
+  EXPECT_EQ(s.num_episodes, 2);
+  EXPECT_EQ(s.cameras, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(s.image_width, 16);
+  EXPECT_EQ(s.image_height, 8);
+  // state dim 0: 1 3 5 7 9 -> mean 5, population std sqrt(8); dim 1: 10 10 10 20 20.
+  ASSERT_EQ(s.state_mean.size(), 2u);
+  EXPECT_FLOAT_EQ(s.state_mean[0], 5);
+  EXPECT_FLOAT_EQ(s.state_std[0], std::sqrt(8.0f));
+  EXPECT_FLOAT_EQ(s.state_min[0], 1);
+  EXPECT_FLOAT_EQ(s.state_max[0], 9);
+  EXPECT_FLOAT_EQ(s.state_mean[1], 14);
+  EXPECT_FLOAT_EQ(s.state_std[1], std::sqrt(24.0f));
+  // action: 0.5 1.5 2.5 -1 -3 -> mean 0.1, var (0.16+1.96+5.76+1.21+9.61)/5 = 3.74.
+  EXPECT_FLOAT_EQ(s.action_mean[0], 0.1f);
+  EXPECT_NEAR(s.action_std[0], std::sqrt(3.74), 1e-6);
+  EXPECT_FLOAT_EQ(s.action_min[0], -3);
+  EXPECT_FLOAT_EQ(s.action_max[0], 2.5);
+  EXPECT_EQ(s.max_tokens, 10);  // bos + "stop now" + eos
+  auto txn = (*reader)->Begin();
+  ASSERT_TRUE(txn.ok());
+  // Sample 3 is episode "10" step 0: chunk [-1, -3, -3], mask [1, 1, 0].
+  EXPECT_EQ(AsVec<int32_t>(*txn->Get(SampleKey(3, "meta"))), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(AsVec<float>(*txn->Get(SampleKey(3, "action"))), (std::vector<float>{-1, -3, -3}));
+  EXPECT_EQ(AsVec<uint8_t>(*txn->Get(SampleKey(3, "amask"))), (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_EQ(AsVec<float>(*txn->Get(SampleKey(2, "state"))), (std::vector<float>{5, 10}));
+  EXPECT_EQ(std::string(*txn->Get(SampleKey(4, "cam_b"))),
+            ReadFile(tmp / "src" / "episodes" / "10" / "cam_b" / "1.jpg"));
+}
+
+// ---- bad inputs ---------------------------------------------------------------------------------
+
+struct BadCase {
+  Status status;
+  bool out_exists, partial_exists;
+};
+
+BadCase PackBad(const TempDir& tmp) {
+  auto r = PackEpisodes(Opts(tmp / "src", tmp / "db"));
+  return {r.ok() ? Status::Ok() : r.status(), fs::exists(tmp / "db"),
+          fs::exists(tmp / "db.partial")};
+}
+
+#define EXPECT_PACK_FAILS(tmp, expected_code, ...)                                    \
+  do {                                                                                \
+    BadCase bc = PackBad(tmp);                                                        \
+    EXPECT_EQ(bc.status.code(), expected_code) << bc.status;                          \
+    for (const std::string& part : std::vector<std::string>{__VA_ARGS__})             \
+      EXPECT_NE(bc.status.message().find(part), std::string::npos)                    \
+          << "'" << part << "' not in: " << bc.status.message();                      \
+    EXPECT_FALSE(bc.out_exists) << "a failed pack left a DB";                         \
+    EXPECT_FALSE(bc.partial_exists) << "a failed pack left the .partial staging dir"; \
+  } while (0)
+
+fs::path Ep(const TempDir& tmp, const char* ep) { return tmp / "src" / "episodes" / ep; }
+
+// Guards: a frame that is not a JPEG is named (caught in the parallel read phase, after records
+// have been written, so this also checks the staging dir is removed).
+TEST(PackRejects, NonJpegFrame) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "10") / "cam_b" / "1.jpg";
+  WriteFile(bad, "this is not a jpeg, just text pretending");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string() + ": not a JPEG");
+}
+
+// Guards: a JPEG cut short (header intact) is caught by the end-of-image check.
+TEST(PackRejects, TruncatedJpeg) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "2") / "cam_a" / "2.jpg";
+  std::string data = ReadFile(bad);
+  WriteFile(bad, data.substr(0, data.size() - 30));  // scan data cut short, header intact
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string(), "truncated JPEG");
+}
+
+// Guards: all frames must share one size; the odd one is named with both sizes.
+TEST(PackRejects, FrameSizeMismatch) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "10") / "cam_a" / "0.jpg";
+  WriteFile(bad, MakeJpeg(32, 24, 99));
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string(),
+                    "frame is 32x24, expected 16x8");
+}
+
+// Guards: a step with no frame in one camera is named (file and step).
+TEST(PackRejects, MissingStepFrame) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::remove(Ep(tmp, "2") / "cam_b" / "1.jpg");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kNotFound, (Ep(tmp, "2") / "cam_b" / "1.jpg").string(),
+                    "missing frame for step 1");
+}
+
+// Guards: a frame beyond the last step is an error, not silently dropped.
+TEST(PackRejects, FrameWithoutStep) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  WriteFile(Ep(tmp, "10") / "cam_a" / "5.jpg", MakeJpeg(16, 8, 5));
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, (Ep(tmp, "10") / "cam_a" / "5.jpg").string(),
+                    "has only 2 steps");
+}
+
+// Guards: a camera folder missing from one episode is named.
+TEST(PackRejects, MissingCamera) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::remove_all(Ep(tmp, "10") / "cam_b");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kNotFound, (Ep(tmp, "10") / "cam_b").string(),
+                    "missing camera folder");
+}
+
+// Guards: ragged dims within one file name file:line and expected vs got.
+TEST(PackRejects, RaggedStateDims) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "2") / "steps.jsonl";
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [1, 10], \"action\": [0.5], \"instruction\": \"go\"}\n"
+            "{\"step\": 1, \"state\": [3, 10, 4], \"action\": [1.5], \"instruction\": \"go\"}\n"
+            "{\"step\": 2, \"state\": [5, 10], \"action\": [2.5], \"instruction\": \"go\"}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, f.string() + ":2",
+                    "state has 3 dims, expected 2");
+}
+
+// Guards: ragged action dims across episodes name the later file and the first one.
+TEST(PackRejects, RaggedActionDimsAcrossEpisodes) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "10") / "steps.jsonl";
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1, 0], \"instruction\": \"x\"}\n"
+            "{\"step\": 1, \"state\": [9, 20], \"action\": [-3, 0], \"instruction\": \"x\"}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, f.string() + ":1",
+                    "action has 2 dims, expected 1", (Ep(tmp, "2") / "steps.jsonl").string());
+}
+
+// Guards: a line that is not JSON is named by file:line.
+TEST(PackRejects, BadJsonLine) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "10") / "steps.jsonl";
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"x\"}\n"
+            "{\"step\": 1, \"state\": [9, 20], \"action\": [-3], \"instr\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, f.string() + ":2: not valid JSON");
+}
+
+// Guards: a missing or mistyped field is named with file:line.
+TEST(PackRejects, MissingOrMistypedField) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "10") / "steps.jsonl";
+  WriteFile(f, "{\"step\": 0, \"state\": [7, 20], \"action\": [-1]}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, f.string() + ":1: missing \"instruction\"");
+  WriteFile(f, "{\"step\": 0, \"state\": [7, \"a\"], \"action\": [-1], \"instruction\": \"x\"}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument,
+                    f.string() + ":1: \"state\"[1] is not a number");
+}
+
+// Guards: step numbers must run 0, 1, 2, ... without gaps.
+TEST(PackRejects, NonContiguousSteps) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "2") / "steps.jsonl";
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [1, 10], \"action\": [0.5], \"instruction\": \"go\"}\n"
+            "{\"step\": 2, \"state\": [5, 10], \"action\": [2.5], \"instruction\": \"go\"}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument,
+                    f.string() + ":2: step 2 where step 1 was expected");
+}
+
+// Guards: missing steps.jsonl, an empty episodes folder and a missing one are named.
+TEST(PackRejects, MissingStepsFileAndEmptyEpisodes) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::remove(Ep(tmp, "10") / "steps.jsonl");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kNotFound, (Ep(tmp, "10") / "steps.jsonl").string());
+  fs::remove_all(tmp / "src" / "episodes");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kNotFound, (tmp / "src" / "episodes").string());
+  fs::create_directories(tmp / "src" / "episodes");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, "no episode folders");
+}
+
+// Guards determinism of error reports: with bad inputs in two episodes, the one earlier in episode
+// order is reported whatever the thread count.
+TEST(PackRejects, FirstErrorInEpisodeOrder) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  WriteFile(Ep(tmp, "10") / "steps.jsonl", "not json\n");
+  WriteFile(Ep(tmp, "2") / "cam_a" / "2.jpg", "not a jpeg either");
+  for (int threads : {1, 4}) {
+    PackOptions o = Opts(tmp / "src", tmp / "db");
+    o.threads = threads;
+    auto r = PackEpisodes(o);
+    // Scan errors (steps.jsonl) come before frame errors, found while writing.
+    EXPECT_NE(r.status().message().find((Ep(tmp, "10") / "steps.jsonl").string() + ":1"),
+              std::string::npos)
+        << r.status();
+  }
+  WriteFile(Ep(tmp, "10") / "steps.jsonl",
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"x\"}\n");
+  fs::remove_all(Ep(tmp, "10") / "cam_a" / "1.jpg");
+  fs::remove_all(Ep(tmp, "10") / "cam_b" / "1.jpg");
+  WriteFile(Ep(tmp, "10") / "cam_b" / "0.jpg", "bad too");
+  for (int threads : {1, 4}) {
+    PackOptions o = Opts(tmp / "src", tmp / "db");
+    o.threads = threads;
+    auto r = PackEpisodes(o);
+    EXPECT_NE(r.status().message().find((Ep(tmp, "2") / "cam_a" / "2.jpg").string()),
+              std::string::npos)
+        << r.status();
+  }
+}
+
+// Guards atomic replacement: an existing DB is refused without overwrite, and a failed
+// overwrite leaves the old DB readable and no staging directory.
+TEST(PackRejects, FailedOverwriteKeepsOldDb) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  ASSERT_TRUE(PackEpisodes(Opts(tmp / "src", tmp / "db")).ok());
+  EXPECT_EQ(PackEpisodes(Opts(tmp / "src", tmp / "db")).status().code(),
+            StatusCode::kAlreadyExists);
+  WriteFile(Ep(tmp, "10") / "cam_a" / "1.jpg", "garbage");
+  PackOptions o = Opts(tmp / "src", tmp / "db");
+  o.overwrite = true;
+  EXPECT_EQ(PackEpisodes(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(tmp / "db.partial"));
+  auto reader = RecordReader::Open((tmp / "db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->schema().num_samples, 5);
+}
+
+// ---- CLI ----------------------------------------------------------------------------------------
+
+struct CliResult {
+  int exit_code;
+  std::string output;
+};
+
+CliResult RunCli(const std::string& args) {
+  std::string cmd = std::string(LF_TEST_CLI) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  CliResult r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  int st = ::pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// Guards the CLI edge: a bad input gives exit code 2 and one line naming the file; the good path
+// (demo-data -> pack -> inspect --json) works end to end.
+TEST(PackCli, ExitCodesAndErrorLine) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "2") / "cam_a" / "0.jpg";
+  WriteFile(bad, "GIF89a not a jpeg");
+  CliResult r =
+      RunCli("pack --quiet --src " + (tmp / "src").string() + " --out " + (tmp / "db").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(
+      r.output.find("loongforge pack: error: InvalidArgument: " + bad.string() + ": not a JPEG"),
+      std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "db"));
+  EXPECT_FALSE(fs::exists(tmp / "db.partial"));
+
+  r = RunCli("demo-data --quiet --out " + (tmp / "demo").string() +
+             " --episodes 2 --cameras 3 --size 40x30 --steps-min 2 --steps-max 3 --state-dim 4 "
+             "--action-dim 6");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCli("pack --quiet --horizon 2 --src " + (tmp / "demo").string() + " --out " +
+             (tmp / "demo_db").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCli("inspect --json --sample 1 " + (tmp / "demo_db").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.output;
+  EXPECT_EQ(j["schema"]["cameras"], (std::vector<std::string>{"front", "side", "wrist"}));
+  EXPECT_EQ(j["schema"]["action_dim"], 6);
+  EXPECT_EQ(j["sample"]["cameras"]["side"]["height"], 30);
+  r = RunCli("inspect " + (tmp / "nope").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+}
+
+}  // namespace
+}  // namespace loongforge
