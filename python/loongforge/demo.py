@@ -190,7 +190,7 @@ def plot_losses(curves: Dict[str, List[Dict[str, Any]]], path: str) -> None:
         col = colours.get(name, (0, 0, 0))
         if len(pts) > 1:
             d.line(pts, fill=col, width=2)
-        d.text((w - pad - 150, pad + 10 + 16 * k), f"— {name}", fill=col)
+        d.text((w - pad - 150, pad + 10 + 16 * k), f"-- {name}", fill=col)
     d.text((pad, 20), "flow-matching loss vs step (tiny GR00T-shaped policy)", fill="black")
     img.save(path)
 
