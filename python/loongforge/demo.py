@@ -211,6 +211,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--loader-threads", type=int, default=2)
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3, help="higher than GR00T's 1e-4 so that the "
+                   "short demo shows the loss falling")
     p.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: default)")
     a = p.parse_args(argv)
     t_start = time.time()
@@ -237,7 +239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for mode in ("baseline", "loongforge"):
         cmd = [py, "-m", "loongforge.train", "--config", a.config, "--data", db, "--mode", mode,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
-               "--image-size", str(a.image_size), "--warmup", str(a.warmup),
+               "--lr", str(a.lr), "--image-size", str(a.image_size), "--warmup", str(a.warmup),
                "--workers", str(a.workers), "--loader-threads", str(a.loader_threads),
                "--ckpt-every", str(a.ckpt_every),
                "--ckpt-dir", os.path.join(a.out, f"ckpt_{mode}"),

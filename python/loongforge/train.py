@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loongforge.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default="tiny", help="tiny | small | n16 | n16-moe")
     p.add_argument("--data", required=True, help="packed LoongForge DB (directory with data.mdb)")
-    p.add_argument("--mode", choices=("baseline", "loongforge"), default="loongforge")
+    p.add_argument("--mode", choices=("baseline", "tuned", "loongforge"), default="loongforge",
+                   help="baseline: LeRobot-style; tuned: tuned PyTorch (workers collate, pinned "
+                   "non-blocking copies, persistent workers, async checkpoints); loongforge")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (torch >= 2)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="per-rank micro-batch size")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -208,7 +211,7 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool) -> Any:
 
     return BaselineLoader(args.data, args.batch_size, workers=args.workers,
                           token_pad=args.token_pad or None, device=str(d.device),
-                          pin_memory=False, **common)
+                          pin_memory=False, tuned=args.mode == "tuned", **common)
 
 
 class SyncBackend:
@@ -280,6 +283,8 @@ class Checkpointer:
     def __init__(self, kind: str, directory: Optional[str], d: Dist) -> None:
         self.kind, self.dir, self.d = kind, directory, d
         self.vault: Any = None
+        self.pending: Any = None  # async save in flight (tuned mode)
+        self.async_impl = ""
         self.stall_s = 0.0
         self.drain_s = 0.0
         self.bytes_written = 0
@@ -299,12 +304,15 @@ class Checkpointer:
         if not self.dir:
             return 0.0
         t = time.perf_counter()
-        shared = {k: v for k, v in state.items() if k in self.SHARED}
-        mine = {k: v for k, v in state.items() if k not in self.SHARED}
+        shared = {k: v for k, v in state.items() if k in self.SHARED or
+                  (k.startswith("_") and self.kind == "async")}
+        mine = {k: v for k, v in state.items() if k not in self.SHARED and not k.startswith("_")}
         torch.save(mine, self._rank_path(step))  # small: loader position and RNG
         if self.d.is_main:
             if self.kind == "vault":
                 self.vault.save(step, shared)  # blocks only for the snapshot
+            elif self.kind == "async":
+                self._save_async(step, shared)
             else:
                 path = os.path.join(self.dir, f"step_{step:08d}.pt")
                 torch.save(shared, path + ".tmp")
@@ -313,6 +321,43 @@ class Checkpointer:
         dt = time.perf_counter() - t
         self.stall_s += dt
         return dt
+
+    def _save_async(self, step: int, shared: Dict[str, Any]) -> None:
+        """Tuned PyTorch: DCP async_save where torch has it, else a CPU snapshot written by a
+        background thread with torch.save. A save waits for the previous one first."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+        path = os.path.join(self.dir, f"step_{step:08d}")
+        try:
+            import torch.distributed.checkpoint as dcp
+
+            if hasattr(dcp, "async_save"):
+                from torch.distributed.checkpoint.state_dict import get_state_dict
+
+                model, opt = shared["_model_obj"], shared["_opt_obj"]
+                msd, osd = get_state_dict(model, opt)
+                self.pending = dcp.async_save({"model": msd, "optimizer": osd,
+                                               "step": torch.tensor(step)},
+                                              checkpoint_id=path + ".dcp")
+                self.async_impl = "dcp.async_save"
+                return
+        except Exception as e:  # DCP unusable here (version, no process group): fall back
+            self.async_impl = f"thread torch.save (DCP failed: {type(e).__name__})"
+        import concurrent.futures
+
+        snap = {k: v for k, v in shared.items() if not k.startswith("_")}
+        snap = _to_cpu(snap)
+        if not self.async_impl:
+            self.async_impl = "thread torch.save"
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+        def write() -> None:
+            torch.save(snap, path + ".pt.tmp")
+            os.replace(path + ".pt.tmp", path + ".pt")
+
+        self.pending = pool.submit(write)
+        pool.shutdown(wait=False)
 
     def latest(self) -> Optional[Dict[str, Any]]:
         if not self.dir or not os.path.isdir(self.dir):
@@ -325,6 +370,9 @@ class Checkpointer:
             step = v.latest()
             shared = v.load(step, map_location="cpu") if step is not None else None
         else:
+            if any(f.endswith(".dcp") for f in os.listdir(self.dir)):
+                raise TrainError(f"{self.dir} holds DCP checkpoints; --resume reads torch.save "
+                                 "checkpoints only (load DCP ones with torch.distributed.checkpoint)")
             files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
                            f.endswith(".pt"))
             shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu")
@@ -338,6 +386,11 @@ class Checkpointer:
         return shared
 
     def close(self) -> None:
+        if self.pending is not None:
+            t = time.perf_counter()
+            self.pending.result()
+            self.pending = None
+            self.drain_s = time.perf_counter() - t
         if self.vault is not None:
             t = time.perf_counter()
             self.vault.close()  # drains the background writer
@@ -347,6 +400,16 @@ class Checkpointer:
                                          self.vault.stats().get("bytes_written", 0)))
             except Exception:  # informational
                 pass
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 class MemoryPlanner:
@@ -492,10 +555,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                            "off: --no-nexussync" if lf else "off")
     sync = SyncBackend(model, d, sync_kind)
     ckpt_dir = args.ckpt_dir if args.ckpt_every or args.resume else None
-    ckpt = Checkpointer("vault" if on["vault"] else "torch", ckpt_dir, d)
+    ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned" else "torch"),
+                        ckpt_dir, d)
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
                                                              else "off")
 
+    runner: Any = sync.wrapped if sync.kind == "ddp" else model
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            raise TrainError(f"--compile needs torch >= 2.0 (this is {torch.__version__})")
+        runner = torch.compile(runner)
     params = [p for p in model.parameters() if p.requires_grad]
     with mem.persistent():
         opt = make_optimizer(params, args, d.device)
@@ -560,8 +629,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 sync.nexus.set_micro_step(is_last=last)
             with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
                 with trace.span("forward"), autocast():
-                    out = (sync.wrapped if sync.kind == "ddp" else model)(batch,
-                                                                         generator=noise_gen)
+                    out = runner(batch, generator=noise_gen)
                     loss = out["loss"] / args.grad_accum
                 with trace.span("backward"):
                     loss.backward()
@@ -586,7 +654,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 stall = ckpt.save(step + 1, {
                     "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "loader": loader.state_dict(),
-                    "rng": rng_state(noise_gen), "config": args.config})
+                    "rng": rng_state(noise_gen), "config": args.config,
+                    "_model_obj": model, "_opt_obj": opt})
         sync_dev()
         t_end = time.perf_counter()
         step_s = t_end - t_prev
@@ -614,6 +683,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         trace.write(args.trace)
     ckpt.close()
     summary = summarize(args, d, rows, losses, status, model, loader, ckpt, total_s)
+    if ckpt.async_impl:
+        summary["modules"]["async_checkpoint"] = ckpt.async_impl
     if sync.stats():
         summary["nexussync_stats"] = sync.stats()
     if mem.stats() is not None:

@@ -10,6 +10,7 @@ DataFusion's C++ sampler), so both modes train the same model on the same data.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -193,9 +194,12 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
         except FileNotFoundError as e:
             raise KeyError(f"{self.db_path}: record '{key}' not found") from e
 
-    def __getitem__(self, idx: int) -> Dict[str, torch.Tensor]:
+    def __getitem__(self, item: Any) -> Dict[str, torch.Tensor]:
+        """item: a sample index, or (epoch, index) from the epoch-aware batch sampler (persistent
+        workers keep a stale copy of self.epoch, so the epoch travels with the index)."""
         from PIL import Image
 
+        epoch, idx = item if isinstance(item, tuple) else (self.epoch, int(item))
         jpegs, tok_b, state_b, action_b, amask_b = self._read(idx)
         tokens = np.frombuffer(tok_b, dtype="<i4")
         state = np.frombuffer(state_b, dtype="<f4").copy()
@@ -205,7 +209,7 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
         # count or on where a resumed epoch starts.
         # fork_rng keeps the caller's global RNG untouched when there are no workers.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((self.seed * 1_000_003 + self.epoch * 7919 + idx) & (2**63 - 1))
+            torch.manual_seed((self.seed * 1_000_003 + epoch * 7919 + idx) & (2**63 - 1))
             images = torch.stack([self.transform(Image.open(io.BytesIO(j)).convert("RGB"))
                                   for j in jpegs])
         action = action.reshape(self.horizon, self.action_dim)
@@ -243,25 +247,51 @@ def process(samples: List[Dict[str, torch.Tensor]],
             "sample_index": torch.stack([s["sample_index"] for s in samples])}
 
 
+class _EpochBatches:
+    """Batch sampler over (epoch, index) pairs in DataFusion's order; re-read on each iteration,
+    so one DataLoader with persistent workers serves every epoch."""
+
+    def __init__(self, owner: "BaselineLoader") -> None:
+        self.owner = owner
+
+    def __iter__(self) -> Iterator[List["tuple[int, int]"]]:
+        o = self.owner
+        e = o._epoch
+        for b in epoch_batches(len(o.dataset), o.batch_size, o.seed, e, o.rank, o.world_size,
+                               o.shuffle, o.drop_last)[o._start:]:
+            yield [(e, i) for i in b]
+
+    def __len__(self) -> int:
+        return self.owner._len - self.owner._start
+
+
 class BaselineLoader:
     """Iterable of model-ready batches with the DataFusionLoader interface (set_epoch, len,
-    state_dict) over the LeRobot-style pipeline."""
+    state_dict) over a torch DataLoader.
+
+    Defaults are the LeRobot-style pipeline (processor in the main process, synchronous copy).
+    ``tuned=True`` is the tuned-PyTorch pipeline: collate in the workers, persistent workers,
+    prefetch_factor 4, pinned memory and non-blocking copies on CUDA."""
 
     def __init__(self, db_path: str, batch_size: int, *, image_size: int = 224,
                  crop_fraction: float = 0.95, color_jitter: bool = False, train: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True,
                  drop_last: bool = True, workers: int = 2, token_pad: Optional[int] = None,
-                 device: str = "cpu", pin_memory: bool = False,
-                 normalize_state: bool = True) -> None:
+                 device: str = "cpu", pin_memory: bool = False, normalize_state: bool = True,
+                 tuned: bool = False) -> None:
         self.dataset = LmdbFrameDataset(db_path, image_size, crop_fraction, color_jitter, train,
                                         normalize_state)
         self.schema = self.dataset.schema
+        self.dataset.seed = seed
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.shuffle, self.drop_last, self.workers = shuffle, drop_last, workers
-        self.token_pad, self.device, self.pin_memory = token_pad, torch.device(device), pin_memory
+        self.token_pad, self.device = token_pad, torch.device(device)
+        self.tuned = tuned
+        self.pin_memory = pin_memory or (tuned and self.device.type == "cuda")
         self._epoch, self._start = 0, 0
         self._len = len(epoch_batches(len(self.dataset), batch_size, seed, 0, rank, world_size,
                                       shuffle, drop_last))
+        self._dl: Optional[torch.utils.data.DataLoader] = None
 
     def __len__(self) -> int:
         return self._len
@@ -270,22 +300,35 @@ class BaselineLoader:
         if epoch != self._epoch:
             self._epoch, self._start = int(epoch), 0
 
+    def _loader(self) -> torch.utils.data.DataLoader:
+        if self._dl is not None and self.tuned:
+            return self._dl
+        gen = torch.Generator()
+        gen.manual_seed(self.seed * 1_000_003 + self._epoch * 7919 + self.rank)
+        kw: Dict[str, Any] = {}
+        if self.tuned:
+            collate: Any = functools.partial(process, token_pad=self.token_pad)
+            if self.workers > 0:
+                kw.update(persistent_workers=True, prefetch_factor=4)
+            kw["pin_memory"] = self.pin_memory
+        else:
+            collate = _identity  # the processor runs in the main process, serially
+        self._dl = torch.utils.data.DataLoader(self.dataset, batch_sampler=_EpochBatches(self),
+                                               num_workers=self.workers, collate_fn=collate,
+                                               generator=gen, **kw)
+        return self._dl
+
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         epoch, start = self._epoch, self._start
-        batches = epoch_batches(len(self.dataset), self.batch_size, self.seed, epoch, self.rank,
-                                self.world_size, self.shuffle, self.drop_last)[start:]
-        self.dataset.seed, self.dataset.epoch = self.seed, epoch
-        gen = torch.Generator()
-        gen.manual_seed(self.seed * 1_000_003 + epoch * 7919 + self.rank)
-        dl = torch.utils.data.DataLoader(self.dataset, batch_sampler=batches,
-                                         num_workers=self.workers, collate_fn=_identity,
-                                         generator=gen, pin_memory=False)
-        for i, samples in enumerate(dl):
-            batch = process(samples, self.token_pad)
+        self.dataset.epoch = epoch
+        for i, item in enumerate(self._loader()):
+            batch = item if self.tuned else process(item, self.token_pad)
             if self.device.type != "cpu":
-                if self.pin_memory:
+                if self.pin_memory and not self.tuned:
                     batch = {k: v.pin_memory() for k, v in batch.items()}
-                batch = {k: v.to(self.device) for k, v in batch.items()}  # synchronous copy
+                # LeRobot-style: synchronous copy. Tuned: pinned + non_blocking.
+                batch = {k: v.to(self.device, non_blocking=self.tuned)
+                         for k, v in batch.items()}
             self._start = start + i + 1
             yield batch
         self._epoch, self._start = epoch + 1, 0

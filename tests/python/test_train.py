@@ -62,6 +62,16 @@ def test_baseline_three_steps(db, tmp_path):
     assert f["tokens_per_gpu_per_s"] > f["samples_per_s"] * (2 * 1 + 17)
 
 
+# Guards: the tuned-PyTorch mode (workers collate, persistent workers, async checkpoints) runs
+# and trains on the same data as the baseline (identical first loss with the same seed).
+def test_tuned_mode_matches_baseline_data(db, tmp_path):
+    args = COMMON + ["--data", db, "--steps", "3", "--workers", "1", "--ckpt-every", "2"]
+    t = _run(args + ["--mode", "tuned", "--ckpt-dir", str(tmp_path / "t")], tmp_path, "t")
+    b = _run(args + ["--mode", "baseline", "--ckpt-dir", str(tmp_path / "b")], tmp_path, "b")
+    assert [r["loss"] for r in t["loss_curve"]] == [r["loss"] for r in b["loss_curve"]]
+    assert t["modules"]["async_checkpoint"].startswith(("dcp", "thread"))
+
+
 # Guards: loongforge mode runs end to end once DataFusion is in the build.
 @pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
 def test_loongforge_three_steps(db, tmp_path):
@@ -138,7 +148,7 @@ def test_sampler_matches_datafusion(db):
 
 # Guards: resuming from the latest checkpoint continues the identical loss curve (both modes:
 # torch.save + DataLoader position, and CheckpointVault + DataFusion position).
-@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+@pytest.mark.parametrize("mode", ["baseline", "tuned", "loongforge"])
 def test_resume_is_exact(db, tmp_path, mode):
     if mode == "loongforge" and not _has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
