@@ -175,8 +175,12 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 def peak_memory(device: torch.device) -> Dict[str, Any]:
     if device.type == "cuda":
-        alloc = torch.cuda.max_memory_allocated(device)
-        reserved = torch.cuda.max_memory_reserved(device)
+        try:
+            alloc = torch.cuda.max_memory_allocated(device)
+            reserved = torch.cuda.max_memory_reserved(device)
+        except RuntimeError:  # a pluggable allocator (MemSculptor) keeps its own statistics
+            return {"kind": "cuda", "peak_allocated_bytes": float("nan"),
+                    "peak_reserved_bytes": float("nan"), "fragmentation": float("nan")}
         return {"kind": "cuda", "peak_allocated_bytes": alloc, "peak_reserved_bytes": reserved,
                 "fragmentation": 1 - alloc / reserved if reserved else 0.0}
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -587,7 +591,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     sync_dev = (lambda: torch.cuda.synchronize(d.device)) if cuda else (lambda: None)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
     if cuda:
-        torch.cuda.reset_peak_memory_stats(d.device)
+        with contextlib.suppress(RuntimeError):  # unsupported under a pluggable allocator
+            torch.cuda.reset_peak_memory_stats(d.device)
     trace = Trace(start_step + args.warmup, args.trace_steps if args.trace else 0, d.rank, sync_dev)
     jsonl = open(args.metrics_jsonl, "w") if args.metrics_jsonl and d.is_main else None
     img_tokens = len(schema["cameras"]) * cfg.tokens_per_image
@@ -687,8 +692,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         summary["modules"]["async_checkpoint"] = ckpt.async_impl
     if sync.stats():
         summary["nexussync_stats"] = sync.stats()
-    if mem.stats() is not None:
-        summary["figures"]["memory"]["memsculptor"] = mem.stats()
+    ms_stats = mem.stats()
+    if ms_stats is not None:
+        m = summary["figures"]["memory"]
+        m["memsculptor"] = ms_stats
+        pa, pr = ms_stats.get("peak_allocated_bytes"), ms_stats.get("peak_reserved_bytes")
+        if pa and pr:  # torch's counters do not see a pluggable allocator
+            m.update(peak_allocated_bytes=pa, peak_reserved_bytes=pr, fragmentation=1 - pa / pr)
     if sync.kind == "ddp":
         summary["figures"]["comm_exposed_note"] = (
             "DDP overlaps its all-reduce inside backward; exposed time is not separable here")
