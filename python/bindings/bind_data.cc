@@ -106,6 +106,22 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
 }
 
 void BindData(py::module_& m) {
+  py::class_<RecordWriter>(m, "RecordWriter",
+                           "Writes a dataset record by record; published atomically by commit().")
+      .def(py::init([](const std::string& path, bool overwrite) {
+             return ValueOrThrow(RecordWriter::Create(path, overwrite));
+           }),
+           py::arg("path"), py::arg("overwrite") = false)
+      .def("put", [](RecordWriter& w, const std::string& key, py::bytes value) {
+             std::string_view v = value;
+             ThrowIfError(w.Put(key, v));
+           }, py::arg("key"), py::arg("value"))
+      .def("commit", [](RecordWriter& w, const std::string& schema_json) {
+             Schema s = ValueOrThrow(Schema::FromJson(schema_json, "schema"));
+             py::gil_scoped_release nogil;
+             ThrowIfError(w.Commit(s));
+           }, py::arg("schema_json"), "Writes the schema record, syncs, and publishes the DB.");
+
   py::class_<RecordReader>(m, "RecordReader",
                            "Read-only access to a packed dataset's raw records (copies into bytes).")
       .def(py::init([](const std::string& path) { return ValueOrThrow(RecordReader::Open(path)); }),
