@@ -96,8 +96,9 @@ struct NvJpegBatchDecoder::Impl {
   cudaEvent_t ready[2] = {nullptr, nullptr}, released[2] = {nullptr, nullptr};
   bool released_recorded[2] = {false, false};
   std::vector<DeviceBuffer> bufs[2];
-  int set = 1;         // buffer set of the last Decode(); the next one uses set ^ 1
-  int auto_phase = 3;  // 0 warm-up, 1 measure hardware, 2 measure cuda, 3 fixed ratio
+  int set = 1;                 // buffer set of the last Decode(); the next one uses set ^ 1
+  int auto_phase = 3;          // 0 warm-up, 1 measure hardware, 2 measure cuda, 3 fixed ratio
+  mutable std::mutex info_mu;  // info is read by other threads (metrics)
   NvJpegDecoderInfo info;
   // Per-batch scratch, reused.
   std::vector<Path> path;
@@ -393,6 +394,7 @@ Status NvJpegBatchDecoder::Decode(const std::vector<std::string_view>& jpegs,
   if (hw_failed) LF_RETURN_IF_ERROR(im.RunCpu(s, hw_idx, jpegs, name_of, out, status));
   if (cuda_failed) LF_RETURN_IF_ERROR(im.RunCpu(s, cuda_idx, jpegs, name_of, out, status));
 
+  std::lock_guard<std::mutex> lock(im.info_mu);
   NvJpegDecoderInfo& info = im.info;
   info.batch_retries += hw_failed + cuda_failed;
   (hw_failed ? info.images_cpu : info.images_hw) += static_cast<int64_t>(hw_idx.size());
@@ -429,7 +431,10 @@ Status NvJpegBatchDecoder::ReleaseAfter(cudaStream_t consumer) {
 
 cudaEvent_t NvJpegBatchDecoder::ready_event() const { return impl_->ready[impl_->set]; }
 cudaStream_t NvJpegBatchDecoder::stream() const { return impl_->stream; }
-NvJpegDecoderInfo NvJpegBatchDecoder::info() const { return impl_->info; }
+NvJpegDecoderInfo NvJpegBatchDecoder::info() const {
+  std::lock_guard<std::mutex> lock(impl_->info_mu);
+  return impl_->info;
+}
 
 }  // namespace internal
 }  // namespace loongforge
