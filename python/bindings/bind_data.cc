@@ -180,6 +180,30 @@ void BindData(py::module_& m) {
                              [](const RecordReader& r) { return r.schema().ToJson(); })
       .def_property_readonly("size_bytes", &RecordReader::size_bytes);
 
+  py::class_<RecordWriter>(m, "RecordWriter",
+                           "Writes a packed dataset (synthetic data for tests and benchmarks).")
+      .def(py::init([](const std::string& path, bool overwrite) {
+             return ValueOrThrow(RecordWriter::Create(path, overwrite));
+           }),
+           py::arg("path"), py::arg("overwrite") = false)
+      .def(
+          "put",
+          [](RecordWriter& w, const std::string& key, const py::bytes& value) {
+            char* p = nullptr;
+            Py_ssize_t len = 0;
+            PyBytes_AsStringAndSize(value.ptr(), &p, &len);
+            ThrowIfError(w.Put(key, std::string_view(p, static_cast<size_t>(len))));
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "commit",
+          [](RecordWriter& w, const std::string& schema_json) {
+            Schema s = ValueOrThrow(Schema::FromJson(schema_json, "schema_json"));
+            py::gil_scoped_release nogil;
+            ThrowIfError(w.Commit(s));
+          },
+          py::arg("schema_json"), "Writes the schema record and publishes the DB atomically.");
+
   py::class_<DataLoader>(m, "DataLoader", "DataFusion CPU loader (use loongforge.DataFusionLoader)")
       .def(py::init([](const std::string& db, py::kwargs kw) {
              LoaderOptions o = OptionsFromKwargs(db, kw);
