@@ -129,7 +129,7 @@ __global__ void CropResizeNormalizeKernel(const GpuImageTask* __restrict__ tasks
   const int pix = blockIdx.x * blockDim.x + threadIdx.x;
   const int plane = p.out_w * p.out_h;
   if (pix >= plane) return;
-  const GpuImageTask& t = tasks[blockIdx.y];
+  const GpuImageTask t = tasks[blockIdx.y];  // registers: read once per thread
   const int dx = pix % p.out_w, dy = pix / p.out_w;
   const float sx = t.box_w / p.out_w, sy = t.box_h / p.out_h;
   float v[3];

@@ -399,6 +399,9 @@ struct DataLoader::Impl {
 // Stage 1
 
 void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
+#ifdef LOONGFORGE_WITH_CUDA
+  if (gpu) LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device_id));  // slots are allocated here
+#endif
   const Schema& sc = reader->schema();
   const int cams = static_cast<int>(sc.cameras.size());
   const int64_t nb = sampler->batches_per_epoch();
