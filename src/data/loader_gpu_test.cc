@@ -257,7 +257,9 @@ TEST_F(GpuLoaderTest, DeviceMemoryFlatAcrossEpochs) {
   size_t free_warm = 0, free_end = 0, total = 0;
   for (int ep = 0; ep < 12; ++ep) {
     RunEpoch(**dl, ep);
-    if (ep == 1) ASSERT_EQ(cudaMemGetInfo(&free_warm, &total), cudaSuccess);
+    if (ep == 1) {
+      ASSERT_EQ(cudaMemGetInfo(&free_warm, &total), cudaSuccess);
+    }
   }
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE((*dl)->Start(i, 0).ok());
