@@ -10,7 +10,8 @@
   4. torch DataLoader + PIL + torchvision transforms with 16 workers (LeRobot-style baseline);
   5. DataFusionLoader on the CPU (libjpeg-turbo, 14 threads) for reference.
 For each: img/s, consumer-side batch interval p50/p99 (and p99/p50), CPU cores busy (this
-process's getrusage, and the whole machine from /proc/stat). Prints a table; writes JSON to
+process's getrusage, which counts DataLoader workers only once they exit, so read the
+DataLoader row's cores in the machine column; and the whole machine from /proc/stat). Prints a table; writes JSON to
 $OUT/gpu_bench.json (or --out).
 
     PYTHONPATH=python python3 bench/loader/gpu_bench.py [--out DIR] [--quick]
@@ -169,6 +170,27 @@ def main() -> None:
             return r
         return go
 
+    def dataloader_pil():
+        from loongforge.baseline_data import BaselineLoader
+        bl = BaselineLoader(db, B, workers=args.workers, image_size=224, persistent_workers=True,
+                            prefetch_factor=2)
+
+        def gen():
+            ep = 0
+            while True:
+                bl.set_epoch(ep)
+                for b in bl:
+                    yield b
+                ep += 1
+        return timed(gen(), args.baseline_batches, 2, n_img)
+
+    # CPU baselines first: the DataLoader forks its workers before this process uses the GPU.
+    run("dataloader_pil_16_workers", results, dataloader_pil)
+    run("datafusion_cpu_14_threads", results, lambda: dict(
+        timed(loop_epochs(loongforge.DataFusionLoader(db, B, image_size=224, threads=14,
+                                                      prefetch=4)),
+              args.baseline_batches * 2, 2, n_img)))
+
     if cuda and gpu_ok:
         run("datafusion_gpu", results, ours(device="cuda"))
         run("datafusion_gpu_hw_only", results, ours(device="cuda", hw_decode_ratio=1.0))
@@ -222,26 +244,6 @@ def main() -> None:
             return timed(gen(), args.batches, args.warmup, lambda x: int(x.shape[0]))
 
         run("torchvision_decode_jpeg_cuda", results, torchvision_gpu)
-
-    def dataloader_pil():
-        from loongforge.baseline_data import BaselineLoader
-        bl = BaselineLoader(db, B, workers=args.workers, image_size=224, persistent_workers=True,
-                            prefetch_factor=2)
-
-        def gen():
-            ep = 0
-            while True:
-                bl.set_epoch(ep)
-                for b in bl:
-                    yield b
-                ep += 1
-        return timed(gen(), args.baseline_batches, 2, n_img)
-
-    run("dataloader_pil_16_workers", results, dataloader_pil)
-    run("datafusion_cpu_14_threads", results, lambda: dict(
-        timed(loop_epochs(loongforge.DataFusionLoader(db, B, image_size=224, threads=14,
-                                                      prefetch=4)),
-              args.baseline_batches * 2, 2, n_img)))
 
     g = results.get("datafusion_gpu", {})
     if "img_per_s" in g:
