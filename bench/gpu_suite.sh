@@ -27,7 +27,7 @@ step configure 300 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -
 step build 600 cmake --build build-gpu -j 16
 step ctest 600 bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 300"
 export PYTHONPATH=$PWD/python
-step pytest 600 $PY -m pytest -q -x -p no:cacheprovider tests/python
+step pytest 600 $PY -m pytest -q -p no:cacheprovider tests/python
 for s in bench/*/gpu_run.sh; do
   [ -f "$s" ] || continue
   n=$(basename "$(dirname "$s")")
