@@ -44,6 +44,9 @@ def main() -> int:
     p.add_argument("--tuned-compile", action="store_true", help="torch.compile in tuned mode")
     p.add_argument("--extra", default="", help="extra trainer flags for loongforge mode")
     p.add_argument("--out", default="results/e2e")
+    p.add_argument("--reuse", action="store_true",
+                   help="load {mode}_b{B}.json already in --out instead of re-running that mode "
+                   "(run one mode per call, then print the full table)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     from loongforge.demo import git_commit, machine
@@ -57,6 +60,11 @@ def main() -> int:
         runs: Dict[str, Dict[str, Any]] = {}
         for mode in a.modes.split(","):
             tag = f"{mode}_b{bs}"
+            done = os.path.join(a.out, f"{tag}.json")
+            if a.reuse and os.path.exists(done):
+                with open(done) as f:
+                    runs[mode] = json.load(f)
+                continue
             workers = a.baseline_workers or a.workers if mode == "baseline" else a.workers
             cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
                    "--mode", mode, "--steps", str(a.steps), "--warmup", str(a.warmup),

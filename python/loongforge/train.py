@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers")
     p.add_argument("--loader-threads", type=int, default=2, help="DataFusion decode threads")
     p.add_argument("--prefetch", type=int, default=4, help="DataFusion batches in flight")
+    p.add_argument("--gpu-decode", choices=("auto", "on", "off"), default="auto",
+                   help="DataFusion on CUDA: nvJPEG + fused GPU transform (auto: when built)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timings")
@@ -207,7 +209,10 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool) -> Any:
             from .data import DataFusionLoader
         except ImportError as e:
             raise _missing("DataFusionLoader (loongforge.data)", "datafusion", e) from e
-        return DataFusionLoader(args.data, args.batch_size, threads=args.loader_threads,
+        gpu: Dict[str, Any] = {}
+        if d.device.type == "cuda" and args.gpu_decode != "auto":
+            gpu["gpu_decode"] = args.gpu_decode == "on"
+        return DataFusionLoader(args.data, args.batch_size, threads=args.loader_threads, **gpu,
                                 prefetch=args.prefetch,
                                 token_pad=args.token_pad if args.token_pad else "batch_max",
                                 device=str(d.device), **common)
@@ -552,6 +557,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     loader = make_loader(args, d, on["datafusion"])
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
+    if on["datafusion"] and d.device.type == "cuda":
+        backend = _safe_metrics(loader).get("decode_backend")
+        if backend:
+            status["datafusion"] = f"on (decode: {backend})"
     # NexusSync also runs at world size 1 (flat gradient buckets, no collectives) so that the
     # single-process ablation measures its bookkeeping honestly.
     sync_kind = "nexussync" if on["nexussync"] else ("ddp" if d.world > 1 else "none")

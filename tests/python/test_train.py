@@ -85,7 +85,7 @@ def test_tuned_mode_matches_baseline_data(db, tmp_path):
 def test_loongforge_three_steps(db, tmp_path):
     s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
                        "--ckpt-dir", str(tmp_path / "v")], tmp_path, "l")
-    assert s["modules"]["datafusion"] == "on" and s["modules"]["vault"] == "on"
+    assert s["modules"]["datafusion"].startswith("on") and s["modules"]["vault"] == "on"
     assert s["modules"]["nexussync"] == "on" and "nexussync_stats" in s
     assert s["modules"]["memsculptor"] in ("off: needs CUDA", "on")
     assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
