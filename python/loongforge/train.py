@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .models.gr00t import Gr00tPolicy, count_parameters, get_config
+from .models.gr00t import Gr00tConfig, Gr00tPolicy, count_parameters, get_config
 
 MODULES = ("datafusion", "nexussync", "vault", "memsculptor")
 
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=float, default=1.0, help="grad-norm clip (0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-size", type=int, default=None, help="override the config's image size")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a model config field, e.g. --set moe_experts=4 (repeatable)")
     p.add_argument("--crop-fraction", type=float, default=0.95)
     p.add_argument("--color-jitter", action="store_true")
     p.add_argument("--no-augment", action="store_true", help="centre crop (deterministic images)")
@@ -508,10 +510,32 @@ def set_rng_state(st: Dict[str, Any], gen: torch.Generator) -> None:
 # The run
 
 
+def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
+    """'field=value' strings -> typed config overrides (ValueError naming a bad item)."""
+    fields = {f.name: f.type for f in dataclasses.fields(Gr00tConfig)}
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a Gr00tConfig field")
+        default = getattr(Gr00tConfig(), key)
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                out[key] = raw.lower() in ("true", "1")
+            else:
+                out[key] = type(default)(raw)
+        except ValueError as e:
+            raise ValueError(f"--set {item!r}: {key} takes a {type(default).__name__}") from e
+    return out
+
+
 def build_model(config: str, seed: int, image_size: Optional[int] = None,
-                schema: Optional[Dict[str, Any]] = None) -> Gr00tPolicy:
+                schema: Optional[Dict[str, Any]] = None,
+                overrides: Optional[Dict[str, Any]] = None) -> Gr00tPolicy:
     """The policy with a seed-determined init (identical in both modes)."""
-    cfg = get_config(config, image_size=image_size)
+    cfg = get_config(config, image_size=image_size, **(overrides or {}))
     if schema is not None:
         if int(schema["state_dim"]) > cfg.max_state_dim or int(schema["action_dim"]) > cfg.max_action_dim:
             raise TrainError(f"dataset state/action dims {schema['state_dim']}/{schema['action_dim']}"
@@ -546,7 +570,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     except (OSError, ValueError) as e:
         raise TrainError(str(e)) from e
     try:
-        model = build_model(args.config, args.seed, args.image_size, schema)
+        model = build_model(args.config, args.seed, args.image_size, schema,
+                            parse_overrides(args.set))
     except ValueError as e:
         raise TrainError(str(e)) from e
     cfg = model.cfg

@@ -116,6 +116,17 @@ def test_modes_same_order_and_close_first_loss(db, tmp_path):
     assert abs(la - lb) / la < 0.02, (la, lb)
 
 
+# Guards: the MoE variant trains through NexusSync with expert buckets and routing-load feedback.
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_moe_loongforge_feeds_expert_load(db, tmp_path):
+    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--no-vault",
+                       "--set", "moe_experts=4", "--set", "moe_top_k=2"], tmp_path, "moe")
+    assert s["params"]["dit"] > 0 and all(r["aux_loss"] > 0 for r in s["loss_curve"])
+    groups = json.dumps(s["nexussync_stats"])
+    assert "expert" in groups, groups[:400]
+    assert train.main(COMMON + ["--data", db, "--mode", "baseline", "--set", "moe=1"]) == 2
+
+
 # Guards: the same seed gives the same init and the same first-step loss on the same batch.
 def test_same_seed_same_init_and_loss(db):
     bl = BaselineLoader(db, 4, image_size=28, train=False, seed=0, workers=0)
