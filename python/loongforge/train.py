@@ -716,6 +716,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                   f"tok/s {tokens / step_s / 1:.0f} samples/s {samples / step_s:.1f}",
                   file=sys.stderr, flush=True)
     total_s = time.perf_counter() - t_run
+    it.close()  # stops the loader's pipeline (DataFusion threads, DataLoader workers) now
     if jsonl:
         jsonl.close()
     if args.trace and d.is_main:
