@@ -5,10 +5,13 @@
 # JSON, gpu_bench.json. Each step is time-bounded and a failing step does not stop the others;
 # the exit status is non-zero if any step failed. Budget: about 6 minutes.
 #
-#   OUT=/some/dir bash bench/loader/gpu_run.sh
+#   OUT=/some/dir bash bench/loader/gpu_run.sh      (standalone)
+#   bash bench/loader/gpu_run.sh OUTDIR              (from bench/gpu_suite.sh, which has already
+#                                                     built build-gpu and run every test)
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/results/gpu}
+OUT=${1:-${OUT:-$PWD/results/gpu}}
+BUILD=${BUILD:-build-gpu}
 mkdir -p "$OUT"
 status=0
 step() {  # step NAME TIMEOUT_S CMD...: runs CMD, logs to $OUT/NAME.log, prints its tail
@@ -29,26 +32,30 @@ PY=$(command -v python3)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 cat "$OUT/nvidia-smi.txt"
 
-step configure 120 cmake -S . -B build_gpu -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
+if [ ! -x "$BUILD/loongforge_tests" ]; then
+step configure 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$PY" \
   -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" || exit 1
 grep -q "nvJPEG=ON" "$OUT/configure.log" || echo "WARNING: nvJPEG not found: GPU loader tests will skip"
-step build 300 cmake --build build_gpu -j "$(nproc)" || exit 1
+step build 300 cmake --build "$BUILD" -j "$(nproc)" || exit 1
+fi
 
 # C++: kernel vs CPU reference, nvJPEG decoder (incl. 100k-decode leak check), GPU loader vs CPU
 # loader, plus the CPU loader suites as a regression check.
-step gtest_gpu 240 ./build_gpu/loongforge_tests \
+[ -n "${LF_SUITE:-}" ] || step gtest_gpu 240 "./$BUILD/loongforge_tests" \
   --gtest_filter='ImageKernels.*:NvJpegDecoder.*:GpuLoaderTest.*:ImageOps.*:LoaderTest.*:Sampler.*' \
   --gtest_output=json:"$OUT/gtest_gpu.json"
 
 # Python: DLPack CUDA tensors, side-stream consumer, fallback report.
-PYTHONPATH=python step pytest_gpu 120 "$PY" -m pytest -q -s tests/python/test_data_gpu.py
+[ -n "${LF_SUITE:-}" ] || PYTHONPATH=python step pytest_gpu 120 "$PY" -m pytest -q -s tests/python/test_data_gpu.py
 
 # Benchmark: GPU loader vs nvJPEG alone vs torchvision GPU decode vs DataLoader+PIL (16 workers).
 PYTHONPATH=python OUT="$OUT" step bench 300 "$PY" bench/loader/gpu_bench.py --out "$OUT"
 
 echo "=== summary"
-grep -h -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/gtest_gpu.log" | head -20
-tail -n 3 "$OUT/pytest_gpu.log"
+if [ -z "${LF_SUITE:-}" ]; then
+  grep -h -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/gtest_gpu.log" | head -20
+  tail -n 3 "$OUT/pytest_gpu.log"
+fi
 sed -n '/^GPU loader benchmark/,$p' "$OUT/bench.log"
 exit $status
