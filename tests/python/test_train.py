@@ -15,8 +15,10 @@ from loongforge import train  # noqa: E402
 from loongforge.trainer_data import BaselineLoader, epoch_order  # noqa: E402
 
 torch.set_num_threads(1)
+# In-process runs stay on the CPU: MemSculptor must be installed before a process's first CUDA
+# allocation, so GPU runs go through subprocesses (test_gpu_modes).
 COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
-          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1"]
+          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu"]
 
 
 def _has_datafusion() -> bool:
@@ -195,3 +197,28 @@ def test_cli_errors(db, tmp_path, capsys):
     if not _has_datafusion():
         assert train.main(["--data", db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err
+
+
+# Guards: the GPU paths (bf16 autocast, fused AdamW, GPU DataFusion, MemSculptor, CUDA snapshots)
+# run end to end, each mode in a fresh process, with close first losses.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_modes(db, tmp_path):
+    import subprocess
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(train.__file__), "..") + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    out = {}
+    for mode in ("baseline", "tuned", "loongforge"):
+        js = str(tmp_path / f"{mode}.json")
+        cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
+               "--batch-size", "4", "--warmup", "1", "--steps", "4", "--workers", "1",
+               "--device", "cuda", "--data", db, "--mode", mode, "--quiet", "--no-augment",
+               "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / f"ck_{mode}"), "--json-out", js]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = json.load(open(js))
+    lf = out["loongforge"]
+    assert lf["modules"]["memsculptor"] == "on" and lf["modules"]["datafusion"].startswith("on")
+    assert lf["figures"]["memory"]["kind"] == "cuda"
+    a, b = out["baseline"]["loss_curve"][0]["loss"], lf["loss_curve"][0]["loss"]
+    assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
