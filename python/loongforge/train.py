@@ -789,7 +789,7 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"== {s['mode']} | config {s['config']} @ {s['image_size']}px | batch {s['batch_size']} x "
         f"accum {s['grad_accum']} x world {s['world_size']} | {s['device']} | "
         f"{f['timed_steps']} timed steps",
-        f"   modules: " + ", ".join(f"{k} {v}" for k, v in s["modules"].items()),
+        "   modules: " + ", ".join(f"{k} {v}" for k, v in s["modules"].items()),
         f"   tokens/GPU/s {f['tokens_per_gpu_per_s']:.1f} | samples/s {f['samples_per_s']:.2f} | "
         f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms",
         f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
