@@ -171,9 +171,8 @@ def main() -> None:
         return go
 
     def dataloader_pil():
-        from loongforge.baseline_data import BaselineLoader
-        bl = BaselineLoader(db, B, workers=args.workers, image_size=224, persistent_workers=True,
-                            prefetch_factor=2)
+        from loongforge.trainer_data import BaselineLoader
+        bl = BaselineLoader(db, B, workers=args.workers, image_size=224)
 
         def gen():
             ep = 0
