@@ -1,36 +1,61 @@
 #!/usr/bin/env bash
-# One script for the GPU machine (see ../shared/GPU.md): builds with CUDA, runs every C++ test
-# (GPU tests included), the Python tests under torch 2.x, and the GPU benchmarks. Writes logs and
-# JSON under ${OUT:-results/gpu}; prints a short summary last.
+# One script for the GPU machine (see ../shared/GPU.md), in phases so each fits one device call
+# (10 minutes at most):
 #
-#   bash bench/gpu_suite.sh            # from the repo root, with .gpudeps/ carried along
+#   bash bench/gpu_suite.sh test            # configure + build (build-gpu/), ctest (GPU tests run),
+#                                           # pytest under torch 2.x
+#   bash bench/gpu_suite.sh bench [NAMES]   # bench/<name>/gpu_run.sh for each name (default: all)
+#
+# From the repo root, with .gpudeps/ carried along (tools/gpu-deps.sh fetch on a CPU machine).
+# Logs and JSON go to ${OUT:-results/gpu}; a short summary is printed last.
 set -uo pipefail
+phase=${1:-test}
+shift || true
 OUT=${OUT:-results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LF_SUITE=1 BUILD=build-gpu
 eval "$(bash tools/gpu-deps.sh unpack)"
+export PATH=/usr/local/cuda/bin:$PATH
 PY=${PY:-python3}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+export PY
 summary=()
 step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
+  local name=$1 t=$2
+  shift 2
+  local t0
+  t0=$(date +%s)
+  echo "=== $name ($(date +%T))"
   timeout "$t" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-22s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  tail -n 25 "$OUT/$name.log"
+  summary+=("$(printf '%-22s rc=%-4s %4ss' "$name" "$rc" "$(($(date +%s) - t0))")")
+  tail -n 30 "$OUT/$name.log"
   return $rc
 }
-step configure 300 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v $PY)" \
-  -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)"
-step build 600 cmake --build build-gpu -j 16
-step ctest 600 bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 300"
-export PYTHONPATH=$PWD/python
-step pytest 600 $PY -m pytest -q -x -p no:cacheprovider tests/python
-for s in bench/*/gpu_run.sh; do
-  [ -f "$s" ] || continue
-  n=$(basename "$(dirname "$s")")
-  step "bench_$n" 600 bash "$s" "$OUT"
-done
-echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+
+case "$phase" in
+  test)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+    step configure 240 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v "$PY")" \
+      -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)"
+    grep -E "LoongForge:" "$OUT/configure.log"
+    step build 360 cmake --build build-gpu -j "$(nproc)"
+    step ctest 300 bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 240"
+    grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -30
+    export PYTHONPATH=$PWD/python
+    step pytest 300 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python
+    ;;
+  bench)
+    export PYTHONPATH=$PWD/python
+    names=("$@")
+    if [ ${#names[@]} -eq 0 ]; then
+      for s in bench/*/gpu_run.sh; do names+=("$(basename "$(dirname "$s")")"); done
+    fi
+    for n in "${names[@]}"; do
+      step "bench_$n" 420 bash "bench/$n/gpu_run.sh" "$OUT"
+    done
+    ;;
+  *) echo "usage: $0 test | bench [names]" >&2; exit 2 ;;
+esac
+echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"

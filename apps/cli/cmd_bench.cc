@@ -18,7 +18,8 @@ namespace {
 double CpuSeconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 int64_t RssKb() {
@@ -39,6 +40,7 @@ int RunBenchLoader(int argc, char** argv) {
       .Flag("epochs", "1", "epochs to run")
       .Flag("max-batches", "0", "stop each epoch after this many batches (0 = all)")
       .Flag("warmup", "3", "batches excluded from the timing")
+      .Flag("device", "cpu", "cpu | cuda (nvJPEG + fused kernel; needs a build with nvJPEG)")
       .Switch("jitter", "colour jitter on")
       .Switch("no-dct", "disable DCT-domain scaling")
       .Switch("json", "print one JSON object");
@@ -66,6 +68,10 @@ int RunBenchLoader(int argc, char** argv) {
     if (Status s = geti(name, dst); !s.ok()) return Fail("bench loader", s);
   o.color_jitter = a.Has("jitter");
   o.dct_scaling = !a.Has("no-dct");
+  if (a.Get("device") == "cuda")
+    o.device = LoaderDevice::kCuda;
+  else if (a.Get("device") != "cpu")
+    return Fail("bench loader", InvalidArgumentError("--device must be cpu or cuda"));
   auto dl = DataLoader::Create(o);
   if (!dl.ok()) return Fail("bench loader", dl.status());
   Histogram interval;
@@ -106,11 +112,12 @@ int RunBenchLoader(int argc, char** argv) {
   double sps = samples / wall;
   double cpu_ms_per_image = images > 0 ? 1e3 * cpu / images : 0;
   if (a.Has("json")) {
-    std::printf("{\"samples_per_s\": %.2f, \"images_per_s\": %.2f, \"batches\": %lld, "
-                "\"interval_ms\": %s, \"pipeline_latency_ms\": %s, \"cpu_ms_per_image\": %.3f, "
-                "\"rss_kb_per_epoch\": [",
-                sps, images / wall, static_cast<long long>(iv.count + 1), SummaryToJson(iv).c_str(),
-                SummaryToJson(lat).c_str(), cpu_ms_per_image);
+    std::printf(
+        "{\"samples_per_s\": %.2f, \"images_per_s\": %.2f, \"batches\": %lld, "
+        "\"interval_ms\": %s, \"pipeline_latency_ms\": %s, \"cpu_ms_per_image\": %.3f, "
+        "\"rss_kb_per_epoch\": [",
+        sps, images / wall, static_cast<long long>(iv.count + 1), SummaryToJson(iv).c_str(),
+        SummaryToJson(lat).c_str(), cpu_ms_per_image);
     for (size_t i = 0; i < rss_per_epoch.size(); ++i)
       std::printf("%s%lld", i ? ", " : "", static_cast<long long>(rss_per_epoch[i]));
     std::printf("], \"metrics\": %s}\n", (*dl)->metrics().ToJson().c_str());
@@ -118,10 +125,13 @@ int RunBenchLoader(int argc, char** argv) {
     std::printf("DataFusion loader: %s, batch %d, %d threads, %dx%d out\n", o.db_path.c_str(),
                 o.batch_size, o.threads, o.image_size, o.image_size);
     std::printf("  samples/s          %.1f  (images/s %.1f)\n", sps, images / wall);
-    std::printf("  interval ms        p50 %.2f  p99 %.2f  std %.2f (%.1f%% of mean)\n", iv.p50, iv.p99,
-                iv.std, iv.mean > 0 ? 100 * iv.std / iv.mean : 0);
+    std::printf("  interval ms        p50 %.2f  p99 %.2f  std %.2f (%.1f%% of mean)\n", iv.p50,
+                iv.p99, iv.std, iv.mean > 0 ? 100 * iv.std / iv.mean : 0);
     std::printf("  pipeline latency   p50 %.2f ms  p99 %.2f ms\n", lat.p50, lat.p99);
     std::printf("  CPU per image      %.3f ms\n", cpu_ms_per_image);
+    LoaderDeviceInfo di = (*dl)->device_info();
+    std::printf("  decode             %s (hw_decode %s): %s\n", di.decode_backend.c_str(),
+                di.hw_decode ? "yes" : "no", di.reason.c_str());
     std::printf("  RSS per epoch (MB)");
     for (int64_t r : rss_per_epoch) std::printf(" %.1f", r / 1024.0);
     std::printf("\n  stages:\n%s", (*dl)->metrics().ToText().c_str());

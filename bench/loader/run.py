@@ -101,7 +101,7 @@ def main() -> None:
 
     import torch
     import loongforge
-    from loongforge.baseline_data import BaselineLoader
+    from loongforge.trainer_data import BaselineLoader
 
     db = args.db
     if db is None:

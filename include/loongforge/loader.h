@@ -56,6 +56,13 @@ class Sampler {
 
 enum class CorruptPolicy { kSkip, kError };
 
+// Where stage 2/3 run and batches live. kCuda: nvJPEG batched decode (hardware JPEG engine where
+// the GPU has one) + one fused CUDA kernel per batch, batches in device memory (Note [GPU loader]
+// in src/data/loader.cc). Needs a build with CUDA and nvJPEG: see DataLoader::GpuSupport().
+enum class LoaderDevice { kCpu, kCuda };
+enum class ImageLayout { kNCHW, kNHWC };  // images [n, cams, 3, H, W] or [n, cams, H, W, 3]
+enum class ImageDType { kFloat32, kBFloat16 };
+
 struct LoaderOptions {
   std::string db_path;
   int batch_size = 32;
@@ -76,6 +83,14 @@ struct LoaderOptions {
   CorruptPolicy on_corrupt = CorruptPolicy::kSkip;
   bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
   int64_t timeout_ms = 60000;  // every wait inside the pipeline
+  // GPU loader (device = kCuda). layout/dtype/antialias other than the defaults need kCuda.
+  LoaderDevice device = LoaderDevice::kCpu;
+  int device_id = 0;
+  ImageLayout layout = ImageLayout::kNCHW;
+  ImageDType dtype = ImageDType::kFloat32;
+  bool antialias = false;        // triangle filter widened by the downscale factor
+  bool hw_decode = true;         // use the JPEG engine when the GPU has one
+  float hw_decode_ratio = -1.f;  // share of engine-eligible images on the engine; < 0: measured
 };
 
 // One model-ready batch. Buffers are owned by the loader's pool; a batch returns to the pool when
@@ -94,6 +109,25 @@ struct Batch {
   int64_t* sample_index = nullptr;    // [size]
   bool pinned = false;
   double latency_ms = 0;  // stage-1 start to publication
+  // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
+  // `images` holds `image_dtype` elements (bf16 bits when kBFloat16) in `image_layout`. The batch
+  // is complete when Next() returns it (Next() waits for its `ready_event`).
+  int device_type = 1;  // DLPack: 1 CPU, 2 CUDA
+  int device_id = 0;
+  ImageLayout image_layout = ImageLayout::kNCHW;
+  ImageDType image_dtype = ImageDType::kFloat32;
+  void* ready_event = nullptr;  // cudaEvent_t
+};
+
+// What the loader decodes with, for metrics: "hw_decode", "decode_backend", "reason".
+struct LoaderDeviceInfo {
+  bool gpu = false;
+  bool hw_decode = false;
+  std::string decode_backend = "libjpeg-turbo";  // or "hardware+gpu_hybrid", "gpu_hybrid", ...
+  std::string reason;
+  float hw_ratio = 0.f;
+  bool ratio_measured = false;
+  int64_t images_hw = 0, images_cuda = 0, images_cpu = 0;
 };
 
 class DataLoader {
@@ -117,6 +151,15 @@ class DataLoader {
 
   MetricsRegistry& metrics();
   int64_t corrupt_skipped() const;
+
+  // Decode backend in use and why.
+  LoaderDeviceInfo device_info() const;
+  // Whether this build and machine can run device = kCuda; `reason` says why not (or what runs).
+  static bool GpuSupport(int device_id, std::string* reason);
+  // GPU loader: the CUDA stream (cudaStream_t) the consumer reads batches on. A released batch's
+  // device buffers are rewritten only after the work queued on that stream before the release has
+  // run (as torch's record_stream). Default 0: the legacy default stream.
+  void SetConsumerStream(void* stream);
 
  private:
   DataLoader() = default;

@@ -1,9 +1,16 @@
-// Bindings of DataFusion's CPU loader: _C.DataLoader yields dicts of DLPack capsules.
+// Bindings of DataFusion's loader: _C.DataLoader yields dicts of DLPack capsules (host memory, or
+// CUDA device memory with device='cuda'); _C.NvJpegDecoder exposes the batch decoder alone (for
+// benchmarks) in builds with nvJPEG.
 #include <pybind11/stl.h>
+
+#include <chrono>
 
 #include "bindings.h"
 #include "dlpack_capsule.h"
 #include "loongforge/loader.h"
+#ifdef LOONGFORGE_WITH_NVJPEG
+#include "data/nvjpeg_decoder.h"
+#endif
 
 namespace loongforge {
 namespace {
@@ -66,6 +73,38 @@ LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
       o.pin_memory = v.cast<bool>();
     else if (k == "timeout_ms")
       o.timeout_ms = v.cast<int64_t>();
+    else if (k == "device") {
+      std::string d = v.cast<std::string>();
+      if (d == "cpu")
+        o.device = LoaderDevice::kCpu;
+      else if (d == "cuda")
+        o.device = LoaderDevice::kCuda;
+      else
+        ThrowStatus(InvalidArgumentError("device must be 'cpu' or 'cuda', got '" + d + "'"));
+    } else if (k == "device_id")
+      o.device_id = v.cast<int>();
+    else if (k == "layout") {
+      std::string l = v.cast<std::string>();
+      if (l == "NCHW")
+        o.layout = ImageLayout::kNCHW;
+      else if (l == "NHWC")
+        o.layout = ImageLayout::kNHWC;
+      else
+        ThrowStatus(InvalidArgumentError("layout must be 'NCHW' or 'NHWC', got '" + l + "'"));
+    } else if (k == "dtype") {
+      std::string t = v.cast<std::string>();
+      if (t == "float32")
+        o.dtype = ImageDType::kFloat32;
+      else if (t == "bfloat16")
+        o.dtype = ImageDType::kBFloat16;
+      else
+        ThrowStatus(InvalidArgumentError("dtype must be 'float32' or 'bfloat16', got '" + t + "'"));
+    } else if (k == "antialias")
+      o.antialias = v.cast<bool>();
+    else if (k == "hw_decode")
+      o.hw_decode = v.cast<bool>();
+    else if (k == "hw_decode_ratio")
+      o.hw_decode_ratio = v.cast<float>();
     else if (k == "on_corrupt") {
       std::string p = v.cast<std::string>();
       if (p == "skip")
@@ -82,22 +121,26 @@ LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
 }
 
 py::dict BatchDict(std::shared_ptr<Batch> b) {
-  using dlpack::MakeCapsule;
   std::shared_ptr<const void> owner = b;
+  const int32_t dev = b->device_type, dev_id = b->device_id;
+  auto cap = [&](void* p, std::vector<int64_t> shape, dlpack::DLDataType t) {
+    return dlpack::MakeCapsule(owner, p, std::move(shape), t, dev, dev_id);
+  };
   const int64_t n = b->size;
   py::dict d;
-  d["images"] =
-      MakeCapsule(owner, b->images, {n, b->cameras, 3, b->height, b->width}, dlpack::kFloat32);
-  d["tokens"] = MakeCapsule(owner, b->tokens, {n, b->tokens_len}, dlpack::kInt64);
-  d["attention_mask"] =
-      MakeCapsule(owner, b->attention_mask, {n, b->tokens_len},
-                  dlpack::kUInt8);  // bool view in Python (torch 1.13 lacks DLPack bool)
-  d["state"] = MakeCapsule(owner, b->state, {n, b->state_dim}, dlpack::kFloat32);
-  d["action"] = MakeCapsule(owner, b->action, {n, b->horizon, b->action_dim}, dlpack::kFloat32);
-  d["action_mask"] =
-      MakeCapsule(owner, b->action_mask, {n, b->horizon},
-                  dlpack::kUInt8);  // bool view in Python (torch 1.13 lacks DLPack bool)
-  d["sample_index"] = MakeCapsule(owner, b->sample_index, {n}, dlpack::kInt64);
+  const bool nhwc = b->image_layout == ImageLayout::kNHWC;
+  d["images"] = cap(b->images,
+                    nhwc ? std::vector<int64_t>{n, b->cameras, b->height, b->width, 3}
+                         : std::vector<int64_t>{n, b->cameras, 3, b->height, b->width},
+                    b->image_dtype == ImageDType::kBFloat16 ? dlpack::kBFloat16 : dlpack::kFloat32);
+  d["tokens"] = cap(b->tokens, {n, b->tokens_len}, dlpack::kInt64);
+  // Masks travel as uint8: bool view in Python (torch 1.13 lacks DLPack bool).
+  d["attention_mask"] = cap(b->attention_mask, {n, b->tokens_len}, dlpack::kUInt8);
+  d["state"] = cap(b->state, {n, b->state_dim}, dlpack::kFloat32);
+  d["action"] = cap(b->action, {n, b->horizon, b->action_dim}, dlpack::kFloat32);
+  d["action_mask"] = cap(b->action_mask, {n, b->horizon}, dlpack::kUInt8);
+  d["sample_index"] = cap(b->sample_index, {n}, dlpack::kInt64);
+  d["device_type"] = dev;
   d["epoch"] = b->epoch;
   d["index"] = b->index;
   d["pinned"] = b->pinned;
@@ -105,19 +148,61 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   return d;
 }
 
+py::dict DeviceInfoDict(const LoaderDeviceInfo& i) {
+  py::dict d;
+  d["gpu"] = i.gpu;
+  d["hw_decode"] = i.hw_decode;
+  d["decode_backend"] = i.decode_backend;
+  d["reason"] = i.reason;
+  d["hw_ratio"] = i.hw_ratio;
+  d["ratio_measured"] = i.ratio_measured;
+  d["images_hw"] = i.images_hw;
+  d["images_cuda"] = i.images_cuda;
+  d["images_cpu"] = i.images_cpu;
+  return d;
+}
+
 void BindData(py::module_& m) {
-  py::class_<RecordReader>(m, "RecordReader",
-                           "Read-only access to a packed dataset's raw records (copies into bytes).")
+  py::class_<RecordReader>(
+      m, "RecordReader", "Read-only access to a packed dataset's raw records (copies into bytes).")
       .def(py::init([](const std::string& path) { return ValueOrThrow(RecordReader::Open(path)); }),
            py::arg("path"))
-      .def("get", [](const RecordReader& r, const std::string& key) {
-             auto txn = ValueOrThrow(r.Begin());
-             std::string_view v = ValueOrThrow(txn.Get(key));
-             return py::bytes(v.data(), v.size());
-           }, py::arg("key"), "The record's bytes; FileNotFoundError naming the key if absent.")
+      .def(
+          "get",
+          [](const RecordReader& r, const std::string& key) {
+            auto txn = ValueOrThrow(r.Begin());
+            std::string_view v = ValueOrThrow(txn.Get(key));
+            return py::bytes(v.data(), v.size());
+          },
+          py::arg("key"), "The record's bytes; FileNotFoundError naming the key if absent.")
       .def("keys", [](const RecordReader& r) { return ValueOrThrow(r.Keys()); })
-      .def_property_readonly("schema_json", [](const RecordReader& r) { return r.schema().ToJson(); })
+      .def_property_readonly("schema_json",
+                             [](const RecordReader& r) { return r.schema().ToJson(); })
       .def_property_readonly("size_bytes", &RecordReader::size_bytes);
+
+  py::class_<RecordWriter>(m, "RecordWriter",
+                           "Writes a packed dataset (synthetic data for tests and benchmarks).")
+      .def(py::init([](const std::string& path, bool overwrite) {
+             return ValueOrThrow(RecordWriter::Create(path, overwrite));
+           }),
+           py::arg("path"), py::arg("overwrite") = false)
+      .def(
+          "put",
+          [](RecordWriter& w, const std::string& key, const py::bytes& value) {
+            char* p = nullptr;
+            Py_ssize_t len = 0;
+            PyBytes_AsStringAndSize(value.ptr(), &p, &len);
+            ThrowIfError(w.Put(key, std::string_view(p, static_cast<size_t>(len))));
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "commit",
+          [](RecordWriter& w, const std::string& schema_json) {
+            Schema s = ValueOrThrow(Schema::FromJson(schema_json, "schema_json"));
+            py::gil_scoped_release nogil;
+            ThrowIfError(w.Commit(s));
+          },
+          py::arg("schema_json"), "Writes the schema record and publishes the DB atomically.");
 
   py::class_<DataLoader>(m, "DataLoader", "DataFusion CPU loader (use loongforge.DataFusionLoader)")
       .def(py::init([](const std::string& db, py::kwargs kw) {
@@ -156,14 +241,86 @@ void BindData(py::module_& m) {
       .def_property_readonly("next_batch", &DataLoader::next_batch)
       .def_property_readonly("corrupt_skipped", &DataLoader::corrupt_skipped)
       .def_property_readonly("schema_json", [](DataLoader& d) { return d.schema().ToJson(); })
-      .def("metrics", [](DataLoader& d) {
-        py::dict out, hist, cnt;
-        for (const auto& [k, s] : d.metrics().Histograms()) hist[py::str(k)] = SummaryDict(s);
-        for (const auto& [k, v] : d.metrics().Counters()) cnt[py::str(k)] = v;
-        out["histograms"] = hist;
-        out["counters"] = cnt;
-        return out;
+      .def("metrics",
+           [](DataLoader& d) {
+             py::dict out, hist, cnt;
+             for (const auto& [k, s] : d.metrics().Histograms()) hist[py::str(k)] = SummaryDict(s);
+             for (const auto& [k, v] : d.metrics().Counters()) cnt[py::str(k)] = v;
+             out["histograms"] = hist;
+             out["counters"] = cnt;
+             out["device"] = DeviceInfoDict(d.device_info());
+             return out;
+           })
+      .def("device_info", [](DataLoader& d) { return DeviceInfoDict(d.device_info()); })
+      .def(
+          "set_consumer_stream",
+          [](DataLoader& d, uintptr_t stream) {
+            d.SetConsumerStream(reinterpret_cast<void*>(stream));
+          },
+          py::arg("stream"),
+          "CUDA stream (torch.cuda.Stream.cuda_stream) the batches are read on; released "
+          "batches are rewritten only after that stream's queued work.");
+
+  m.def(
+      "gpu_loader_support",
+      [](int device_id) {
+        std::string reason;
+        bool ok = DataLoader::GpuSupport(device_id, &reason);
+        return py::make_tuple(ok, reason);
+      },
+      py::arg("device_id") = 0, "(available, reason) for DataLoader(device='cuda').");
+
+#ifdef LOONGFORGE_WITH_NVJPEG
+  using internal::NvJpegBatchDecoder;
+  py::class_<NvJpegBatchDecoder>(m, "NvJpegDecoder",
+                                 "nvJPEG batch decoder alone (benchmarks): decode() is synchronous")
+      .def(py::init([](int device, float hw_ratio, bool hw) {
+             internal::NvJpegDecoderOptions o;
+             o.device = device;
+             o.hw_ratio = hw_ratio;
+             o.allow_hardware = hw;
+             return ValueOrThrow(NvJpegBatchDecoder::Create(o));
+           }),
+           py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true)
+      .def(
+          "decode",
+          [](NvJpegBatchDecoder& dec, const std::vector<py::bytes>& files) {
+            std::vector<std::string_view> views;
+            for (const py::bytes& f : files) {
+              char* p = nullptr;
+              Py_ssize_t len = 0;
+              PyBytes_AsStringAndSize(f.ptr(), &p, &len);
+              views.emplace_back(p, static_cast<size_t>(len));
+            }
+            py::gil_scoped_release nogil;
+            std::vector<internal::DecodedImage> out;
+            std::vector<Status> st;
+            ThrowIfError(dec.Decode(
+                views, [](size_t i) { return "image " + std::to_string(i); }, &out, &st));
+            ThrowIfError(dec.ReleaseAfter(dec.stream()));
+            cudaError_t e = cudaStreamSynchronize(dec.stream());
+            if (e != cudaSuccess) ThrowStatus(InternalError(cudaGetErrorString(e)));
+            int ok = 0;
+            for (const Status& s : st) ok += s.ok();
+            return ok;
+          },
+          py::arg("files"), "Decodes a batch of JPEG bytes on the GPU; returns how many decoded.")
+      .def("info", [](NvJpegBatchDecoder& dec) {
+        internal::NvJpegDecoderInfo i = dec.info();
+        py::dict d;
+        d["hw_available"] = i.hw_available;
+        d["backend"] = i.backend;
+        d["reason"] = i.reason;
+        d["hw_ratio"] = i.hw_ratio;
+        d["ratio_measured"] = i.ratio_measured;
+        d["hw_ms_per_image"] = i.hw_ms_per_image;
+        d["cuda_ms_per_image"] = i.cuda_ms_per_image;
+        d["images_hw"] = i.images_hw;
+        d["images_cuda"] = i.images_cuda;
+        d["images_cpu"] = i.images_cpu;
+        return d;
       });
+#endif
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ constexpr DLDataType kFloat32{2, 32, 1};
 constexpr DLDataType kInt64{0, 64, 1};
 constexpr DLDataType kUInt8{1, 8, 1};
 constexpr DLDataType kBool{6, 8, 1};
+constexpr DLDataType kBFloat16{4, 16, 1};
 
 struct Holder {
   std::shared_ptr<const void> owner;
@@ -48,7 +49,8 @@ struct Holder {
 };
 
 // Returns a PyCapsule named "dltensor" viewing `data` with `shape` (compact, row-major).
-// `device_type` 1 for pageable host memory; torch reads pinned host memory as CPU too.
+// `device_type` 1 for host memory (torch reads pinned host memory as CPU too), 2 for CUDA device
+// memory of `device_id`.
 inline pybind11::capsule MakeCapsule(std::shared_ptr<const void> owner, void* data,
                                      std::vector<int64_t> shape, DLDataType dtype,
                                      int32_t device_type = 1, int32_t device_id = 0) {

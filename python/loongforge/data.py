@@ -3,10 +3,17 @@
 ``DataFusionLoader`` is an iterable of dicts of torch tensors. The tensors share memory with the
 C++ batch buffers through DLPack (no copy); a buffer is recycled when its tensors are freed, so
 keep a batch only as long as you need it (or ``.clone()`` what you keep).
+
+With ``device='cuda'`` and a build with nvJPEG, decoding and the image transform run on the GPU
+(nvJPEG batched decode, hardware JPEG engine where the GPU has one, one fused kernel) and the
+batches are CUDA tensors from the start; otherwise the CPU pipeline runs and batches are copied
+with ``non_blocking=True``. ``metrics()['decode_backend']`` / ``['hw_decode']`` / ``['reason']``
+say which ran and why.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 import torch
@@ -33,9 +40,18 @@ class DataFusionLoader:
         threads: decode threads. prefetch: batches in flight.
         token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
         on_corrupt: 'skip' (count, log, drop the sample) or 'error' (raise naming the record).
-        device: 'cpu' or 'cuda' (batches are copied to the device with non_blocking=True from
-            pinned buffers).
+        device: 'cpu' or 'cuda[:N]'. CUDA: the GPU loader when the build has nvJPEG (see
+            gpu_decode), else the CPU loader and a non_blocking copy from pinned buffers.
+        gpu_decode: None (GPU loader when available, else fall back and say why in metrics()),
+            True (require it: RuntimeError naming the reason if unavailable), False (CPU loader).
+        layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
+        dtype: torch.float32 or torch.bfloat16 for images.
+        antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
+        hw_decode: use the GPU's JPEG engine when it has one. hw_decode_ratio: share of eligible
+            images sent to it (the rest to nvJPEG's CUDA backend); < 0 measures it.
         pin_memory: page-locked buffers; default True when device is CUDA.
+        dct_scaling: CPU loader: let libjpeg-turbo downscale in the DCT domain (faster; the GPU
+            loader always decodes at full size, so set False to compare the two).
         normalize_state: normalize state/action with the dataset's mean/std.
         mean, std: image normalization per channel.
     """
@@ -64,10 +80,45 @@ class DataFusionLoader:
         mean: Sequence[float] = (0.5, 0.5, 0.5),
         std: Sequence[float] = (0.5, 0.5, 0.5),
         timeout_s: float = 60.0,
+        gpu_decode: Optional[bool] = None,
+        layout: str = "NCHW",
+        dtype: torch.dtype = torch.float32,
+        antialias: bool = False,
+        hw_decode: bool = True,
+        hw_decode_ratio: float = -1.0,
+        dct_scaling: bool = True,
     ) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("DataFusionLoader: device='cuda' but torch has no CUDA device")
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        dtype_names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+        if dtype not in dtype_names:
+            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        self.layout, self.dtype = layout, dtype
+        self._gpu = False
+        self._fallback_reason: Optional[str] = None
+        gpu_kwargs: Dict[str, Any] = {}
+        if self.device.type == "cuda":
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            ok, why = _C.gpu_loader_support(self.device.index)
+            if gpu_decode is False:
+                self._fallback_reason = "gpu_decode=False"
+            elif ok:
+                self._gpu = True
+            elif gpu_decode:
+                raise RuntimeError(f"DataFusionLoader: GPU loader unavailable: {why}")
+            else:
+                self._fallback_reason = why
+        if self._gpu:
+            gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
+                              dtype=dtype_names[dtype], antialias=antialias, hw_decode=hw_decode,
+                              hw_decode_ratio=float(hw_decode_ratio))
+        elif antialias:
+            warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
+                          f"({self._fallback_reason or 'device=cpu'})")
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         if token_pad == "batch_max":
@@ -81,7 +132,8 @@ class DataFusionLoader:
             color_jitter=color_jitter, train=train, seed=seed, rank=rank, world_size=world_size,
             shuffle=shuffle, drop_last=drop_last, threads=threads, prefetch=prefetch, token_pad=pad,
             on_corrupt=on_corrupt, pin_memory=bool(pin_memory), normalize_state=normalize_state,
-            mean=list(mean), std=list(std), timeout_ms=int(timeout_s * 1000))
+            mean=list(mean), std=list(std), timeout_ms=int(timeout_s * 1000),
+            dct_scaling=dct_scaling, **gpu_kwargs)
         self.db_path = str(db_path)
         self.batch_size = batch_size
         self.seed = seed
@@ -103,17 +155,40 @@ class DataFusionLoader:
         epoch, start = self._epoch, self._start_batch
         self._impl.start(epoch, start)
         self._yielded = start
+        # CPU loader + CUDA: the host batch of the last non_blocking copy and its event; the host
+        # buffer returns to the loader's pool (and is rewritten) only after the copy has run.
+        in_flight = None
         try:
             while True:
+                if self._gpu:
+                    # Batches released from here on are rewritten only after this stream's
+                    # queued work (Note [GPU loader] in src/data/loader.cc).
+                    stream = torch.cuda.current_stream(self.device)
+                    self._impl.set_consumer_stream(stream.cuda_stream)
                 raw = self._impl.next()
+                if in_flight is not None:
+                    in_flight[1].synchronize()
+                    in_flight = None
                 if raw is None:
                     break
                 batch = {k: from_dlpack(raw[k]) for k in _TENSOR_KEYS}
                 # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
                 for k in _BOOL_KEYS:
                     batch[k] = batch[k].view(torch.bool)
-                if self.device.type == "cuda":
-                    batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                if self.device.type == "cuda" and not self._gpu:
+                    host = batch
+                    batch = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+                    event = torch.cuda.Event()
+                    event.record()
+                    in_flight = (host, event)
+                    if self.layout == "NHWC":
+                        batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+                    if self.dtype != torch.float32:
+                        batch["images"] = batch["images"].to(self.dtype)
+                elif self.device.type == "cpu" and self.layout == "NHWC":
+                    batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+                if self.device.type == "cpu" and self.dtype != torch.float32:
+                    batch["images"] = batch["images"].to(self.dtype)
                 self._yielded = int(raw["index"]) + 1
                 self._start_batch = self._yielded
                 yield batch
@@ -138,8 +213,24 @@ class DataFusionLoader:
         self._start_batch = int(state["next_batch"])
 
     def metrics(self) -> Dict[str, Any]:
-        """Per-stage latency histograms (ms) and counters (images, batches, corrupt_skipped)."""
-        return self._impl.metrics()
+        """Per-stage latency histograms (ms), counters (images, batches, corrupt_skipped), and
+        which decoder ran: 'hw_decode' (bool), 'decode_backend' (str), 'reason' (str)."""
+        m = self._impl.metrics()
+        dev = dict(m.get("device", {}))
+        if self._fallback_reason is not None:
+            dev.update(gpu=False, hw_decode=False,
+                       decode_backend="libjpeg-turbo (CPU) + non_blocking copy",
+                       reason=f"GPU loader not used: {self._fallback_reason}")
+        m["device"] = dev
+        m["hw_decode"] = bool(dev.get("hw_decode", False))
+        m["decode_backend"] = str(dev.get("decode_backend", "libjpeg-turbo"))
+        m["reason"] = str(dev.get("reason", ""))
+        return m
+
+    @property
+    def gpu_pipeline(self) -> bool:
+        """True when decode and transforms run on the GPU (the nvJPEG loader)."""
+        return self._gpu
 
     @property
     def corrupt_skipped(self) -> int:

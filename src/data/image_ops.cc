@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "loongforge/logging.h"
 
@@ -202,6 +203,47 @@ void CropResizeNormalizeReference(const RgbImage& src, const CropBox& box, int o
         double top = px(x0, y0, c) * (1 - wx) + px(x1, y0, c) * wx;
         double bot = px(x0, y1, c) * (1 - wx) + px(x1, y1, c) * wx;
         v[c] = static_cast<float>(top * (1 - wy) + bot * wy);
+      }
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      for (int c = 0; c < 3; ++c)
+        out[(static_cast<size_t>(c) * out_h + dy) * out_w + dx] =
+            static_cast<float>((v[c] / 255.0 - norm.mean[c]) / norm.std[c]);
+    }
+  }
+}
+
+void CropResizeAntialiasReference(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                                  const Jitter& jitter, float gray_mean,
+                                  const NormalizeParams& norm, float* out) {
+  const int xlo = std::max(0, static_cast<int>(std::floor(box.x0)));
+  const int ylo = std::max(0, static_cast<int>(std::floor(box.y0)));
+  const int xhi = static_cast<int>(std::min<double>(box.x0 + box.w - 1, src.width - 1));
+  const int yhi = static_cast<int>(std::min<double>(box.y0 + box.h - 1, src.height - 1));
+  const double sx = static_cast<double>(box.w) / out_w, sy = static_cast<double>(box.h) / out_h;
+  const double rx = std::max(sx, 1.0), ry = std::max(sy, 1.0);
+  // Taps and normalized weights of one axis.
+  auto taps = [](double c, double r, int lo, int hi, std::vector<std::pair<int, double>>* t) {
+    t->clear();
+    double sum = 0;
+    for (int i = std::max(lo, static_cast<int>(std::floor(c - r)));
+         i <= std::min(hi, static_cast<int>(std::ceil(c + r))); ++i) {
+      double w = std::max(0.0, 1.0 - std::fabs((i + 0.5 - c) / r));
+      if (w > 0) t->push_back({i, w}), sum += w;
+    }
+    for (auto& p : *t) p.second /= sum;
+  };
+  std::vector<std::pair<int, double>> tx, ty;
+  for (int dy = 0; dy < out_h; ++dy) {
+    taps((dy + 0.5) * sy + box.y0, ry, ylo, yhi, &ty);
+    for (int dx = 0; dx < out_w; ++dx) {
+      taps((dx + 0.5) * sx + box.x0, rx, xlo, xhi, &tx);
+      float v[3];
+      for (int c = 0; c < 3; ++c) {
+        double acc = 0;
+        for (const auto& [y, wy] : ty)
+          for (const auto& [x, wx] : tx)
+            acc += wy * wx * src.pixels[(static_cast<size_t>(y) * src.width + x) * 3 + c];
+        v[c] = static_cast<float>(acc);
       }
       if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
       for (int c = 0; c < 3; ++c)

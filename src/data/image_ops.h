@@ -74,5 +74,13 @@ void CropResizeNormalizeReference(const RgbImage& src, const CropBox& box, int o
                                   const Jitter& jitter, float gray_mean,
                                   const NormalizeParams& norm, float* out);
 
+// Reference of the GPU kernel's antialiased resize (image_kernels.h), double precision: for output
+// pixel d the source centre is c = (d + 0.5) * scale + x0 (pixel i's centre at i + 0.5); taps are
+// the crop's pixels within radius r = max(scale, 1) of c, weighted max(0, 1 - |i + 0.5 - c| / r)
+// and renormalized; separable in x and y. Then jitter and normalize as above. Tests only.
+void CropResizeAntialiasReference(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                                  const Jitter& jitter, float gray_mean,
+                                  const NormalizeParams& norm, float* out);
+
 }  // namespace internal
 }  // namespace loongforge

@@ -22,11 +22,33 @@
 // Corrupt data: each sample carries the first error met while reading or decoding it. Under
 // `skip` the sample is dropped (the batch is compacted) and counted; under `error` the pipeline
 // stops and Next() returns that Status, which names the record key.
+//
+// Note [GPU loader]
+// -----------------
+// With device = kCuda, stage 1 is unchanged (no decode tasks are queued) and lf-collate becomes
+// the GPU stage. For each batch, in sampler order:
+//   2a. nvJPEG batched decode on the decoder's stream into its double-buffered device images
+//       (Note [GPU decode paths] in nvjpeg_decoder.h); failed images mark their sample corrupt.
+//   2b. the transform stream waits for the decode (event) and for the slot's `released` event,
+//       then one fused kernel per batch crops/resizes/jitters/normalizes every kept image straight
+//       into the slot's device image buffer, at its compacted index; the decoder's buffer set is
+//       released after that kernel (event).
+//   3.  stage 3 (tokens, masks, state/action, compaction, corrupt policy) runs on the host into the
+//       slot's pinned staging, then one async copy moves it to the slot's device arrays; the
+//       slot's `ready` event is recorded after it.
+// Next() waits (with the timeout) for `ready` before handing the batch out, so a consumer on any
+// stream sees complete data. When the consumer drops the batch, the slot's `released` event is
+// recorded on the consumer's stream (SetConsumerStream; torch's current stream in Python), and the
+// next batch written into that slot waits for it on the GPU: the record_stream discipline, so the
+// consumer's queued kernels never read a slot being rewritten. The Work of a batch (its LMDB read
+// transaction, whose pages nvJPEG reads) is kept until two later batches have been decoded: by
+// then its decode has finished (the decoder reuses a buffer set only after its consumer ran).
 #include <sys/mman.h>
 
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -38,6 +60,12 @@
 
 #ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+#include "image_kernels.h"
+#endif
+#ifdef LOONGFORGE_WITH_NVJPEG
+#include "nvjpeg_decoder.h"
 #endif
 
 namespace loongforge {
@@ -75,12 +103,22 @@ struct Slot {
   uint8_t* base = nullptr;
   bool pinned = false;
   Batch batch;  // pointers into base
+#ifdef LOONGFORGE_WITH_CUDA
+  // GPU loader: `base` (pinned) holds stage 3's host staging and the kernel's task list; the
+  // batch itself lives at dev_base. The non-image arrays have the same layout in both.
+  uint8_t* dev_base = nullptr;
+  Batch dev_batch;  // pointers into dev_base
+  uint8_t *host_tail = nullptr, *dev_tail = nullptr;
+  size_t tail_bytes = 0;
+  internal::GpuImageTask *host_tasks = nullptr, *dev_tasks = nullptr;
+  cudaEvent_t ready = nullptr, released = nullptr;
+#endif
 };
 
 class SlotPool {
  public:
   SlotPool(int batch_size, int cameras, int image_size, int max_tokens, int state_dim,
-           int action_dim, int horizon, bool pin)
+           int action_dim, int horizon, bool pin, bool gpu = false, size_t image_elem_bytes = 4)
       : b_(batch_size),
         k_(cameras),
         hw_(image_size),
@@ -88,7 +126,9 @@ class SlotPool {
         s_(state_dim),
         a_(action_dim),
         h_(horizon),
-        pin_(pin) {}
+        pin_(pin),
+        gpu_(gpu),
+        image_elem_(image_elem_bytes) {}
   ~SlotPool() {
     for (Slot* s : all_) {
       Free(s);
@@ -109,9 +149,19 @@ class SlotPool {
     return *slot;
   }
   void Release(Slot* s) {
+#ifdef LOONGFORGE_WITH_CUDA
+    if (s->released) {  // Note [GPU loader]: reuse waits for the consumer's queued work
+      auto consumer = static_cast<cudaStream_t>(consumer_stream_.load());
+      if (cudaEventRecord(s->released, consumer) != cudaSuccess) {
+        cudaGetLastError();
+        LF_CUDA_WARN_IF_ERROR(cudaEventRecord(s->released, nullptr));
+      }
+    }
+#endif
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(s);
   }
+  void SetConsumerStream(void* stream) { consumer_stream_ = stream; }
   size_t allocated_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     size_t n = 0;
@@ -126,7 +176,71 @@ class SlotPool {
  private:
   static size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
 
+  // Points b's non-image arrays into p (the layout both host and device copies use).
+  void LayoutTail(uint8_t* p, Batch* b) const {
+    b->tokens = reinterpret_cast<int64_t*>(p);
+    p += Align(sizeof(int64_t) * b_ * l_);
+    b->attention_mask = p;
+    p += Align(static_cast<size_t>(b_) * l_);
+    b->state = reinterpret_cast<float*>(p);
+    p += Align(sizeof(float) * b_ * s_);
+    b->action = reinterpret_cast<float*>(p);
+    p += Align(sizeof(float) * b_ * h_ * a_);
+    b->action_mask = p;
+    p += Align(static_cast<size_t>(b_) * h_);
+    b->sample_index = reinterpret_cast<int64_t*>(p);
+  }
+  size_t TailBytes() const {
+    return Align(sizeof(int64_t) * b_ * l_) + Align(static_cast<size_t>(b_) * l_) +
+           Align(sizeof(float) * b_ * s_) + Align(sizeof(float) * b_ * h_ * a_) +
+           Align(static_cast<size_t>(b_) * h_) + Align(sizeof(int64_t) * b_);
+  }
+
+#ifdef LOONGFORGE_WITH_CUDA
+  StatusOr<Slot*> AllocateGpu() {
+    const size_t img = Align(image_elem_ * b_ * k_ * 3 * hw_ * hw_);
+    const size_t tail = TailBytes();
+    const size_t tasks = Align(sizeof(internal::GpuImageTask) * b_ * k_);
+    auto* slot = new Slot();
+    auto fail = [&](Status s) {
+      Free(slot);
+      delete slot;
+      return s.WithContext("loader: allocating a GPU batch buffer");
+    };
+    slot->bytes = tail + tasks;
+    void* h = nullptr;
+    cudaError_t e = cudaHostAlloc(&h, slot->bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess)
+      return fail(internal::CudaErrorToStatus(e, "cudaHostAlloc", __FILE__, __LINE__));
+    slot->base = static_cast<uint8_t*>(h);
+    slot->pinned = true;
+    void* d = nullptr;
+    e = cudaMalloc(&d, img + tail + tasks);
+    if (e != cudaSuccess)
+      return fail(internal::CudaErrorToStatus(e, "cudaMalloc", __FILE__, __LINE__));
+    slot->dev_base = static_cast<uint8_t*>(d);
+    e = cudaEventCreateWithFlags(&slot->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&slot->released, cudaEventDisableTiming);
+    if (e != cudaSuccess)
+      return fail(internal::CudaErrorToStatus(e, "cudaEventCreate", __FILE__, __LINE__));
+    LayoutTail(slot->base, &slot->batch);
+    slot->batch.images = nullptr;
+    slot->batch.pinned = true;
+    slot->host_tail = slot->base;
+    slot->host_tasks = reinterpret_cast<internal::GpuImageTask*>(slot->base + tail);
+    slot->dev_batch.images = reinterpret_cast<float*>(slot->dev_base);
+    LayoutTail(slot->dev_base + img, &slot->dev_batch);
+    slot->dev_tail = slot->dev_base + img;
+    slot->tail_bytes = tail;
+    slot->dev_tasks = reinterpret_cast<internal::GpuImageTask*>(slot->dev_base + img + tail);
+    return slot;
+  }
+#endif
+
   StatusOr<Slot*> Allocate() {
+#ifdef LOONGFORGE_WITH_CUDA
+    if (gpu_) return AllocateGpu();
+#endif
     size_t img = Align(sizeof(float) * b_ * k_ * 3 * hw_ * hw_);
     size_t tok = Align(sizeof(int64_t) * b_ * l_);
     size_t am = Align(static_cast<size_t>(b_) * l_);
@@ -178,6 +292,9 @@ class SlotPool {
 
   void Free(Slot* s) {
 #ifdef LOONGFORGE_WITH_CUDA
+    if (s->dev_base) LF_CUDA_WARN_IF_ERROR(cudaFree(s->dev_base));
+    if (s->ready) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(s->ready));
+    if (s->released) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(s->released));
     if (s->pinned) {
       cudaFreeHost(s->base);
       return;
@@ -187,7 +304,9 @@ class SlotPool {
   }
 
   const int b_, k_, hw_, l_, s_, a_, h_;
-  const bool pin_;
+  const bool pin_, gpu_;
+  const size_t image_elem_;
+  std::atomic<void*> consumer_stream_{nullptr};
   mutable std::mutex mu_;
   std::vector<Slot*> all_, free_;
 };
@@ -248,6 +367,24 @@ struct DataLoader::Impl {
   bool finished = false;  // end of epoch or error delivered
   int64_t epoch = 0, next_batch = 0;
 
+  bool gpu = false;  // device == kCuda (Note [GPU loader])
+  LoaderDeviceInfo cpu_info;
+#ifdef LOONGFORGE_WITH_NVJPEG
+  std::unique_ptr<internal::NvJpegBatchDecoder> decoder;
+  cudaStream_t xform = nullptr;  // "transform" stream: fused kernel + stage-3 copy
+  Histogram *h_gpu_decode = nullptr, *h_gpu_submit = nullptr;
+  Status GpuCollate(Work& w, std::shared_ptr<Batch>* out);
+#endif
+
+  ~Impl() {
+#ifdef LOONGFORGE_WITH_NVJPEG
+    if (xform) {
+      LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(xform));
+      LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(xform));
+    }
+#endif
+  }
+
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(opts.timeout_ms); }
 
   void FetchLoop(int64_t ep, int64_t start);
@@ -255,12 +392,16 @@ struct DataLoader::Impl {
   void DecodeImage(const WorkPtr& w, int sample, int camera);
   Status Collate(Work& w, std::shared_ptr<Batch>* out);
   void StopThreads();
+  void SyncDevice();
 };
 
 // ---------------------------------------------------------------------------------------------
 // Stage 1
 
 void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
+#ifdef LOONGFORGE_WITH_CUDA
+  if (gpu) LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device_id));  // slots are allocated here
+#endif
   const Schema& sc = reader->schema();
   const int cams = static_cast<int>(sc.cameras.size());
   const int64_t nb = sampler->batches_per_epoch();
@@ -329,10 +470,10 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
     c_bytes->fetch_add(bytes);
     timer.reset();
     int tasks = 0;
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < n && !gpu; ++i)
       if (w->sample_status[i].ok()) tasks += cams;
     w->pending = tasks + 1;  // +1 released below, after every task is queued
-    for (size_t i = 0; i < n && !stop.load(); ++i) {
+    for (size_t i = 0; i < n && !stop.load() && !gpu; ++i) {  // GPU: stage 2 decodes the batch
       if (!w->sample_status[i].ok()) continue;
       for (int c = 0; c < cams; ++c) {
         Status s = decode_pool->Submit([this, w, i, c] { DecodeImage(w, static_cast<int>(i), c); });
@@ -443,7 +584,8 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
   const bool norm = opts.normalize_state && smean && sstd && amean && astd;
   for (int o = 0; o < n; ++o) {
     const size_t i = keep[o];
-    if (static_cast<size_t>(o) != i)  // move decoded images down over a skipped sample
+    // Move decoded images down over a skipped sample (the GPU kernel wrote them compacted).
+    if (static_cast<size_t>(o) != i && !gpu)
       std::memmove(b.images + static_cast<size_t>(o) * cams * img_elems,
                    b.images + i * cams * img_elems, sizeof(float) * cams * img_elems);
     const int nt = static_cast<int>(w.tokens[i].size() / 4);
@@ -488,12 +630,48 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
   Slot* slot = w.slot;
   w.slot = nullptr;
   std::shared_ptr<SlotPool> pool = w.pool;
-  *out = std::shared_ptr<Batch>(&slot->batch, [pool, slot](Batch*) { pool->Release(slot); });
+  Batch* pub = &slot->batch;
+#ifdef LOONGFORGE_WITH_CUDA
+  if (slot->dev_base) {  // GPU: publish the device copy, with the host copy's metadata
+    Batch& d = slot->dev_batch;
+    Batch ptrs = d;
+    d = b;
+    d.images = ptrs.images;
+    d.tokens = ptrs.tokens;
+    d.attention_mask = ptrs.attention_mask;
+    d.state = ptrs.state;
+    d.action = ptrs.action;
+    d.action_mask = ptrs.action_mask;
+    d.sample_index = ptrs.sample_index;
+    d.pinned = false;
+    d.device_type = 2;
+    d.device_id = opts.device_id;
+    d.image_layout = opts.layout;
+    d.image_dtype = opts.dtype;
+    d.ready_event = slot->ready;
+    pub = &d;
+  }
+#endif
+  *out = std::shared_ptr<Batch>(pub, [pool, slot](Batch*) { pool->Release(slot); });
   return Status::Ok();
 }
 
 void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
   WorkPtr w;
+  // GPU: the last two batches' Works stay alive while nvJPEG may read their JPEG bytes
+  // (Note [GPU loader]); on exit the device is drained before they are dropped.
+  std::deque<WorkPtr> retire;
+  struct Drain {
+    Impl* im;
+    std::deque<WorkPtr>* q;
+    ~Drain() {
+      if (!q->empty()) im->SyncDevice();
+      q->clear();
+    }
+  } drain{this, &retire};
+#ifdef LOONGFORGE_WITH_CUDA
+  if (gpu) LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device_id));  // this thread's CUDA calls
+#endif
   while (!stop.load()) {
     Status s = work_q->Pop(&w, std::chrono::hours(24 * 365));
     if (!s.ok()) break;  // closed and drained: end of epoch (or stop)
@@ -515,7 +693,15 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
     Status cs;
     {
       ScopedTimerMs timer(h_collate);
+#ifdef LOONGFORGE_WITH_NVJPEG
+      cs = gpu ? GpuCollate(*w, &batch) : Collate(*w, &batch);
+#else
       cs = Collate(*w, &batch);
+#endif
+    }
+    if (gpu) {
+      retire.push_back(std::move(w));
+      while (retire.size() > 2) retire.pop_front();
     }
     w.reset();  // ends the read transaction
     if (!cs.ok()) {
@@ -535,6 +721,7 @@ void DataLoader::Impl::StopThreads() {
   if (out_q) out_q->Close();
   if (fetch_thread.joinable()) fetch_thread.join();
   if (collate_thread.joinable()) collate_thread.join();
+  SyncDevice();  // GPU: queued copies into slots finish before the slots can be reused
   // Drop queued Work (their decode tasks see `cancelled` and finish fast).
   if (work_q) {
     WorkPtr w;
@@ -543,8 +730,131 @@ void DataLoader::Impl::StopThreads() {
   running = false;
 }
 
+void DataLoader::Impl::SyncDevice() {
+#ifdef LOONGFORGE_WITH_NVJPEG
+  if (xform) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(xform));
+  if (decoder) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(decoder->stream()));
+#endif
+}
+
+#ifdef LOONGFORGE_WITH_NVJPEG
+// Stages 2 and 3 of the GPU loader (Note [GPU loader]).
+Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
+  const Schema& sc = reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const size_t n = w.samples.size();
+  std::vector<std::string_view> views;
+  std::vector<std::pair<int, int>> who;  // (sample, camera) of each view
+  views.reserve(n * cams);
+  who.reserve(n * cams);
+  for (size_t i = 0; i < n; ++i) {
+    if (!w.sample_status[i].ok()) continue;
+    for (int c = 0; c < cams; ++c) {
+      views.push_back(w.jpeg[i * cams + c]);
+      who.emplace_back(static_cast<int>(i), c);
+    }
+  }
+  auto name_of = [&](size_t k) {
+    return reader->path() + ": record '" +
+           SampleKey(w.samples[who[k].first], camera_modality[who[k].second]) + "'";
+  };
+  std::vector<internal::DecodedImage> decoded;
+  std::vector<Status> dstatus;
+  {
+    ScopedTimerMs timer(h_gpu_decode);
+    LF_RETURN_IF_ERROR(decoder->Decode(views, name_of, &decoded, &dstatus));
+  }
+  for (size_t k = 0; k < views.size(); ++k)
+    if (!dstatus[k].ok()) w.SetError(static_cast<size_t>(who[k].first), std::move(dstatus[k]));
+  // Compacted output index of each sample still OK, as Collate() compacts.
+  std::vector<int> rank(n, -1);
+  int kept = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (w.sample_status[i].ok()) rank[i] = kept++;
+  Slot* slot = w.slot;
+  internal::GpuImageTask* tasks = slot->host_tasks;  // pinned: the task copy is truly async
+  int nt = 0;
+  for (size_t k = 0; k < views.size(); ++k) {
+    const auto [i, c] = who[k];
+    if (rank[i] < 0) continue;
+    const internal::DecodedImage& d = decoded[k];
+    internal::GpuImageTask t;
+    for (int ch = 0; ch < 3; ++ch) t.plane[ch] = d.plane[ch];
+    t.pitch = d.pitch;
+    t.pixel_stride = d.pixel_stride;
+    t.width = d.width;
+    t.height = d.height;
+    // Same random stream and draws, in the same order, as DecodeImage() (the CPU path).
+    SampleRng rng(opts.seed, w.epoch, w.samples[i], c);
+    t.box_w = d.width * opts.crop_fraction;
+    t.box_h = d.height * opts.crop_fraction;
+    float fx = opts.train ? rng.Uniform() : 0.5f, fy = opts.train ? rng.Uniform() : 0.5f;
+    t.box_x0 = std::floor((d.width - t.box_w) * fx);
+    t.box_y0 = std::floor((d.height - t.box_h) * fy);
+    if (opts.color_jitter) {
+      t.jitter = 1;
+      t.brightness = rng.Range(0.7f, 1.3f);
+      t.contrast = rng.Range(0.6f, 1.4f);
+      t.saturation = rng.Range(0.5f, 1.5f);
+    }
+    t.gray_mean = -1.f;  // computed on the device
+    t.out_index = rank[i] * cams + c;
+    tasks[nt++] = t;
+  }
+  c_images->fetch_add(nt);
+  {
+    ScopedTimerMs timer(h_gpu_submit);
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, decoder->ready_event(), 0));
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, slot->released, 0));
+    internal::GpuResizeParams p;
+    p.out_w = p.out_h = opts.image_size;
+    p.out_count = std::max<int>(1, static_cast<int>(n) * cams);
+    p.layout =
+        opts.layout == ImageLayout::kNHWC ? internal::OutLayout::kNHWC : internal::OutLayout::kNCHW;
+    p.dtype = opts.dtype == ImageDType::kBFloat16 ? internal::OutDType::kBFloat16
+                                                  : internal::OutDType::kFloat32;
+    p.antialias = opts.antialias;
+    for (int ch = 0; ch < 3; ++ch) p.mean[ch] = opts.mean[ch], p.std[ch] = opts.std[ch];
+    LF_RETURN_IF_ERROR(internal::LaunchCropResizeNormalize(tasks, nt, slot->dev_tasks, p,
+                                                           slot->dev_batch.images, xform));
+    LF_RETURN_IF_ERROR(decoder->ReleaseAfter(xform));
+  }
+  // Stage 3 on the host (compaction, corrupt policy, padding, masks), then one copy.
+  LF_RETURN_IF_ERROR(Collate(w, out));
+  LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot->dev_tail, slot->host_tail, slot->tail_bytes,
+                                          cudaMemcpyHostToDevice, xform));
+  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->ready, xform));
+  return Status::Ok();
+}
+#endif  // LOONGFORGE_WITH_NVJPEG
+
 // ---------------------------------------------------------------------------------------------
 // DataLoader
+
+bool DataLoader::GpuSupport(int device_id, std::string* reason) {
+#if !defined(LOONGFORGE_WITH_CUDA)
+  *reason = "this build has no CUDA";
+  return false;
+#elif !defined(LOONGFORGE_WITH_NVJPEG)
+  *reason = "this build has no nvJPEG (nvjpeg.h / libnvjpeg not found at configure time)";
+  return false;
+#else
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    *reason = std::string("no CUDA device (") + cudaGetErrorString(e) + ")";
+    return false;
+  }
+  if (device_id < 0 || device_id >= n) {
+    *reason = "CUDA device " + std::to_string(device_id) + " does not exist (" + std::to_string(n) +
+              " devices)";
+    return false;
+  }
+  *reason = "CUDA and nvJPEG available";
+  return true;
+#endif
+}
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
   if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
@@ -556,6 +866,16 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   if (o.prefetch <= 0) return InvalidArgumentError("prefetch must be > 0");
   for (int c = 0; c < 3; ++c)
     if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
+  if (!(o.hw_decode_ratio <= 1.f)) return InvalidArgumentError("hw_decode_ratio must be <= 1");
+  const bool gpu = o.device == LoaderDevice::kCuda;
+  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != ImageDType::kFloat32 || o.antialias))
+    return InvalidArgumentError(
+        "layout NHWC, dtype bfloat16 and antialias need device=cuda (the CPU loader writes "
+        "float32 NCHW)");
+  if (gpu) {
+    std::string why;
+    if (!GpuSupport(o.device_id, &why)) return UnavailableError("loader: device=cuda: " + why);
+  }
   std::unique_ptr<DataLoader> dl(new DataLoader());
   auto impl = std::make_unique<Impl>();
   impl->opts = o;
@@ -587,12 +907,31 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   if (pin) LF_LOG(INFO) << "pin_memory requested but this build has no CUDA: using pageable memory";
   pin = false;
 #endif
-  impl->pool = std::make_shared<SlotPool>(o.batch_size, static_cast<int>(sc.cameras.size()),
-                                          o.image_size, impl->max_tokens, sc.state_dim,
-                                          sc.action_dim, sc.action_horizon, pin);
-  // Enough queued decode tasks to keep every worker busy across two batches.
+  impl->gpu = gpu;
+  impl->pool =
+      std::make_shared<SlotPool>(o.batch_size, static_cast<int>(sc.cameras.size()), o.image_size,
+                                 impl->max_tokens, sc.state_dim, sc.action_dim, sc.action_horizon,
+                                 pin && !gpu, gpu, o.dtype == ImageDType::kBFloat16 ? 2 : 4);
+  // Enough queued decode tasks to keep every worker busy across two batches. (GPU: the pool only
+  // decodes the images nvJPEG cannot.)
   size_t task_cap = static_cast<size_t>(o.batch_size) * sc.cameras.size() * 2;
   impl->decode_pool = std::make_unique<ThreadPool>(o.threads, "lf-decode", task_cap);
+  impl->cpu_info.reason = "device=cpu: libjpeg-turbo on " + std::to_string(o.threads) + " threads";
+#ifdef LOONGFORGE_WITH_NVJPEG
+  if (gpu) {
+    LF_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device_id));
+    internal::NvJpegDecoderOptions dopt;
+    dopt.device = o.device_id;
+    dopt.allow_hardware = o.hw_decode;
+    dopt.hw_ratio = o.hw_decode_ratio;
+    dopt.cpu_pool = impl->decode_pool.get();
+    dopt.timeout_ms = o.timeout_ms;
+    LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
+    impl->h_gpu_decode = impl->metrics.GetHistogram("gpu_decode_submit_ms");
+    impl->h_gpu_submit = impl->metrics.GetHistogram("gpu_kernel_submit_ms");
+  }
+#endif
   auto& m = impl->metrics;
   impl->h_fetch = m.GetHistogram("fetch_ms");
   impl->h_decode = m.GetHistogram("decode_ms");
@@ -662,9 +1001,42 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
     im.finished = true;
     return item.status();
   }
+#ifdef LOONGFORGE_WITH_CUDA
+  if ((*item)->ready_event) {  // GPU: hand out complete batches only (Note [GPU loader])
+    ScopedTimerMs timer(im.h_wait);
+    Status s =
+        internal::WaitEvent(static_cast<cudaEvent_t>((*item)->ready_event), im.opts.timeout_ms,
+                            "loader: batch " + std::to_string((*item)->index));
+    if (!s.ok()) {
+      im.finished = true;
+      return s;
+    }
+  }
+#endif
   im.next_batch = (*item)->index + 1;
   return item;
 }
+
+LoaderDeviceInfo DataLoader::device_info() const {
+  LoaderDeviceInfo info = impl_->cpu_info;
+#ifdef LOONGFORGE_WITH_NVJPEG
+  if (impl_->decoder) {
+    internal::NvJpegDecoderInfo d = impl_->decoder->info();
+    info.gpu = true;
+    info.hw_decode = d.hw_available && d.hw_ratio > 0.f;
+    info.decode_backend = "nvjpeg:" + d.backend;
+    info.reason = d.reason;
+    info.hw_ratio = d.hw_ratio;
+    info.ratio_measured = d.ratio_measured;
+    info.images_hw = d.images_hw;
+    info.images_cuda = d.images_cuda;
+    info.images_cpu = d.images_cpu;
+  }
+#endif
+  return info;
+}
+
+void DataLoader::SetConsumerStream(void* stream) { impl_->pool->SetConsumerStream(stream); }
 
 void DataLoader::Stop() { impl_->StopThreads(); }
 

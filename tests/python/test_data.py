@@ -116,8 +116,8 @@ def test_metrics_and_build_info(db):
 # Guards equivalence with the PIL/torchvision baseline: same records, same normalization, and
 # images within a small tolerance of an independent decoder + antialiased resize (centre crop).
 def test_matches_pil_torchvision_baseline(db):
-    from loongforge.baseline_data import LmdbFramesDataset
-    ds = LmdbFramesDataset(db, image_size=48, train=False)
+    from loongforge.trainer_data import LmdbFrameDataset
+    ds = LmdbFrameDataset(db, image_size=48, train=False)
     ld = _loader(db, train=False, shuffle=False, image_size=48)
     b = next(iter(ld))
     for row, idx in enumerate(b["sample_index"].tolist()):

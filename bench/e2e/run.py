@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark: the GR00T-shaped policy trained in three modes on the same packed data.
+
+    # on the GPU machine (one H200): n16 at batch 16 and 64, 2 cameras, checkpoint every 50 steps
+    python bench/e2e/run.py --db DB --config n16 --batches 16,64 --steps 120 --warmup 20 \
+        --workers 16 --loader-threads 12 --out results/e2e
+    # smoke test on a CPU box
+    python bench/e2e/run.py --db DB --config tiny --image-size 112 --batches 8 --steps 20 \
+        --warmup 3 --ckpt-every 10 --out /tmp/e2e
+
+Runs, for each batch size: baseline (LeRobot-style), tuned (tuned PyTorch; --compile with
+--tuned-compile), loongforge (all modules). Prints a table with both ratios (loongforge vs
+baseline, loongforge vs tuned) and writes every run's summary JSON plus results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--db", required=True)
+    p.add_argument("--config", default="n16")
+    p.add_argument("--image-size", type=int, default=0)
+    p.add_argument("--batches", default="16,64")
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--baseline-workers", type=int, default=0,
+                   help="LeRobot-style worker count (0: same as --workers)")
+    p.add_argument("--loader-threads", type=int, default=12)
+    p.add_argument("--modes", default="baseline,tuned,loongforge")
+    p.add_argument("--tuned-compile", action="store_true", help="torch.compile in tuned mode")
+    p.add_argument("--extra", default="", help="extra trainer flags for loongforge mode")
+    p.add_argument("--out", default="results/e2e")
+    p.add_argument("--reuse", action="store_true",
+                   help="load {mode}_b{B}.json already in --out instead of re-running that mode "
+                   "(run one mode per call, then print the full table)")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    from loongforge.demo import git_commit, machine
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    results: Dict[str, Any] = {"machine": machine(), "date": datetime.datetime.now().isoformat(),
+                               "commit": git_commit(), "args": vars(a), "runs": {}}
+    lines: List[str] = []
+    for bs in [int(x) for x in a.batches.split(",")]:
+        runs: Dict[str, Dict[str, Any]] = {}
+        for mode in a.modes.split(","):
+            tag = f"{mode}_b{bs}"
+            done = os.path.join(a.out, f"{tag}.json")
+            if a.reuse and os.path.exists(done):
+                with open(done) as f:
+                    runs[mode] = json.load(f)
+                continue
+            workers = a.baseline_workers or a.workers if mode == "baseline" else a.workers
+            cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
+                   "--mode", mode, "--steps", str(a.steps), "--warmup", str(a.warmup),
+                   "--batch-size", str(bs), "--workers", str(workers),
+                   "--loader-threads", str(a.loader_threads), "--ckpt-every", str(a.ckpt_every),
+                   "--ckpt-dir", os.path.join(a.out, f"ckpt_{tag}"), "--log-every", "10",
+                   "--json-out", os.path.join(a.out, f"{tag}.json"),
+                   "--metrics-jsonl", os.path.join(a.out, f"{tag}.jsonl"),
+                   "--trace", os.path.join(a.out, f"{tag}_trace.json")]
+            if a.image_size:
+                cmd += ["--image-size", str(a.image_size)]
+            if mode == "tuned" and a.tuned_compile:
+                cmd += ["--compile"]
+            if mode == "loongforge" and a.extra:
+                cmd += a.extra.split()
+            print("$ " + " ".join(cmd), flush=True)
+            r = subprocess.run(cmd, env=env)
+            if r.returncode != 0:
+                print(f"run {tag} failed (exit {r.returncode})", flush=True)
+                continue
+            subprocess.run(["rm", "-rf", os.path.join(a.out, f"ckpt_{tag}")])
+            with open(os.path.join(a.out, f"{tag}.json")) as f:
+                runs[mode] = json.load(f)
+        results["runs"][str(bs)] = {m: r["figures"] for m, r in runs.items()}
+        lines.append(f"\n{a.config}, batch {bs}, {a.steps} steps ({a.warmup} warm-up), ckpt every "
+                     f"{a.ckpt_every}")
+        lines.append(f"{'mode':<12}{'step p50':>10}{'p95':>8}{'tok/GPU/s':>12}{'samples/s':>11}"
+                     f"{'data wait':>11}{'comm':>7}{'ckpt':>7}{'peak mem':>11}{'vs base':>9}"
+                     f"{'vs tuned':>9}")
+        base = runs.get("baseline", {}).get("figures", {}).get("tokens_per_gpu_per_s")
+        tuned = runs.get("tuned", {}).get("figures", {}).get("tokens_per_gpu_per_s")
+        for m, r in runs.items():
+            f = r["figures"]
+            mem = f["memory"]
+            peak = mem.get("peak_allocated_bytes", mem.get("peak_rss_bytes", 0)) / 2**30
+            tok = f["tokens_per_gpu_per_s"]
+            vb = f"{tok / base:.2f}x" if base else "-"
+            vt = f"{tok / tuned:.2f}x" if tuned else "-"
+            lines.append(f"{m:<12}{f['step_ms_p50']:>8.0f}ms{f['step_ms_p95']:>6.0f}ms{tok:>12.0f}"
+                         f"{f['samples_per_s']:>11.2f}{f['data_wait_share']:>10.1%}"
+                         f"{f['comm_exposed_share']:>7.1%}{f['ckpt_stall_share']:>7.1%}"
+                         f"{peak:>9.2f}Gi{vb:>9}{vt:>9}")
+    text = "\n".join(lines)
+    print(f"\nmachine: {results['machine']}\ndate: {results['date']} commit: {results['commit']}"
+          + text)
+    results["table"] = text
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""GPU loader benchmark (issue 7), one process, on the GPU machine.
+
+640x480 q90 frames (1 camera, so img/s = samples/s), batch 256, out 224, in the same run:
+  1. DataFusionLoader(device='cuda'): nvJPEG (auto hw/cuda split) + fused kernel -> model-ready
+     CUDA batches; also hardware-only, and bf16/NHWC output;
+  2. nvJPEG decode only (_C.NvJpegDecoder): hardware backend at batch 64 and 256, CUDA backend,
+     auto split;
+  3. torchvision.io.decode_jpeg(device='cuda') batched + crop + F.interpolate + normalize;
+  4. torch DataLoader + PIL + torchvision transforms with 16 workers (LeRobot-style baseline);
+  5. DataFusionLoader on the CPU (libjpeg-turbo, 14 threads) for reference.
+For each: img/s, consumer-side batch interval p50/p99 (and p99/p50), CPU cores busy (this
+process's getrusage, which counts DataLoader workers only once they exit, so read the
+DataLoader row's cores in the machine column; and the whole machine from /proc/stat). Prints a table; writes JSON to
+$OUT/gpu_bench.json (or --out).
+
+    PYTHONPATH=python python3 bench/loader/gpu_bench.py [--out DIR] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def proc_stat():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+class CpuMeter:
+    """Cores busy over an interval: this process (all threads) and the whole machine."""
+
+    def __enter__(self):
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.p0 = r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+        self.s0 = proc_stat()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = time.perf_counter() - self.t0
+        s1 = proc_stat()
+        busy, total = s1[0] - self.s0[0], s1[1] - self.s0[1]
+        self.process_cores = (r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime - self.p0) / wall
+        self.machine_cores = (os.cpu_count() or 1) * busy / max(1, total)
+
+
+def timed(batches_iter, n_batches, warmup, images_of):
+    """Consumes warmup + n_batches items; intervals are measured as the consumer sees them."""
+    it = iter(batches_iter)
+    for _ in range(warmup):
+        next(it)
+    intervals, images = [], 0
+    with CpuMeter() as cpu:
+        t0 = last = time.perf_counter()
+        for _ in range(n_batches):
+            b = next(it)
+            images += images_of(b)
+            now = time.perf_counter()
+            intervals.append((now - last) * 1e3)
+            last = now
+        wall = last - t0
+    iv = np.array(intervals)
+    p50, p99 = float(np.percentile(iv, 50)), float(np.percentile(iv, 99))
+    return {"img_per_s": images / wall, "batches": n_batches, "interval_p50_ms": p50,
+            "interval_p99_ms": p99, "p99_over_p50": p99 / p50 if p50 > 0 else None,
+            "interval_std_ms": float(iv.std()), "cores_busy_process": cpu.process_cores,
+            "cores_busy_machine": cpu.machine_cores}
+
+
+def loop_epochs(ld):
+    ep = 0
+    while True:
+        ld.set_epoch(ep)
+        yield from ld
+        ep += 1
+
+
+def run(name, results, fn):
+    print(f"--- {name}", flush=True)
+    t = time.perf_counter()
+    try:
+        results[name] = fn()
+        results[name]["seconds"] = time.perf_counter() - t
+        print(json.dumps(results[name], default=str), flush=True)
+    except Exception as e:  # one failing measurement must not lose the others
+        traceback.print_exc()
+        results[name] = {"error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=os.environ.get("OUT", "results/gpu"))
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "lf_gpu_bench"))
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--size", default="640x480")
+    ap.add_argument("--quality", type=int, default=90)
+    ap.add_argument("--batches", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--unique", type=int, default=512, help="distinct frames in the DB")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--baseline-batches", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="small run to check the script")
+    args = ap.parse_args()
+    if args.quick:
+        args.batch, args.batches, args.warmup, args.unique = 32, 4, 1, 32
+        args.baseline_batches, args.workers = 2, 2
+
+    import loongforge
+    from loongforge import _C, _synth
+
+    w, h = (int(x) for x in args.size.split("x"))
+    B = args.batch
+    cuda = torch.cuda.is_available()
+    gpu_ok, gpu_why = _C.gpu_loader_support(0)
+    results = {"meta": {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "torch": torch.__version__, "batch": B, "frames": f"{w}x{h} q{args.quality}",
+        "out": 224, "gpu_loader": gpu_ok, "gpu_loader_reason": gpu_why}}
+    try:
+        results["meta"]["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=HERE).stdout.strip()
+    except OSError:
+        pass
+
+    os.makedirs(args.work, exist_ok=True)
+    db = os.path.join(args.work, f"db_{w}x{h}_{B}")
+    samples = (args.batches + args.warmup + 1) * B  # one epoch covers a whole measurement
+    t = time.perf_counter()
+    frames = _synth.make_db(db, samples=samples, cameras=1, width=w, height=h,
+                            quality=args.quality, unique_frames=args.unique)
+    print(f"DB: {samples} samples ({args.unique} distinct {w}x{h} q{args.quality} frames, "
+          f"{np.mean([len(f) for f in frames]) / 1024:.1f} KiB avg) in "
+          f"{time.perf_counter() - t:.1f} s", flush=True)
+    results["meta"]["samples"] = samples
+    n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
+
+    def ours(**kw):
+        def go():
+            ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4, **kw)
+            r = timed(loop_epochs(ld), args.batches, args.warmup, n_img)
+            m = ld.metrics()
+            r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
+                     reason=m["reason"], device=m["device"],
+                     pipeline_latency_ms=m["histograms"].get("batch_latency_ms"))
+            del ld
+            return r
+        return go
+
+    def dataloader_pil():
+        from loongforge.trainer_data import BaselineLoader
+        bl = BaselineLoader(db, B, workers=args.workers, image_size=224)
+
+        def gen():
+            ep = 0
+            while True:
+                bl.set_epoch(ep)
+                for b in bl:
+                    yield b
+                ep += 1
+        return timed(gen(), args.baseline_batches, 2, n_img)
+
+    # CPU baselines first: the DataLoader forks its workers before this process uses the GPU.
+    run("dataloader_pil_16_workers", results, dataloader_pil)
+    run("datafusion_cpu_14_threads", results, lambda: dict(
+        timed(loop_epochs(loongforge.DataFusionLoader(db, B, image_size=224, threads=14,
+                                                      prefetch=4)),
+              args.baseline_batches * 2, 2, n_img)))
+
+    if cuda and gpu_ok:
+        run("datafusion_gpu", results, ours(device="cuda"))
+        run("datafusion_gpu_hw_only", results, ours(device="cuda", hw_decode_ratio=1.0))
+        run("datafusion_gpu_bf16_nhwc", results,
+            ours(device="cuda", dtype=torch.bfloat16, layout="NHWC"))
+
+        def nvjpeg_only(batch, **kw):
+            def go():
+                dec = _C.NvJpegDecoder(**kw)
+                chunks = [frames[i % len(frames):i % len(frames) + batch]
+                          for i in range(0, len(frames) * 4, batch)]
+                chunks = [c for c in chunks if len(c) == batch] or [frames[:batch]]
+
+                def gen():
+                    i = 0
+                    while True:
+                        yield dec.decode(chunks[i % len(chunks)])
+                        i += 1
+                n = max(args.batches, 8) * (256 // batch)
+                r = timed(gen(), n, args.warmup + 3, lambda ok: ok)
+                r["info"] = dec.info()
+                return r
+            return go
+
+        run("nvjpeg_hw_b64", results, nvjpeg_only(64, hw_ratio=1.0))
+        run("nvjpeg_hw_b256", results, nvjpeg_only(B, hw_ratio=1.0))
+        run("nvjpeg_cuda_b256", results, nvjpeg_only(B, hw=False))
+        run("nvjpeg_auto_b256", results, nvjpeg_only(B, hw_ratio=-1.0))
+    else:
+        results["datafusion_gpu"] = {"error": f"GPU loader unavailable: {gpu_why}"}
+
+    if cuda:
+        def torchvision_gpu():
+            import torch.nn.functional as F
+            from torchvision.io import decode_jpeg
+            datas = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in frames]
+            cw, ch = int(w * 0.95), int(h * 0.95)
+            x0, y0 = (w - cw) // 2, (h - ch) // 2
+
+            def gen():
+                i = 0
+                while True:
+                    batch = [datas[(i + k) % len(datas)] for k in range(B)]
+                    i += B
+                    imgs = decode_jpeg(batch, device="cuda")
+                    x = torch.stack(imgs)[:, :, y0:y0 + ch, x0:x0 + cw].float()
+                    x = F.interpolate(x, size=(224, 224), mode="bilinear", align_corners=False)
+                    x = (x / 255.0 - 0.5) / 0.5
+                    torch.cuda.synchronize()
+                    yield x
+            return timed(gen(), args.batches, args.warmup, lambda x: int(x.shape[0]))
+
+        run("torchvision_decode_jpeg_cuda", results, torchvision_gpu)
+
+    g = results.get("datafusion_gpu", {})
+    if "img_per_s" in g:
+        results["targets"] = {
+            "img_per_s>=25000": g["img_per_s"] >= 25000,
+            "cores_busy<=2": g["cores_busy_process"] <= 2.0,
+            "p99<=1.5*p50": (g["p99_over_p50"] or 99) <= 1.5,
+        }
+        for k in ("torchvision_decode_jpeg_cuda", "dataloader_pil_16_workers", "nvjpeg_hw_b256"):
+            if "img_per_s" in results.get(k, {}):
+                results["targets"][f"ratio_vs_{k}"] = g["img_per_s"] / results[k]["img_per_s"]
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "gpu_bench.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    print(f"\nGPU loader benchmark: {w}x{h} q{args.quality} -> 224, batch {B}, "
+          f"{results['meta'].get('gpu')}, commit {results['meta'].get('commit')}")
+    print(f"{'pipeline':32s} {'img/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'p99/p50':>7s} "
+          f"{'cores(proc)':>11s} {'cores(all)':>10s}")
+    for k, r in results.items():
+        if k in ("meta", "targets") or not isinstance(r, dict):
+            continue
+        if "img_per_s" not in r:
+            print(f"{k:32s} {r.get('error', '?')}")
+            continue
+        print(f"{k:32s} {r['img_per_s']:9.0f} {r['interval_p50_ms']:8.2f} "
+              f"{r['interval_p99_ms']:8.2f} {r['p99_over_p50'] or 0:7.2f} "
+              f"{r['cores_busy_process']:11.2f} {r['cores_busy_machine']:10.2f}")
+    if "datafusion_gpu" in results and "decode_backend" in results["datafusion_gpu"]:
+        d = results["datafusion_gpu"]
+        print(f"decode: {d['decode_backend']} hw_decode={d['hw_decode']} ({d['reason']}); "
+              f"split {d['device']}")
+    print("targets:", json.dumps(results.get("targets", {})))
+    print(f"JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

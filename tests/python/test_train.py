@@ -1,0 +1,224 @@
+"""The trainer end to end on a tiny packed DB: both modes, resume, sampler parity, CLI errors."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from lf_testdb import make_db  # noqa: E402
+
+from loongforge import train  # noqa: E402
+from loongforge.trainer_data import BaselineLoader, epoch_order  # noqa: E402
+
+torch.set_num_threads(1)
+# In-process runs stay on the CPU: MemSculptor must be installed before a process's first CUDA
+# allocation, so GPU runs go through subprocesses (test_gpu_modes).
+COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
+          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu"]
+
+
+def _has_datafusion() -> bool:
+    try:
+        from loongforge.data import DataFusionLoader  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("db")
+    try:
+        import lmdb  # noqa: F401
+    except ImportError:  # the GPU machine has no python3-lmdb: pack with loongforge itself
+        from loongforge import packing
+        packing.demo_data(str(root / "raw"), episodes=2, cameras=2, width=64, height=48,
+                          steps_min=10, steps_max=14, state_dim=8, action_dim=7)
+        packing.pack(str(root / "raw"), str(root / "db"))
+        return str(root / "db")
+    return make_db(str(root / "db"), episodes=3, steps=8, width=64, height=48)
+
+
+def _run(args, tmp_path, name):
+    out = str(tmp_path / f"{name}.json")
+    assert train.main(args + ["--json-out", out]) == 0
+    with open(out) as f:
+        return json.load(f)
+
+
+# Guards: the baseline (LeRobot-style) trainer runs end to end and reports every figure.
+def test_baseline_three_steps(db, tmp_path):
+    s = _run(COMMON + ["--data", db, "--mode", "baseline", "--steps", "3", "--ckpt-every", "2",
+                       "--ckpt-dir", str(tmp_path / "ck"), "--metrics-jsonl",
+                       str(tmp_path / "m.jsonl"), "--trace", str(tmp_path / "t.json"),
+                       "--trace-steps", "1"], tmp_path, "b")
+    f = s["figures"]
+    assert s["mode"] == "baseline" and f["timed_steps"] == 2
+    for k in ("tokens_per_gpu_per_s", "samples_per_s", "step_ms_p50", "step_ms_p95",
+              "data_wait_share", "comm_exposed_share", "ckpt_stall_share"):
+        assert f[k] == f[k] and f[k] >= 0, k  # not NaN
+    assert 0 < f["data_wait_share"] < 1 and f["ckpt_stall_s"] > 0
+    assert f["memory"]["peak_rss_bytes"] > 0
+    assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
+    assert os.path.exists(tmp_path / "ck" / "step_00000002.pt")
+    assert len(open(tmp_path / "m.jsonl").read().splitlines()) == 3
+    names = {e["name"] for e in json.load(open(tmp_path / "t.json"))["traceEvents"]}
+    assert {"data_wait", "forward", "backward", "optimizer"} <= names
+    # tokens = B*(K*img_tokens + text) + B*(1+16); the text part is at least 1 token per sample
+    assert f["tokens_per_gpu_per_s"] > f["samples_per_s"] * (2 * 1 + 17)
+
+
+# Guards: the tuned-PyTorch mode (workers collate, persistent workers, async checkpoints) runs
+# and trains on the same data as the baseline (identical first loss with the same seed).
+def test_tuned_mode_matches_baseline_data(db, tmp_path):
+    args = COMMON + ["--data", db, "--steps", "3", "--workers", "1", "--ckpt-every", "2"]
+    t = _run(args + ["--mode", "tuned", "--ckpt-dir", str(tmp_path / "t")], tmp_path, "t")
+    b = _run(args + ["--mode", "baseline", "--ckpt-dir", str(tmp_path / "b")], tmp_path, "b")
+    assert [r["loss"] for r in t["loss_curve"]] == [r["loss"] for r in b["loss_curve"]]
+    assert t["modules"]["async_checkpoint"].startswith(("dcp", "thread"))
+
+
+# Guards: loongforge mode runs end to end once DataFusion is in the build.
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_loongforge_three_steps(db, tmp_path):
+    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
+                       "--ckpt-dir", str(tmp_path / "v")], tmp_path, "l")
+    assert s["modules"]["datafusion"].startswith("on") and s["modules"]["vault"] == "on"
+    assert s["modules"]["nexussync"] == "on" and "nexussync_stats" in s
+    assert s["modules"]["memsculptor"] in ("off: needs CUDA", "on")
+    assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
+
+
+# Guards: with centre crops the two modes feed (nearly) the same data in the same order, so the
+# same seed gives the same first-step loss up to JPEG-resize differences.
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_modes_same_order_and_close_first_loss(db, tmp_path):
+    from loongforge.data import DataFusionLoader
+
+    dl = DataFusionLoader(db, 4, image_size=28, train=False, seed=7, threads=1)
+    bl = BaselineLoader(db, 4, image_size=28, train=False, seed=7, workers=0)
+    for e in (0, 1):
+        dl.set_epoch(e)
+        bl.set_epoch(e)
+        for x, y in zip(dl, bl):
+            assert torch.equal(x["sample_index"], y["sample_index"])
+            assert torch.equal(x["tokens"], y["tokens"])
+            assert torch.allclose(x["state"], y["state"], atol=1e-5)
+            assert torch.allclose(x["action"], y["action"], atol=1e-5)
+            # PIL resizes with an antialias filter, DataFusion with DCT scaling + bilinear.
+            assert (x["images"] - y["images"]).abs().mean() < 0.12
+    args = COMMON + ["--data", db, "--steps", "1", "--no-augment", "--warmup", "0"]
+    a = _run(args + ["--mode", "baseline"], tmp_path, "a")
+    b = _run(args + ["--mode", "loongforge", "--no-vault"], tmp_path, "b")
+    la, lb = a["loss_curve"][0]["loss"], b["loss_curve"][0]["loss"]
+    assert abs(la - lb) / la < 0.02, (la, lb)
+
+
+# Guards: the MoE variant trains through NexusSync with expert buckets and routing-load feedback.
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_moe_loongforge_feeds_expert_load(db, tmp_path):
+    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--no-vault",
+                       "--set", "moe_experts=4", "--set", "moe_top_k=2"], tmp_path, "moe")
+    assert s["params"]["dit"] > 0 and all(r["aux_loss"] > 0 for r in s["loss_curve"])
+    groups = json.dumps(s["nexussync_stats"])
+    assert "expert" in groups, groups[:400]
+    assert train.main(COMMON + ["--data", db, "--mode", "baseline", "--set", "moe=1"]) == 2
+
+
+# Guards: the same seed gives the same init and the same first-step loss on the same batch.
+def test_same_seed_same_init_and_loss(db):
+    bl = BaselineLoader(db, 4, image_size=28, train=False, seed=0, workers=0)
+    batch = next(iter(bl))
+    losses = []
+    for _ in range(2):
+        m = train.build_model("tiny", 3, 28, bl.schema)
+        losses.append(float(m(batch, generator=torch.Generator().manual_seed(0))["loss"]))
+    assert losses[0] == losses[1]
+    m2 = train.build_model("tiny", 4, 28, bl.schema)
+    assert float(m2(batch, generator=torch.Generator().manual_seed(0))["loss"]) != losses[0]
+
+
+# Guards: the Python sampler stays a partition of the data per epoch, rank-disjoint, seed-stable.
+def test_sampler_partition_and_determinism():
+    o0 = epoch_order(103, 4, seed=5, epoch=0, rank=0, world_size=2)
+    o1 = epoch_order(103, 4, seed=5, epoch=0, rank=1, world_size=2)
+    assert len(o0) == len(o1) == 48 and not set(o0) & set(o1)
+    assert o0 == epoch_order(103, 4, seed=5, epoch=0, rank=0, world_size=2)
+    assert o0 != epoch_order(103, 4, seed=5, epoch=1, rank=0, world_size=2)
+    full = epoch_order(50, 1, seed=1, epoch=0)
+    assert sorted(full) == list(range(50)) and full != list(range(50))
+
+
+# Guards: the baseline visits samples in exactly DataFusion's order (same seed -> same data).
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_sampler_matches_datafusion(db):
+    from loongforge.data import DataFusionLoader
+
+    for world, rank in ((1, 0), (2, 1)):
+        dl = DataFusionLoader(db, 3, image_size=28, seed=11, rank=rank, world_size=world,
+                              threads=1)
+        for e in (0, 2):
+            dl.set_epoch(e)
+            got = [int(i) for b in dl for i in b["sample_index"]]
+            n = int(dl.schema["num_samples"])
+            assert got == epoch_order(n, 3, 11, e, rank, world), (world, rank, e)
+
+
+# Guards: resuming from the latest checkpoint continues the identical loss curve (both modes:
+# torch.save + DataLoader position, and CheckpointVault + DataFusion position).
+@pytest.mark.parametrize("mode", ["baseline", "tuned", "loongforge"])
+def test_resume_is_exact(db, tmp_path, mode):
+    if mode == "loongforge" and not _has_datafusion():
+        pytest.skip("loongforge.data not in this build yet")
+    base = COMMON + ["--data", db, "--mode", mode, "--ckpt-every", "2"]
+    full = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
+    part = _run(base + ["--steps", "4", "--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")],
+                tmp_path, "part")  # preempted after step 3: the latest checkpoint is step 2
+    assert [r["loss"] for r in part["loss_curve"]] == [r["loss"] for r in full["loss_curve"]][:3]
+    res = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c2"), "--resume"],
+               tmp_path, "res")
+    a = [r["loss"] for r in full["loss_curve"]][2:]
+    b = [r["loss"] for r in res["loss_curve"]]
+    assert len(b) == 2 and a == b, (a, b)
+
+
+# Guards: bad configs and missing DBs fail with one clear line, not a traceback.
+def test_cli_errors(db, tmp_path, capsys):
+    assert train.main(["--data", str(tmp_path / "nope"), "--steps", "1"]) == 2
+    assert "missing data.mdb" in capsys.readouterr().err
+    assert train.main(["--data", db, "--config", "huge", "--mode", "baseline"]) == 2
+    assert "unknown config 'huge'" in capsys.readouterr().err
+    assert train.main(["--data", db, "--image-size", "30", "--mode", "baseline"]) == 2
+    assert "multiple of patch_size" in capsys.readouterr().err
+    if not _has_datafusion():
+        assert train.main(["--data", db, "--mode", "loongforge", "--steps", "1"]) == 2
+        assert "--no-datafusion" in capsys.readouterr().err
+
+
+# Guards: the GPU paths (bf16 autocast, fused AdamW, GPU DataFusion, MemSculptor, CUDA snapshots)
+# run end to end, each mode in a fresh process, with close first losses.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_modes(db, tmp_path):
+    import subprocess
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(train.__file__), "..") + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    out = {}
+    for mode in ("baseline", "tuned", "loongforge"):
+        js = str(tmp_path / f"{mode}.json")
+        cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
+               "--batch-size", "4", "--warmup", "1", "--steps", "4", "--workers", "1",
+               "--device", "cuda", "--data", db, "--mode", mode, "--quiet", "--no-augment",
+               "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / f"ck_{mode}"), "--json-out", js]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = json.load(open(js))
+    lf = out["loongforge"]
+    assert lf["modules"]["memsculptor"] == "on" and lf["modules"]["datafusion"].startswith("on")
+    assert lf["figures"]["memory"]["kind"] == "cuda"
+    a, b = out["baseline"]["loss_curve"][0]["loss"], lf["loss_curve"][0]["loss"]
+    assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
