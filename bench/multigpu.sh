@@ -6,9 +6,10 @@
 # Counts GPUs with `nvidia-smi -L`:
 #   >= 2 GPUs (NCCL, NVLink multicast off): (a) all-reduce busbw sweep 1 MB..1 GB, NexusSync vs
 #     torch.distributed, at every world in 2 4 8 that fits; (b) NexusSync vs DDP on the harness
-#     model, and on the trainer's n16 / n16-moe configs when `python -m loongforge.train` is
-#     there; (c) the trainer's modes at 1 and 8 GPUs (tokens/GPU/s, scaling efficiency);
-#     (d) kill one rank mid-step.
+#     model and on the trainer's n16 / n16-moe policies (synthetic batches; top-k off/on), and
+#     end to end through `python -m loongforge.train` (loongforge mode with / without NexusSync);
+#     (c) the trainer's three modes at 1 GPU and at the largest world (tokens/GPU/s, scaling
+#     efficiency); (d) kill one rank mid-step.
 #   0 or 1 GPU: the same harness on Gloo with 4 and 8 CPU processes (1..64 MB, a small model).
 # Needs the loongforge._C module built (python/loongforge/_C*.so) and, for (b)/(c) with the
 # trainer, the `loongforge` CLI (for demo-data + pack) in build-gpu/ or build/.
@@ -32,12 +33,31 @@ step() {  # step NAME TIMEOUT_S CMD...  (log in OUT/NAME.log)
   summary+=("$(printf '%-34s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
   return $rc
 }
+# W ranks of "$PY ARGS..." with the env torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*):
+# no torchrun needed (Debian's torch 1.13 torchrun fails on Python 3.11). Under `step`, timeout
+# signals the whole process group, so the ranks go with it.
+dist_run() {
+  local w=$1; shift
+  local port=$(( 20000 + RANDOM % 20000 )) pids=() rc=0 r p
+  for ((r = 0; r < w; r++)); do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=$w LOCAL_WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port $PY "$@" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  return $rc
+}
+export -f dist_run
+export PY
 { echo "date: $(date -u '+%F %T UTC')"; echo "commit: $(git rev-parse --short HEAD 2>/dev/null)";
   echo "gpus: $NGPU"; nvidia-smi -L 2>/dev/null; echo "cpus: $(nproc)"; } | tee "$OUT/machine.txt"
 
 if [ "$NGPU" -lt 2 ]; then
   echo "CPU mode ($NGPU GPU): Gloo, 4 and 8 processes on $(nproc) cores"
   step cpu_suite 290 $PY $H suite --profile cpu --worlds 4 8 --out "$OUT/cpu.json"
+  # The trainer's policy (tiny, 4 experts) with synthetic batches: NexusSync vs DDP, top-k on/off.
+  step cpu_gr00t_tiny_moe_w4 120 $PY $H train --profile cpu --world 4 --model gr00t:tiny \
+    --image-size 56 --moe-experts 4 --seq 16 --batch 2 --steps 4 --warmup 1 --out "$OUT/cpu_gr00t_w4.json"
   echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
   exit 0
 fi
@@ -51,6 +71,12 @@ echo "GPU mode: $NGPU GPUs, worlds ${WORLDS[*]}"
 for w in "${WORLDS[@]}"; do
   step "sweep_w$w" 400 $PY $H sweep --profile gpu --world "$w" --out "$OUT/sweep_w$w.json"
   step "harness_train_w$w" 400 $PY $H train --profile gpu --world "$w" --out "$OUT/train_w$w.json"
+  # The trainer's n16 / n16-moe policies, synthetic batches (no data pipeline in the way):
+  # step time, exposed communication, overlap, bytes per group with top-k off/on.
+  for cfg in n16 n16-moe; do
+    step "gr00t_${cfg}_w$w" 600 $PY $H train --profile gpu --world "$w" --model "gr00t:$cfg" \
+      --batch 8 --seq 64 --steps 10 --warmup 3 --deadline-s 560 --out "$OUT/gr00t_${cfg}_w$w.json"
+  done
   step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 60 --deadline-s 240 --out "$OUT/kill_w$w.json"
 done
 
@@ -68,20 +94,20 @@ if $PY -c "import loongforge.train" 2>/dev/null; then
     # (b) NexusSync vs DDP (loongforge mode with and without NexusSync), n16 and n16-moe.
     for cfg in n16 n16-moe; do
       for w in "${WORLDS[@]}"; do
-        step "trainer_${cfg}_w${w}_nexus" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+        step "trainer_${cfg}_w${w}_nexus" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
           --config "$cfg" --mode loongforge --json-out "$OUT/trainer_${cfg}_w${w}_nexus.json"
-        step "trainer_${cfg}_w${w}_ddp" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+        step "trainer_${cfg}_w${w}_ddp" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
           --config "$cfg" --mode loongforge --no-nexussync --json-out "$OUT/trainer_${cfg}_w${w}_ddp.json"
       done
     done
     # (c) end to end: every mode the trainer has (LeRobot-style baseline, tuned if present,
     # loongforge) at 1 GPU and at the largest world, for tokens/GPU/s and scaling efficiency.
     MODES="baseline loongforge"
-    $PY -m loongforge.train --help 2>/dev/null | grep -q tuned && MODES="baseline tuned loongforge"
+    $PY -m loongforge.train --help 2>/dev/null | grep -q "baseline,tuned" && MODES="baseline tuned loongforge"
     WMAX=${WORLDS[-1]}
     for mode in $MODES; do
       for w in 1 "$WMAX"; do
-        step "e2e_${mode}_w${w}" 600 torchrun --standalone --nproc_per_node "$w" $TR \
+        step "e2e_${mode}_w${w}" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
           --config n16 --mode "$mode" --json-out "$OUT/e2e_n16_${mode}_w${w}.json"
       done
     done

@@ -28,10 +28,9 @@ overlap = 1 - exposed / comm_alone.
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import datetime
 import json
-import math
 import os
 import signal
 import socket
@@ -221,7 +220,7 @@ def task_sweep(rank: int, world: int, device: torch.device, a: Dict[str, Any],
         correct = all(abs(v - want) < 1e-5 for v in got)
         g.normal_()
 
-        def torch_op() -> None:
+        def torch_op(x: torch.Tensor = x) -> None:
             dist.all_reduce(x)
 
         ops = {"torch": torch_op, "nexus": sync.finish}
@@ -287,10 +286,62 @@ def print_sweep(world: int, backend: str, rows: List[Dict[str, Any]]) -> None:
 
 
 def _model(a: Dict[str, Any], device: torch.device) -> nn.Module:
-    from bench_comm import Model  # bench/comm/bench_comm.py: blocks + an expert layer
-
+    """--model bench: bench/comm/bench_comm.py's blocks + an expert layer (sizes from --d,
+    --layers, --experts). --model gr00t:CONFIG: the trainer's policy (tiny, small, n16, n16-moe),
+    fed synthetic batches, so the comparison runs on the trainer's real parameter layout."""
     torch.manual_seed(0)
+    if a["model"].startswith("gr00t:"):
+        from loongforge.models.gr00t import Gr00tPolicy, get_config
+
+        over = {"image_size": a["image_size"] or None}
+        if a["moe_experts"]:
+            over["moe_experts"] = a["moe_experts"]
+        cfg = get_config(a["model"][6:], **over)
+        if device.type == "cuda" and hasattr(torch.device, "__enter__"):
+            with device:  # torch >= 2: initialize on the GPU (n16 has 2.9 B parameters)
+                return Gr00tPolicy(cfg).train()
+        return Gr00tPolicy(cfg).to(device).train()
+    from bench_comm import Model
+
     return Model(d=a["d"], layers=a["layers"], experts=a["experts"]).to(device)
+
+
+def _num_experts(model: nn.Module) -> int:
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:
+        return int(cfg.moe_experts)
+    return len(getattr(model, "experts", []))
+
+
+def _inputs(a: Dict[str, Any], model: nn.Module, device: torch.device, seed: int) -> List[Any]:
+    g = torch.Generator().manual_seed(seed)
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        return [torch.randn(a["batch"], a["seq"], 32, generator=g).to(device) for _ in range(4)]
+    b, length = a["batch"], a["seq"]
+    out = []
+    for _ in range(2):
+        mask = torch.ones(b, length, dtype=torch.bool)
+        mask[0, length * 3 // 4:] = False  # variable text length, as padded batches have
+        out.append({k: v.to(device) for k, v in {
+            "images": torch.randn(b, 2, 3, cfg.image_size, cfg.image_size, generator=g),
+            "tokens": torch.randint(1, cfg.vocab_size, (b, length), generator=g) * mask,
+            "attention_mask": mask, "state": torch.randn(b, min(14, cfg.max_state_dim), generator=g),
+            "action": torch.randn(b, cfg.action_horizon, min(14, cfg.max_action_dim), generator=g),
+            "action_mask": torch.ones(b, cfg.action_horizon, dtype=torch.bool)}.items()})
+    return out
+
+
+def _loss(model: nn.Module, x: Any, step: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(x, dict):
+        return model(x).square().mean()
+    # The policy draws flow-matching noise and time: seed them per step so every mode (and the
+    # grads-vs-DDP check) sees the same draw. bf16 autocast on GPU, as the trainer runs.
+    gen = torch.Generator(device=device).manual_seed(1000 + step)
+    ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+           else contextlib.nullcontext())
+    with ctx:
+        return model(x, generator=gen)["loss"]
 
 
 def _ddp_bucket_bytes(ddp: nn.parallel.DistributedDataParallel, bucket_mb: float) -> List[int]:
@@ -315,10 +366,19 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
                rundir: str) -> Dict[str, Any]:
     from loongforge.comm import NexusSync
 
+    # A fresh model per mode (same seed, same init), freed after it: n16 holds 2.9 B parameters.
     base = _model(a, device)
-    torch.manual_seed(1 + rank)
-    xs = [torch.randn(a["batch"], a["seq"], 32, device=device) for _ in range(4)]
-    results: Dict[str, Any] = {}
+    experts = _num_experts(base)
+    xs = _inputs(a, base, device, 1 + rank)
+    results: Dict[str, Any] = {"params": sum(p.numel() for p in base.parameters()),
+                               "trainable": sum(p.numel() for p in base.parameters()
+                                                if p.requires_grad)}
+    del base
+
+    def release(*objs: Any) -> None:
+        del objs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def timed(name: str, model: nn.Module, zero, finish) -> Dict[str, Any]:
         steps, exposed = [], []
@@ -327,7 +387,7 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
             _sync(device)
             t0 = time.perf_counter()
             zero()
-            model(xs[s % len(xs)]).square().mean().backward()
+            _loss(model, xs[s % len(xs)], s, device).backward()
             te = time.perf_counter()
             if finish is not None:
                 # Compute done (the compute stream only: a device-wide sync would also wait for
@@ -347,10 +407,13 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
         results[name] = r
         return r
 
-    local = copy.deepcopy(base)
+    local = _model(a, device)
     timed("local", local, lambda: local.zero_grad(), None)
-    ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
-    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=a["bucket_mb"],
+    release(local)
+    ddp_kw: Dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    if experts and a["model"].startswith("gr00t:"):
+        ddp_kw["find_unused_parameters"] = True  # top-k routing leaves experts unused (trainer)
+    ddp = nn.parallel.DistributedDataParallel(_model(a, device), bucket_cap_mb=a["bucket_mb"],
                                               **ddp_kw)
     timed("ddp", ddp, lambda: ddp.zero_grad(), None)
     # DDP's own buckets (after its rebuild in the first steps), all-reduced with nothing to
@@ -372,7 +435,13 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
     results["ddp"].update(buckets=len(ddp_sizes), bucket_bytes=ddp_sizes,
                           comm_alone_ms=statistics.median(alone) * 1e3)
     del bufs
-    ddp_grads = None
+    # Reference grads for the NexusSync check: one DDP step on the first input.
+    ddp.zero_grad()
+    _loss(ddp, xs[0], 0, device).backward()
+    ddp_grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+                 for p in ddp.module.parameters() if p.requires_grad]
+    release(ddp)
+    loads = _expert_load(experts) if experts else None
     first_ddp_mb = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20) / 2**20
     variants = (  # name, topk ratio, first bucket MB, expert groups
         ("nexus", None, a["first_mb"], True),
@@ -380,21 +449,22 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
         # DDP's bucket layout (its 1 MB first bucket, one group): the overlap machinery alone.
         ("nexus_ddp_layout", None, first_ddp_mb, False))
     for name, ratio, first_mb, grouped in variants:
-        m = copy.deepcopy(base)
+        m = _model(a, device)
+        grouped = grouped and experts > 0
         sync = NexusSync(m, bucket_cap_mb=a["bucket_mb"], first_bucket_mb=first_mb,
-                         expert_param_filter=r"^experts\." if grouped else None,
-                         expert_load=_expert_load(a["experts"]) if grouped else None,
+                         expert_param_filter=r"(^|\.)experts\." if grouped else None,
+                         expert_load=loads if grouped else None,
                          topk_ratio=ratio, timeout_s=a["timeout_s"])
         if name == "nexus":
-            # Same input, same init: NexusSync's averaged grads must equal DDP's.
-            ddp.zero_grad()
-            ddp(xs[0]).square().mean().backward()
-            ddp_grads = [p.grad.detach().clone() for p in ddp.module.parameters()]
+            # Same input, same init, same noise: NexusSync's averaged grads must equal DDP's.
             sync.zero_grad()
-            m(xs[0]).square().mean().backward()
+            _loss(m, xs[0], 0, device).backward()
             sync.finish()
-            diff = max(float((p.grad - q).abs().max()) for p, q in zip(m.parameters(), ddp_grads))
-            results["grad_max_abs_diff_vs_ddp"] = diff
+            mine = [p.grad for p in m.parameters() if p.requires_grad]
+            results["grad_max_abs_diff_vs_ddp"] = max(
+                float((p.float() - q.float()).abs().max()) for p, q in zip(mine, ddp_grads))
+            results["grad_max_abs_vs_ddp"] = max(float(q.float().abs().max()) for q in ddp_grads)
+            del ddp_grads
         r = timed(name, m, sync.zero_grad, sync.finish)
         st = sync.stats()
         steps = st["steps"]
@@ -413,7 +483,10 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
             alone.append(time.perf_counter() - t)
         r["comm_alone_ms"] = statistics.median(alone) * 1e3
         sync.close()
-    results["params"] = sum(p.numel() for p in base.parameters())
+        release(m, sync)
+    results["experts"] = experts
+    results["low_load_experts"] = sorted(i for i, v in enumerate(loads or []) if v < 0.5 * (
+        sum(loads) / len(loads)))
     return {"train": results}
 
 
@@ -422,9 +495,9 @@ MODES = ("local", "ddp", "nexus", "nexus_topk", "nexus_ddp_layout")
 
 def merge_train(res: Dict[str, Any]) -> Dict[str, Any]:
     ranks = [r["train"] for r in res["ranks"]]
-    out: Dict[str, Any] = {"params": ranks[0]["params"],
-                           "grad_max_abs_diff_vs_ddp": max(r["grad_max_abs_diff_vs_ddp"]
-                                                           for r in ranks)}
+    out: Dict[str, Any] = {k: ranks[0][k] for k in ("params", "trainable", "experts",
+                                                     "low_load_experts", "grad_max_abs_vs_ddp")}
+    out["grad_max_abs_diff_vs_ddp"] = max(r["grad_max_abs_diff_vs_ddp"] for r in ranks)
     for mode in MODES:
         m = dict(ranks[0][mode])
         for key in ("step_ms", "exposed_ms", "comm_alone_ms"):
@@ -445,10 +518,12 @@ def merge_train(res: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def print_train(world: int, backend: str, t: Dict[str, Any], a: Dict[str, Any]) -> None:
-    print(f"\nNexusSync vs DDP, world {world} ({backend}); {t['params'] / 1e6:.2f} M params, "
+    print(f"\nNexusSync vs DDP, world {world} ({backend}), model {a['model']}: "
+          f"{t['params'] / 1e6:.2f} M params ({t['trainable'] / 1e6:.2f} M trainable), "
+          f"{t['experts']} experts (low-load {t['low_load_experts']}), "
           f"{t['dense_bytes_per_step'] / 2**20:.1f} MiB of gradient, bucket cap {a['bucket_mb']} MB, "
           f"{t['nexus']['buckets']} buckets; grads vs DDP max |diff| "
-          f"{t['grad_max_abs_diff_vs_ddp']:.2e}")
+          f"{t['grad_max_abs_diff_vs_ddp']:.2e} (max |grad| {t['grad_max_abs_vs_ddp']:.2e})")
     print(f"{'mode':<16} {'step ms':>8} {'exposed ms':>10} {'share':>6} {'comm alone':>10} "
           f"{'overlap':>7} {'buckets':>7} {'dense B/step':>12} {'exp_high':>10} {'exp_low':>10}")
     for mode in MODES:
@@ -482,11 +557,11 @@ def task_kill(rank: int, world: int, device: torch.device, a: Dict[str, Any],
     sync = NexusSync(model, bucket_cap_mb=a["bucket_mb"], first_bucket_mb=a["first_mb"],
                      timeout_s=a["timeout_s"])
     victim = world - 1
-    x = torch.randn(a["batch"], a["seq"], 32, device=device)
+    x = _inputs(a, model, device, 1 + rank)[0]
     for step in range(a["kill_step"] + 2):
         dist.barrier()
         sync.zero_grad()
-        loss = model(x).square().mean()
+        loss = _loss(model, x, step, device)
         if rank == victim and step == a["kill_step"]:
             # Mid-step: forward done, the peers are in backward issuing buckets. Real SIGKILL.
             with open(os.path.join(rundir, "killed_at"), "w") as f:
@@ -592,12 +667,14 @@ def run_task(task: str, a: Dict[str, Any], world: int) -> Dict[str, Any]:
 
 PROFILES = {
     # CPU: small sizes and a small model so 4-8 processes on a few cores finish in seconds.
-    "cpu": {"sizes_mb": [1, 4, 16, 64], "d": 128, "layers": 2, "experts": 4, "batch": 2,
+    "cpu": {"sizes_mb": [1, 4, 16, 64], "model": "bench", "image_size": 0, "moe_experts": 0,
+            "d": 128, "layers": 2, "experts": 4, "batch": 2,
             "seq": 32, "bucket_mb": 0.5, "first_mb": 0.125, "steps": 8, "warmup": 2,
             "reps": 2, "min_iters": 2, "max_iters": 10, "block_s": 0.5, "threads": 1,
             "timeout_s": 30.0, "deadline_s": 240.0},
     # GPU: 1 MB..1 GB, a ~140 M-param model (540 MB of fp32 gradient) in 25 MB buckets.
-    "gpu": {"sizes_mb": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "d": 1024, "layers": 8,
+    "gpu": {"sizes_mb": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "model": "bench",
+            "image_size": 0, "moe_experts": 0, "d": 1024, "layers": 8,
             "experts": 8, "batch": 8, "seq": 512, "bucket_mb": 25.0, "first_mb": 1.0,
             "steps": 20, "warmup": 5, "reps": 5, "min_iters": 5, "max_iters": 50, "block_s": 0.2,
             "threads": 4, "timeout_s": 60.0, "deadline_s": 540.0},

@@ -11,7 +11,6 @@ scaling efficiency = tokens/GPU/s at W GPUs / tokens/GPU/s at 1 GPU, per mode.
 import glob
 import json
 import os
-import re
 import sys
 
 
@@ -26,7 +25,7 @@ def harness(paths):
             if "sweep" in run:
                 big = [r for r in run["sweep"] if r["mb"] >= 256] or run["sweep"][-1:]
                 worst = min(r["nexus_vs_torch"] for r in big)
-                sizes = f">= 256 MB" if big and big[0]["mb"] >= 256 else f"{big[0]['mb']:g} MB"
+                sizes = ">= 256 MB" if big and big[0]["mb"] >= 256 else f"{big[0]['mb']:g} MB"
                 top = run["sweep"][-1]
                 print(f"sweep    w{w} {be}: at {top['mb']:g} MB torch {top['torch_busbw_GBps']:.2f} "
                       f"GB/s, nexus {top['nexus_busbw_GBps']:.2f} GB/s; worst nexus/torch at "
@@ -58,7 +57,6 @@ def trainer(out):
     rows = {}
     for p in sorted(glob.glob(os.path.join(out, "trainer_*.json")) +
                     glob.glob(os.path.join(out, "e2e_*.json"))):
-        m = re.match(r"(trainer|e2e)_(.+)_w(\d+)_?(\w*)\.json", os.path.basename(p))
         with open(p) as f:
             s = json.load(f)
         fig = s["figures"]
@@ -67,6 +65,11 @@ def trainer(out):
         print(f"{name:<34} {s['mode']:<10} w{s['world_size']} step p50 {fig['step_ms_p50']:.0f} ms "
               f"tokens/GPU/s {fig['tokens_per_gpu_per_s']:.0f} exposed comm "
               f"{fig['comm_exposed_share']:.1%} data wait {fig['data_wait_share']:.1%}")
+        ns = s.get("nexussync_stats") or {}
+        if ns.get("steps"):
+            per = {g: v // ns["steps"] for g, v in ns["bytes_sent"].items()}
+            print(f"{'':<34} NexusSync: {ns['buckets']} buckets, overlap {ns['overlap_ratio']}, "
+                  f"bytes/step {per}")
     e2e = {}
     for name, s in rows.items():
         if name.startswith("e2e_"):
