@@ -64,24 +64,34 @@ fi
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-WORLDS=(); for w in 2 4 8; do [ "$w" -le "$NGPU" ] && WORLDS+=("$w"); done
-echo "GPU mode: $NGPU GPUs, worlds ${WORLDS[*]}"
+# Selection, so that each piece fits one 10-minute call: PARTS (default all of
+# "sweep kill train gr00t trainer e2e"), WORLDS (default "2 4 8", capped at the GPU count).
+PARTS=" ${PARTS:-sweep kill train gr00t trainer e2e} "
+WORLDS_ALL=(); for w in ${WORLDS:-2 4 8}; do [ "$w" -le "$NGPU" ] && WORLDS_ALL+=("$w"); done
+has() { [[ "$PARTS" == *" $1 "* ]]; }
+echo "GPU mode: $NGPU GPUs, worlds ${WORLDS_ALL[*]}, parts${PARTS% }"
 
-# (a) bus bandwidth, (b) NexusSync vs DDP on the harness model, (d) kill one rank.
-for w in "${WORLDS[@]}"; do
-  step "sweep_w$w" 400 $PY $H sweep --profile gpu --world "$w" --out "$OUT/sweep_w$w.json"
-  step "harness_train_w$w" 400 $PY $H train --profile gpu --world "$w" --out "$OUT/train_w$w.json"
-  # The trainer's n16 / n16-moe policies, synthetic batches (no data pipeline in the way):
+for w in "${WORLDS_ALL[@]}"; do
+  # (a) bus bandwidth 1 MB..1 GB, NexusSync's flat-bucket path vs dist.all_reduce.
+  has sweep && step "sweep_w$w" 400 $PY $H sweep --profile gpu --world "$w" --out "$OUT/sweep_w$w.json"
+  # (d) SIGKILL one rank mid-step; every other rank must exit with an error within the timeout.
+  has kill && step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 30 \
+    --deadline-s 200 --out "$OUT/kill_w$w.json"
+  # (b) NexusSync vs DDP on the harness model (140 M params, 8 experts).
+  has train && step "harness_train_w$w" 400 $PY $H train --profile gpu --world "$w" \
+    --out "$OUT/train_w$w.json"
+  # (b) the trainer's n16 / n16-moe policies on synthetic batches (no data pipeline in the way):
   # step time, exposed communication, overlap, bytes per group with top-k off/on.
-  for cfg in n16 n16-moe; do
-    step "gr00t_${cfg}_w$w" 600 $PY $H train --profile gpu --world "$w" --model "gr00t:$cfg" \
-      --batch 8 --seq 64 --steps 10 --warmup 3 --deadline-s 560 --out "$OUT/gr00t_${cfg}_w$w.json"
-  done
-  step "kill_w$w" 300 $PY $H kill --profile gpu --world "$w" --timeout-s 60 --deadline-s 240 --out "$OUT/kill_w$w.json"
+  if has gr00t; then
+    for cfg in n16 n16-moe; do
+      step "gr00t_${cfg}_w$w" 600 $PY $H train --profile gpu --world "$w" --model "gr00t:$cfg" \
+        --batch 8 --seq 64 --steps 10 --warmup 3 --deadline-s 560 --out "$OUT/gr00t_${cfg}_w$w.json"
+    done
+  fi
 done
 
-# (b) and (c) with the trainer, if it is on this branch.
-if $PY -c "import loongforge.train" 2>/dev/null; then
+# (b) and (c) through the trainer (`python -m loongforge.train`) on a packed demo DB.
+if (has trainer || has e2e) && $PY -c "import loongforge.train" 2>/dev/null; then
   CLI=$(ls build-gpu/loongforge build/loongforge 2>/dev/null | head -1)
   DB=$OUT/demo.lmdb
   if [ ! -e "$DB/data.mdb" ] && [ -n "$CLI" ]; then
@@ -91,30 +101,31 @@ if $PY -c "import loongforge.train" 2>/dev/null; then
   if [ -e "$DB/data.mdb" ]; then
     STEPS=${STEPS:-30} BATCH=${BATCH:-16}
     TR="-m loongforge.train --data $DB --steps $STEPS --batch-size $BATCH --warmup 5 --workers 8 --loader-threads 8 --quiet"
-    # (b) NexusSync vs DDP (loongforge mode with and without NexusSync), n16 and n16-moe.
-    for cfg in n16 n16-moe; do
-      for w in "${WORLDS[@]}"; do
-        step "trainer_${cfg}_w${w}_nexus" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
-          --config "$cfg" --mode loongforge --json-out "$OUT/trainer_${cfg}_w${w}_nexus.json"
-        step "trainer_${cfg}_w${w}_ddp" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
-          --config "$cfg" --mode loongforge --no-nexussync --json-out "$OUT/trainer_${cfg}_w${w}_ddp.json"
+    if has trainer; then  # loongforge mode with NexusSync vs with DDP (--no-nexussync)
+      for cfg in n16 n16-moe; do
+        for w in "${WORLDS_ALL[@]}"; do
+          step "trainer_${cfg}_w${w}_nexus" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
+            --config "$cfg" --mode loongforge --json-out "$OUT/trainer_${cfg}_w${w}_nexus.json"
+          step "trainer_${cfg}_w${w}_ddp" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
+            --config "$cfg" --mode loongforge --no-nexussync --json-out "$OUT/trainer_${cfg}_w${w}_ddp.json"
+        done
       done
-    done
-    # (c) end to end: every mode the trainer has (LeRobot-style baseline, tuned if present,
-    # loongforge) at 1 GPU and at the largest world, for tokens/GPU/s and scaling efficiency.
-    MODES="baseline loongforge"
-    $PY -m loongforge.train --help 2>/dev/null | grep -q "baseline,tuned" && MODES="baseline tuned loongforge"
-    WMAX=${WORLDS[-1]}
-    for mode in $MODES; do
-      for w in 1 "$WMAX"; do
-        step "e2e_${mode}_w${w}" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
-          --config n16 --mode "$mode" --json-out "$OUT/e2e_n16_${mode}_w${w}.json"
+    fi
+    if has e2e; then  # every mode the trainer has, at 1 GPU and at the largest world
+      MODES="baseline loongforge"
+      $PY -m loongforge.train --help 2>/dev/null | grep -q "baseline,tuned" && MODES="baseline tuned loongforge"
+      WMAX=${WORLDS_ALL[-1]}
+      for mode in $MODES; do
+        for w in 1 "$WMAX"; do
+          step "e2e_${mode}_w${w}" 600 bash -c 'dist_run "$@"' _ "$w" $TR \
+            --config n16 --mode "$mode" --json-out "$OUT/e2e_n16_${mode}_w${w}.json"
+        done
       done
-    done
+    fi
   else
     echo "no packed DB (no loongforge CLI in build-gpu/ or build/): trainer runs skipped"
   fi
-else
+elif has trainer || has e2e; then
   echo "loongforge.train is not importable here: trainer runs (b: n16/n16-moe, c: e2e) skipped"
 fi
 

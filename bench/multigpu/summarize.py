@@ -41,7 +41,7 @@ def harness(paths):
                                  f"ov {ov if ov is None else round(ov, 2)}")
                 low = (t["nexus"]["bytes_sent_per_step"]["expert_low"],
                        t["nexus_topk"]["bytes_sent_per_step"]["expert_low"])
-                print(f"train    w{w} {be}: local {t['local']['step_ms']:.1f} ms | "
+                print(f"train    w{w} {be} {rep['args'].get('model', 'bench')}: local {t['local']['step_ms']:.1f} ms | "
                       + " | ".join(parts) + f" | expert_low B/step {low[0]} -> {low[1]}")
             if "kill" in run:
                 k = run["kill"]
