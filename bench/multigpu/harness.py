@@ -375,8 +375,7 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
                                                 if p.requires_grad)}
     del base
 
-    def release(*objs: Any) -> None:
-        del objs
+    def release() -> None:  # after the caller's `del`: give the freed blocks back
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -408,14 +407,15 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
         return r
 
     local = _model(a, device)
-    timed("local", local, lambda: local.zero_grad(), None)
-    release(local)
+    timed("local", local, local.zero_grad, None)
+    del local
+    release()
     ddp_kw: Dict[str, Any] = {"device_ids": [device.index]} if device.type == "cuda" else {}
     if experts and a["model"].startswith("gr00t:"):
         ddp_kw["find_unused_parameters"] = True  # top-k routing leaves experts unused (trainer)
     ddp = nn.parallel.DistributedDataParallel(_model(a, device), bucket_cap_mb=a["bucket_mb"],
                                               **ddp_kw)
-    timed("ddp", ddp, lambda: ddp.zero_grad(), None)
+    timed("ddp", ddp, ddp.zero_grad, None)
     # DDP's own buckets (after its rebuild in the first steps), all-reduced with nothing to
     # overlap: DDP's communication alone, the denominator of its overlap ratio.
     ddp_sizes = _ddp_bucket_bytes(ddp, a["bucket_mb"])
@@ -440,7 +440,8 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
     _loss(ddp, xs[0], 0, device).backward()
     ddp_grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                  for p in ddp.module.parameters() if p.requires_grad]
-    release(ddp)
+    del ddp
+    release()
     loads = _expert_load(experts) if experts else None
     first_ddp_mb = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20) / 2**20
     variants = (  # name, topk ratio, first bucket MB, expert groups
@@ -483,7 +484,8 @@ def task_train(rank: int, world: int, device: torch.device, a: Dict[str, Any],
             alone.append(time.perf_counter() - t)
         r["comm_alone_ms"] = statistics.median(alone) * 1e3
         sync.close()
-        release(m, sync)
+        del m, sync
+        release()
     results["experts"] = experts
     results["low_load_experts"] = sorted(i for i, v in enumerate(loads or []) if v < 0.5 * (
         sum(loads) / len(loads)))
