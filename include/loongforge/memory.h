@@ -336,6 +336,28 @@ class MemAllocator {
   PlanCache plans_;
 };
 
+// ----------------------------------------------------------------------------------------------
+// Replay: a trace through a MemAllocator over host memory (analysis, CLI, benchmarks)
+// ----------------------------------------------------------------------------------------------
+
+struct ReplayOptions {
+  enum class Mode {
+    kPool,        // no steps, no plans: the pool alone
+    kPlanned,     // plan the last step of each signature from the whole trace first
+    kFirstSight,  // no plans up front: each signature is planned from its first step (online)
+  };
+  Mode mode = Mode::kPlanned;
+  size_t capacity_bytes = size_t{1} << 36;  // the host range standing in for device memory
+  size_t segment_bytes = size_t{32} << 20;
+  size_t max_plans = 64;
+};
+
+// Replays every event of `trace` (frees of ids allocated before the trace are skipped) and returns
+// the allocator's stats. Errors: the trace's own (Lifetimes), ResourceExhausted past the capacity.
+StatusOr<AllocatorStats> ReplayTrace(const Trace& trace, const ReplayOptions& options);
+// "pool", "planned", "first_sight"; InvalidArgument for anything else.
+StatusOr<ReplayOptions::Mode> ParseReplayMode(const std::string& name);
+
 // "1.5 GiB", "512 B"
 std::string FormatBytes(int64_t bytes);
 
