@@ -3,7 +3,10 @@
 // (b) MemSculptor's pool alone, (c) MemSculptor planned + pool fallback, over host memory.
 // Reports peak allocated/reserved, fragmentation at peak, largest free block and allocation
 // latency p50/p99 (ns, timed around each call the same way for all three). Prints a table, writes
-// JSON. Usage: loongforge_mem_bench [--steps N] [--batch B] [--seed S] [--json PATH]
+// JSON. Usage: loongforge_mem_bench [--steps N] [--warmup N] [--batch B] [--seed S] [--json PATH]
+//                                   [--no-first-sight] [--max-plans N]
+// --no-first-sight turns off planning of signatures unseen during warm-up (Note [First sight] in
+// src/memory/allocator.cc), to show what a missed bucket costs.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +174,8 @@ int main(int argc, char** argv) {
   using namespace loongforge;
   using namespace loongforge::mem;
   int steps = 200, warmup = 24, batch = 16;
+  bool first_sight = true;
+  int max_plans = 64;
   uint64_t seed = 1;
   std::string json_path = "results/bench_memory.json";
   for (int i = 1; i < argc; ++i) {
@@ -192,8 +197,14 @@ int main(int argc, char** argv) {
       seed = std::strtoull(next(), nullptr, 10);
     else if (a == "--json")
       json_path = next();
+    else if (a == "--no-first-sight")
+      first_sight = false;
+    else if (a == "--max-plans")
+      max_plans = std::atoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--batch B] [--seed S] [--json P]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--steps N] [--warmup N] [--batch B] [--seed S] [--json P] "
+                   "[--no-first-sight] [--max-plans N]\n",
                    argv[0]);
       return 2;
     }
@@ -236,6 +247,8 @@ int main(int argc, char** argv) {
   for (bool planned : {false, true}) {  // (b) pool only, (c) planned + pool
     MemAllocator::Options o;
     o.record_latency = false;  // timed by the driver, like the baseline
+    o.plan_unseen_signatures = planned && first_sight;
+    o.max_plans = static_cast<size_t>(max_plans);
     MemAllocator m(o, CreateHostBackend(kCapacity), std::make_unique<CpuFence>());
     Result r{planned ? "MemSculptor planned + pool" : "MemSculptor pool only"};
     Histogram lat(size_t{1} << 22);
@@ -279,6 +292,14 @@ int main(int argc, char** argv) {
     }
     r.stats = m.Stats();
     r.lat = lat.Summary();
+    if (planned) {
+      std::printf(
+          "planned on first sight during the measured steps: %lld signature(s); plans cached %lld "
+          "(max %d), evicted %lld; arena %s\n",
+          static_cast<long long>(r.stats.first_sight_plans),
+          static_cast<long long>(r.stats.plans_cached), max_plans,
+          static_cast<long long>(r.stats.plan_evictions), FormatBytes(r.stats.arena_bytes).c_str());
+    }
     results.push_back(r);
   }
 
@@ -302,8 +323,10 @@ int main(int argc, char** argv) {
   if (f) {
     std::fprintf(f,
                  "{\"batch\": %d, \"steps\": %d, \"warmup\": %d, \"seed\": %llu, "
-                 "\"max_lower_bound_bytes\": %lld, \"results\": [",
+                 "\"first_sight\": %s, \"max_plans\": %d, \"max_lower_bound_bytes\": %lld, "
+                 "\"results\": [",
                  batch, steps, warmup, static_cast<unsigned long long>(seed),
+                 first_sight ? "true" : "false", max_plans,
                  static_cast<long long>(max_lower_bound));
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
@@ -311,13 +334,16 @@ int main(int argc, char** argv) {
                    "%s{\"allocator\": \"%s\", \"peak_allocated_bytes\": %lld, "
                    "\"peak_reserved_bytes\": %lld, \"fragmentation\": %.6f, "
                    "\"largest_free_block_bytes\": %lld, \"allocs\": %lld, \"planned_hits\": %lld, "
-                   "\"planned_misses\": %lld, \"latency_ns\": %s}",
+                   "\"planned_misses\": %lld, \"first_sight_plans\": %lld, "
+                   "\"pool_allocs\": %lld, \"latency_ns\": %s}",
                    i ? ", " : "", r.name.c_str(),
                    static_cast<long long>(r.stats.peak_allocated_bytes),
                    static_cast<long long>(r.stats.peak_reserved_bytes), r.stats.fragmentation,
                    static_cast<long long>(r.stats.largest_free_block_bytes),
                    static_cast<long long>(r.allocs), static_cast<long long>(r.stats.planned_hits),
-                   static_cast<long long>(r.stats.planned_misses), SummaryToJson(r.lat).c_str());
+                   static_cast<long long>(r.stats.planned_misses),
+                   static_cast<long long>(r.stats.first_sight_plans),
+                   static_cast<long long>(r.stats.pool_allocs), SummaryToJson(r.lat).c_str());
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -145,18 +145,37 @@ Status CheckPlan(const LifetimeTable& table, const Plan& plan);
 // Max over time of the sum of live rounded sizes of placed allocations.
 int64_t LowerBoundBytes(const LifetimeTable& table);
 
-// Plans keyed by shape signature (e.g. the padding bucket). Thread-safe.
+// Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):
+// putting a new signature into a full cache evicts the least recently used one (Get and Put both
+// count as a use). Thread-safe.
 class PlanCache {
  public:
+  explicit PlanCache(size_t max_plans = 0) : max_plans_(max_plans) {}
   void Put(Plan plan);
-  // nullptr when absent. The pointer stays valid until the entry is replaced or the cache dies.
+  // nullptr when absent. Marks the entry as recently used. The plan stays valid for as long as the
+  // caller holds the pointer, even if it is evicted or replaced meanwhile.
   std::shared_ptr<const Plan> Get(const std::string& signature) const;
-  std::vector<std::string> Signatures() const;
+  bool Contains(const std::string& signature) const;  // does not count as a use
+  std::vector<std::string> Signatures() const;        // sorted
   size_t size() const;
+  size_t max_plans() const;
+  // Changes the bound; evicts least recently used entries beyond it.
+  void set_max_plans(size_t max_plans);
+  int64_t evictions() const;
+  // The largest peak_bytes among the cached plans (0 when empty): the arena every plan fits in.
+  int64_t MaxPeakBytes() const;
 
  private:
+  struct Entry {
+    std::shared_ptr<const Plan> plan;
+    uint64_t last_use = 0;
+  };
+  void EvictLocked();
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const Plan>> plans_;
+  size_t max_plans_;
+  mutable uint64_t clock_ = 0;
+  int64_t evictions_ = 0;
+  mutable std::map<std::string, Entry> plans_;
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -233,10 +252,13 @@ struct AllocatorStats {
   int64_t largest_free_block_bytes = 0;  // in the pools (the arena is not counted)
   int64_t live_allocations = 0;
   int64_t num_allocs = 0, num_frees = 0;
-  int64_t planned_hits = 0;    // allocations served from a plan's arena
-  int64_t planned_misses = 0;  // planned steps that diverged and fell back to the pool
-  int64_t planned_steps = 0;   // steps that began with a plan
-  int64_t pool_allocs = 0;     // allocations served by the pools
+  int64_t planned_hits = 0;       // allocations served from a plan's arena
+  int64_t planned_misses = 0;     // planned steps that diverged and fell back to the pool
+  int64_t planned_steps = 0;      // steps that began with a plan
+  int64_t plans_cached = 0;       // plans in the cache now (at most Options::max_plans)
+  int64_t first_sight_plans = 0;  // signatures planned from their first step (Note [First sight])
+  int64_t plan_evictions = 0;     // plans evicted from the cache (least recently used first)
+  int64_t pool_allocs = 0;        // allocations served by the pools
   int64_t segments = 0;
   int64_t arena_bytes = 0;
   int64_t persistent_allocated_bytes = 0;
@@ -254,6 +276,13 @@ class MemAllocator {
     size_t min_split_bytes = kAlignBytes;
     // Record each allocation's latency into the histogram (two clock reads per call).
     bool record_latency = true;
+    // A step whose signature has no plan (and is not being recorded) is recorded on its own and
+    // planned at its end, so the signature's next step is planned (Note [First sight] in
+    // src/memory/allocator.cc).
+    bool plan_unseen_signatures = true;
+    // Bound on cached plans (0 = none); the least recently used plan is evicted beyond it. All
+    // plans share one arena sized to the largest cached plan.
+    size_t max_plans = 64;
   };
 
   // `fence` may be null when all allocations use one stream (cross-stream reuse is then refused
@@ -272,7 +301,11 @@ class MemAllocator {
   Status Free(void* ptr, StreamId stream);
 
   // Step boundaries. BeginStep ends the previous step; if a plan exists for `signature` and the
-  // arena is free of last step's planned allocations, this step is served from the plan.
+  // arena is free of last step's planned allocations, this step is served from the plan. The arena
+  // is (re)reserved here when it does not match the largest cached plan; ResourceExhausted if
+  // that fails (the step then runs from the pool). With Options::plan_unseen_signatures, a step
+  // of a signature without a plan is recorded and planned when it ends (EndStep, or the next
+  // BeginStep if EndStep is not called); planning runs on the caller's thread, outside the lock.
   Status BeginStep(const std::string& signature);
   void EndStep();
 
@@ -295,10 +328,35 @@ class MemAllocator {
   std::string DescribeLive(size_t top_n = 5) const;
 
  private:
+  // Plans and installs the step recorded on first sight, if one is open (Note [First sight]).
+  void PlanFirstSight();
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   PlanCache plans_;
 };
+
+// ----------------------------------------------------------------------------------------------
+// Replay: a trace through a MemAllocator over host memory (analysis, CLI, benchmarks)
+// ----------------------------------------------------------------------------------------------
+
+struct ReplayOptions {
+  enum class Mode {
+    kPool,        // no steps, no plans: the pool alone
+    kPlanned,     // plan the last step of each signature from the whole trace first
+    kFirstSight,  // no plans up front: each signature is planned from its first step (online)
+  };
+  Mode mode = Mode::kPlanned;
+  size_t capacity_bytes = size_t{1} << 36;  // the host range standing in for device memory
+  size_t segment_bytes = size_t{32} << 20;
+  size_t max_plans = 64;
+};
+
+// Replays every event of `trace` (frees of ids allocated before the trace are skipped) and returns
+// the allocator's stats. Errors: the trace's own (Lifetimes), ResourceExhausted past the capacity.
+StatusOr<AllocatorStats> ReplayTrace(const Trace& trace, const ReplayOptions& options);
+// "pool", "planned", "first_sight"; InvalidArgument for anything else.
+StatusOr<ReplayOptions::Mode> ParseReplayMode(const std::string& name);
 
 // "1.5 GiB", "512 B"
 std::string FormatBytes(int64_t bytes);

@@ -56,6 +56,9 @@ py::dict StatsToDict(const mem::AllocatorStats& s) {
   d["pool_allocs"] = s.pool_allocs;
   d["segments"] = s.segments;
   d["arena_bytes"] = s.arena_bytes;
+  d["plans_cached"] = s.plans_cached;
+  d["first_sight_plans"] = s.first_sight_plans;
+  d["plan_evictions"] = s.plan_evictions;
   py::dict lat;
   lat["count"] = s.alloc_latency_ns.count;
   lat["p50"] = s.alloc_latency_ns.p50;
@@ -63,37 +66,6 @@ py::dict StatsToDict(const mem::AllocatorStats& s) {
   lat["mean"] = s.alloc_latency_ns.mean;
   d["alloc_latency_ns"] = lat;
   return d;
-}
-
-// Replays `trace` through a MemAllocator over a host range. With `planned`, the last step of each
-// signature is planned first and every step begins with BeginStep(signature).
-StatusOr<mem::AllocatorStats> Replay(const Trace& trace, bool planned, size_t capacity,
-                                     size_t segment_bytes) {
-  mem::MemAllocator::Options o;
-  o.segment_bytes = segment_bytes;
-  mem::MemAllocator a(o, mem::CreateHostBackend(capacity), std::make_unique<mem::CpuFence>());
-  if (planned) LF_RETURN_IF_ERROR(a.PlanFromTrace(trace).status());
-  std::unordered_map<uint64_t, void*> live;
-  for (const auto& e : trace.events()) {
-    switch (e.kind) {
-      case mem::TraceEvent::kStep:
-        if (planned) LF_RETURN_IF_ERROR(a.BeginStep(e.signature));
-        break;
-      case mem::TraceEvent::kAlloc: {
-        LF_ASSIGN_OR_RETURN(void* p, a.Allocate(static_cast<size_t>(e.size), e.stream));
-        live[e.id] = p;
-        break;
-      }
-      case mem::TraceEvent::kFree: {
-        auto it = live.find(e.id);
-        if (it == live.end()) break;  // allocated before the trace began
-        LF_RETURN_IF_ERROR(a.Free(it->second, e.stream));
-        live.erase(it);
-        break;
-      }
-    }
-  }
-  return a.Stats();
 }
 
 void BindMemory(py::module_& m) {
@@ -163,16 +135,23 @@ void BindMemory(py::module_& m) {
 
   m.def(
       "mem_replay",
-      [](const Trace& t, bool planned, size_t capacity, size_t segment_bytes) {
+      [](const Trace& t, const std::string& mode, size_t capacity, size_t segment_bytes,
+         size_t max_plans) {
+        mem::ReplayOptions o;
+        o.mode = ValueOrThrow(mem::ParseReplayMode(mode));
+        o.capacity_bytes = capacity;
+        o.segment_bytes = segment_bytes;
+        o.max_plans = max_plans;
         StatusOr<mem::AllocatorStats> s = [&] {
           py::gil_scoped_release nogil;
-          return Replay(t, planned, capacity, segment_bytes);
+          return mem::ReplayTrace(t, o);
         }();
         return StatsToDict(ValueOrThrow(std::move(s)));
       },
-      py::arg("trace"), py::arg("planned") = true, py::arg("capacity_bytes") = size_t{1} << 36,
-      py::arg("segment_bytes") = size_t{32} << 20,
-      "Replays the trace through MemSculptor's allocator over host memory; returns its stats.");
+      py::arg("trace"), py::arg("mode") = "planned", py::arg("capacity_bytes") = size_t{1} << 36,
+      py::arg("segment_bytes") = size_t{32} << 20, py::arg("max_plans") = 64,
+      "Replays the trace through MemSculptor's allocator over host memory; returns its stats. "
+      "mode: pool, planned (plans from the whole trace first) or first_sight (online).");
 }
 
 LF_REGISTER_BINDINGS(memory, BindMemory);

@@ -55,11 +55,17 @@ PYBIND11_MODULE(_C, m) {
   namespace py = pybind11;
   using namespace loongforge;
   m.doc() = "LoongForge C++ core (private; use the `loongforge` package)";
-  static py::exception<std::runtime_error> data_loss(m, "DataLossError", PyExc_RuntimeError);
-  static py::exception<std::runtime_error> res_exhausted(m, "ResourceExhaustedError",
-                                                         PyExc_MemoryError);
-  g_data_loss_error = data_loss.ptr();
-  g_resource_exhausted_error = res_exhausted.ptr();
+  // Exception types made with the C API and owned for the life of the process (never released):
+  // a function-local static py::exception crashed on raise under pybind11 3.1 / Python 3.12.
+  if (g_data_loss_error == nullptr) {
+    g_data_loss_error =
+        PyErr_NewException("loongforge._C.DataLossError", PyExc_RuntimeError, nullptr);
+    g_resource_exhausted_error =
+        PyErr_NewException("loongforge._C.ResourceExhaustedError", PyExc_MemoryError, nullptr);
+    if (!g_data_loss_error || !g_resource_exhausted_error) throw py::error_already_set();
+  }
+  m.attr("DataLossError") = py::reinterpret_borrow<py::object>(g_data_loss_error);
+  m.attr("ResourceExhaustedError") = py::reinterpret_borrow<py::object>(g_resource_exhausted_error);
 
   m.def(
       "build_info",

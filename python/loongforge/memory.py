@@ -127,10 +127,19 @@ def plan_trace(trace: "Trace", with_layout: bool = False) -> Dict[str, Any]:
 
 
 def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 << 36,
-                 segment_bytes: int = 32 << 20) -> Dict[str, Any]:
+                 segment_bytes: int = 32 << 20, mode: Optional[str] = None,
+                 max_plans: int = 64) -> Dict[str, Any]:
     """Replays ``trace`` through MemSculptor's allocator over host memory (no GPU needed) and
-    returns its stats (peak allocated/reserved, fragmentation, planned hits/misses, latency)."""
-    return _C.mem_replay(trace, planned, capacity_bytes, segment_bytes)
+    returns its stats (peak allocated/reserved, fragmentation, planned hits/misses, latency).
+
+    ``mode``: ``"pool"`` (no plans), ``"planned"`` (each signature's last step planned from the
+    whole trace first) or ``"first_sight"`` (online: each signature planned from its first step,
+    as the allocator does for signatures it did not record). When omitted, ``planned`` picks
+    ``"planned"`` or ``"pool"``. Raises ValueError for an unknown mode or a malformed trace.
+    """
+    if mode is None:
+        mode = "planned" if planned else "pool"
+    return _C.mem_replay(trace, mode, capacity_bytes, segment_bytes, max_plans)
 
 
 # ---------------------------------------------------------------------------------------------

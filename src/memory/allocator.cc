@@ -13,6 +13,28 @@
 // share a byte, whatever the live step does. Allocations on different streams never share arena
 // bytes (planner.cc, Note [Interval packing]), so arena reuse is always stream-ordered.
 //
+// Note [First sight]
+// A signature not seen while recording would otherwise run from the pool forever. So BeginStep of
+// a signature without a plan (outside a recording) opens a one-step trace; EndStep (or the next
+// BeginStep) closes it, plans it (outside the lock: planning is O(n^2) in the step's allocations,
+// about a millisecond for 800), checks the plan and installs it. The step itself is served by the
+// pool; the signature's next step is planned. The transient pool's fully free segments are then
+// returned to the backend: the memory they held for this step is what the arena will serve from
+// now on (on CUDA this is a cudaFree, which synchronizes the device: once per new signature).
+// Plans are bounded by Options::max_plans (least recently used evicted) and share one arena sized
+// to the largest cached plan, which is safe because only one step runs at a time and a step is
+// planned only when no planned allocation of the previous step is live.
+//
+// Note [Lent arena]
+// While a step runs unplanned (first sight, no plan, a plan evicted) the arena is idle, yet its
+// bytes count as reserved. So BeginStep lends it to the transient pool as one more segment, and
+// the step boundary (EndStep or the next BeginStep) takes it back when the step freed everything
+// in it. If something allocated there outlives the step, the segment stays with the pool as an
+// ordinary one and the arena is forgotten (the next planned step reserves a new one): memory, not
+// correctness, is what a long-lived allocation can cost. Lending happens only while one stream
+// has been seen (the arena's bytes were last used on it, so the lent block belongs to it) and is
+// taken back only while that is still so; with several streams the arena is never lent.
+//
 // Note [Stream-safe reuse]
 // A pooled block freed by stream S may be reused at once by S (stream order makes that safe). For
 // another stream T it must wait until S has passed the free: the free records a fence on S (only
@@ -62,6 +84,7 @@ struct Segment {
   size_t size = 0;
   PoolKind kind = PoolKind::kTransient;
   Block* head = nullptr;
+  bool borrowed = false;  // the idle arena, lent to the transient pool (Note [Lent arena])
 };
 
 struct BlockLess {
@@ -98,6 +121,7 @@ struct MemAllocator::Impl {
   std::set<StreamId> streams_seen;
 
   // Arena and the plan whose allocations it holds.
+  Segment* lent = nullptr;  // the arena as a pool segment, while lent (Note [Lent arena])
   void* arena = nullptr;
   size_t arena_size = 0;
   std::shared_ptr<const Plan> arena_plan;
@@ -108,6 +132,11 @@ struct MemAllocator::Impl {
 
   bool recording = false;
   Trace trace;
+  // Note [First sight]: the one-step trace of a signature without a plan.
+  bool probing = false;
+  std::string probe_signature;
+  Trace probe;
+  int64_t first_sight_plans = 0;
   uint64_t next_id = 1;
 
   // Stats.
@@ -127,7 +156,7 @@ struct MemAllocator::Impl {
           delete b;
           b = n;
         }
-        backend->Release(reinterpret_cast<void*>(s->base), s->size);
+        if (!s->borrowed) backend->Release(reinterpret_cast<void*>(s->base), s->size);
         delete s;
       }
     }
@@ -274,33 +303,84 @@ struct MemAllocator::Impl {
     return Status::Ok();
   }
 
+  // Returns `pool`'s fully free segments to the backend.
+  void ReleaseFreeSegments(Pool& pool) {
+    std::vector<Segment*> keep;
+    for (Segment* s : pool.segments) {
+      Block* b = s->head;
+      // Any owner stream is fine here: MemoryBackend::Release makes pending use safe.
+      if (!s->borrowed && !b->allocated && b->next == nullptr) {
+        pool.free_blocks.erase(b);
+        if (b->has_fence) fence->Release(b->fence);
+        delete b;
+        backend->Release(reinterpret_cast<void*>(s->base), s->size);
+        reserved -= static_cast<int64_t>(s->size);
+        delete s;
+      } else {
+        keep.push_back(s);
+      }
+    }
+    pool.segments = std::move(keep);
+  }
+
+  void ReleaseArena() {
+    if (!arena) return;
+    backend->Release(arena, arena_size);
+    reserved -= static_cast<int64_t>(arena_size);
+    arena = nullptr;
+    arena_size = 0;
+    arena_plan.reset();
+  }
+
   void ReleaseCachedLocked() {
     SettlePending();
-    for (auto& pool : pools) {
-      std::vector<Segment*> keep;
-      for (Segment* s : pool.segments) {
-        Block* b = s->head;
-        // Any owner stream is fine here: MemoryBackend::Release makes pending use safe.
-        if (!b->allocated && b->next == nullptr) {
-          pool.free_blocks.erase(b);
-          if (b->has_fence) fence->Release(b->fence);
-          delete b;
-          backend->Release(reinterpret_cast<void*>(s->base), s->size);
-          reserved -= static_cast<int64_t>(s->size);
-          delete s;
-        } else {
-          keep.push_back(s);
-        }
-      }
-      pool.segments = std::move(keep);
-    }
-    if (arena && planned_live_count == 0 && !step_planned) {
-      backend->Release(arena, arena_size);
-      reserved -= static_cast<int64_t>(arena_size);
+    for (auto& pool : pools) ReleaseFreeSegments(pool);
+    if (planned_live_count == 0 && !step_planned && lent == nullptr) ReleaseArena();
+  }
+
+  // Note [Lent arena]. Called at the start of an unplanned step.
+  void LendArena() {
+    if (!arena || lent || planned_live_count > 0 || streams_seen.size() > 1) return;
+    auto* seg = new Segment;
+    seg->base = reinterpret_cast<uintptr_t>(arena);
+    seg->size = arena_size;
+    seg->kind = PoolKind::kTransient;
+    seg->borrowed = true;
+    auto* b = new Block;
+    b->addr = seg->base;
+    b->size = arena_size;
+    b->segment = seg;
+    // Last used by planned allocations on the one stream seen: that stream may take it at once,
+    // another only after a fence (Note [Stream-safe reuse]).
+    b->any_stream = streams_seen.empty();
+    b->stream = streams_seen.empty() ? 0 : *streams_seen.begin();
+    seg->head = b;
+    Pool& pool = pools[static_cast<int>(PoolKind::kTransient)];
+    pool.segments.push_back(seg);
+    pool.free_blocks.insert(b);
+    lent = seg;
+    arena_plan.reset();
+  }
+
+  // Note [Lent arena]. Called at step boundaries.
+  void ReclaimArena() {
+    if (!lent) return;
+    Pool& pool = pools[static_cast<int>(PoolKind::kTransient)];
+    Block* b = lent->head;
+    if (!b->allocated && b->next == nullptr && streams_seen.size() <= 1) {
+      pool.free_blocks.erase(b);
+      if (b->has_fence) fence->Release(b->fence);
+      delete b;
+      pool.segments.erase(std::find(pool.segments.begin(), pool.segments.end(), lent));
+      delete lent;
+    } else {
+      // Still in use (or a second stream appeared): the pool keeps the bytes, reserved unchanged.
+      lent->borrowed = false;
       arena = nullptr;
       arena_size = 0;
       arena_plan.reset();
     }
+    lent = nullptr;
   }
 
   StatusOr<void*> PoolAlloc(size_t size, StreamId stream, PoolKind kind, Live* rec) {
@@ -431,6 +511,7 @@ MemAllocator::MemAllocator(Options options, std::unique_ptr<MemoryBackend> backe
   if (options.segment_bytes < kAlignBytes) options.segment_bytes = kAlignBytes;
   options.segment_bytes = RoundUp(options.segment_bytes);
   impl_->options = options;
+  plans_.set_max_plans(options.max_plans);
   impl_->backend = std::move(backend);
   impl_->fence = std::move(fence);
 }
@@ -466,8 +547,10 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
       ptr = *p;
     }
     rec.id = m.next_id++;
-    if (m.recording && kind == PoolKind::kTransient) {
-      m.trace.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, NowNs());
+    if (kind == PoolKind::kTransient && (m.recording || m.probing)) {
+      int64_t now = NowNs();
+      if (m.recording) m.trace.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
+      if (m.probing) m.probe.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
     }
     m.AddAllocated(static_cast<int64_t>(rec.size));
     if (kind == PoolKind::kPersistent) m.persistent_allocated += static_cast<int64_t>(rec.size);
@@ -489,7 +572,11 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   }
   Live rec = it->second;
   m.live.erase(it);
-  if (m.recording && rec.kind == PoolKind::kTransient) m.trace.AddFree(rec.id, stream, NowNs());
+  if (rec.kind == PoolKind::kTransient && (m.recording || m.probing)) {
+    int64_t now = NowNs();
+    if (m.recording) m.trace.AddFree(rec.id, stream, now);
+    if (m.probing) m.probe.AddFree(rec.id, stream, now);
+  }
   m.allocated -= static_cast<int64_t>(rec.size);
   if (rec.kind == PoolKind::kPersistent) m.persistent_allocated -= static_cast<int64_t>(rec.size);
   ++m.num_frees;
@@ -504,30 +591,43 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
 
 Status MemAllocator::BeginStep(const std::string& signature) {
   Impl& m = *impl_;
+  PlanFirstSight();  // the previous step's, when EndStep was not called
   std::shared_ptr<const Plan> plan = plans_.Get(signature);
+  // The arena serves every cached plan (one step runs at a time): size it to the largest one.
+  int64_t largest = plan ? std::max(plan->peak_bytes, plans_.MaxPeakBytes()) : 0;
   std::lock_guard<std::mutex> lock(m.mu);
   m.step_planned = false;
   m.cursor = 0;
+  m.ReclaimArena();
   if (m.recording) m.trace.MarkStep(signature, NowNs());
-  if (!plan) return Status::Ok();
+  if (!plan) {
+    if (m.options.plan_unseen_signatures && !m.recording) {  // Note [First sight]
+      m.probing = true;
+      m.probe_signature = signature;
+      m.probe.Clear();
+      m.probe.MarkStep(signature, NowNs());
+    }
+    m.LendArena();
+    return Status::Ok();
+  }
   if (m.planned_live_count > 0) {
     // Last step's planned allocations still hold arena bytes: this step cannot reuse the arena.
     ++m.planned_misses;
     return Status::Ok();
   }
+  auto round = [](int64_t n) {
+    return (static_cast<size_t>(n) + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes *
+           kLargeSegmentRoundBytes;
+  };
   size_t need = static_cast<size_t>(plan->peak_bytes);
-  if (need > m.arena_size) {
-    if (m.arena) {
-      m.backend->Release(m.arena, m.arena_size);
-      m.reserved -= static_cast<int64_t>(m.arena_size);
-      m.arena = nullptr;
-      m.arena_size = 0;
-    }
-    size_t want =
-        (need + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes * kLargeSegmentRoundBytes;
+  size_t want = round(largest);
+  // Grow when this plan does not fit; shrink when the largest plan was evicted.
+  if (need > m.arena_size || m.arena_size > want) {
+    m.ReleaseArena();
     StatusOr<void*> a = m.backend->Reserve(want);
     if (!a.ok()) {
       m.ReleaseCachedLocked();
+      want = round(plan->peak_bytes);  // at least this step's plan
       a = m.backend->Reserve(want);
     }
     if (!a.ok()) {
@@ -546,9 +646,46 @@ Status MemAllocator::BeginStep(const std::string& signature) {
 }
 
 void MemAllocator::EndStep() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->step_planned = false;
-  impl_->cursor = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->step_planned = false;
+    impl_->cursor = 0;
+    impl_->ReclaimArena();
+  }
+  PlanFirstSight();
+}
+
+void MemAllocator::PlanFirstSight() {
+  Impl& m = *impl_;
+  Trace probe;
+  std::string signature;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (!m.probing) return;
+    m.probing = false;
+    probe = std::move(m.probe);
+    m.probe = Trace();
+    signature = m.probe_signature;
+  }
+  StatusOr<std::vector<LifetimeTable>> tables = probe.Lifetimes();
+  if (!tables.ok()) {
+    LF_LOG(WARNING) << "MemSculptor: step '" << signature
+                    << "' not planned on first sight: " << tables.status();
+    return;
+  }
+  if (tables->empty()) return;  // no allocations: nothing to plan
+  Plan plan = PlanStep(tables->front(), signature);
+  Status checked = CheckPlan(tables->front(), plan);
+  if (!checked.ok()) {  // a planner bug: keep the pool serving this signature rather than abort
+    LF_LOG(ERROR) << "MemSculptor: invalid plan for step '" << signature
+                  << "' not installed: " << checked;
+    return;
+  }
+  plans_.Put(std::move(plan));
+  std::lock_guard<std::mutex> lock(m.mu);
+  ++m.first_sight_plans;
+  m.SettlePending();
+  m.ReleaseFreeSegments(m.pools[static_cast<int>(PoolKind::kTransient)]);
 }
 
 void MemAllocator::StartRecording() {
@@ -636,10 +773,13 @@ AllocatorStats MemAllocator::Stats() const {
     s.planned_hits = m.planned_hits;
     s.planned_misses = m.planned_misses;
     s.planned_steps = m.planned_steps;
+    s.first_sight_plans = m.first_sight_plans;
     s.pool_allocs = m.pool_allocs;
     s.arena_bytes = static_cast<int64_t>(m.arena_size);
     s.persistent_allocated_bytes = m.persistent_allocated;
   }
+  s.plans_cached = static_cast<int64_t>(plans_.size());
+  s.plan_evictions = plans_.evictions();
   s.alloc_latency_ns = m.latency_ns.Summary();
   return s;
 }

@@ -417,6 +417,163 @@ TEST(MemAllocator, PlansPerSignature) {
                 (int64_t{2} << 20) * (int64_t{2} << 20));
 }
 
+std::unique_ptr<MemAllocator> MakeAllocatorWith(MemAllocator::Options o, size_t capacity) {
+  return std::make_unique<MemAllocator>(o, CreateHostBackend(capacity),
+                                        std::make_unique<CpuFence>());
+}
+
+int64_t CountAllocs(const std::vector<StepOp>& ops) {
+  int64_t n = 0;
+  for (const auto& op : ops) n += op.alloc;
+  return n;
+}
+
+int64_t ArenaRound(int64_t n) {
+  constexpr int64_t k2MiB = int64_t{2} << 20;
+  return (n + k2MiB - 1) / k2MiB * k2MiB;
+}
+
+// Guards Note [First sight]: a signature never recorded is planned from its first step, so its
+// second step is served entirely from the arena (before, it ran from the pool forever).
+TEST(MemAllocator, FirstSightPlansNextStep) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  auto ops = LayerStep(64);
+  std::vector<void*> p1, p2, p3;
+  ASSERT_TRUE(RunStep(a.get(), ops, "new", &p1));
+  AllocatorStats s1 = a->Stats();
+  EXPECT_EQ(s1.planned_hits, 0);
+  EXPECT_EQ(s1.first_sight_plans, 1);
+  EXPECT_EQ(s1.plans_cached, 1);
+  EXPECT_TRUE(a->plans().Contains("new"));
+  EXPECT_EQ(s1.segments, 0) << "the first step's free pool segments go back to the backend";
+  ASSERT_TRUE(RunStep(a.get(), ops, "new", &p2));
+  ASSERT_TRUE(RunStep(a.get(), ops, "new", &p3));
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_hits, 2 * CountAllocs(ops));
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.pool_allocs, s1.pool_allocs);
+  EXPECT_EQ(s.first_sight_plans, 1) << "a planned signature is not recorded again";
+  EXPECT_EQ(p2, p3);
+  EXPECT_LE(a->plans().Get("new")->peak_bytes,
+            a->plans().Get("new")->lower_bound_bytes * 105 / 100);
+}
+
+// Guards the switch: with plan_unseen_signatures off, an unrecorded signature stays unplanned.
+TEST(MemAllocator, FirstSightCanBeTurnedOff) {
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.plan_unseen_signatures = false;
+  auto a = MakeAllocatorWith(o, 256 * kMiB);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "new"));
+  EXPECT_EQ(a->Stats().planned_hits, 0);
+  EXPECT_EQ(a->Stats().plans_cached, 0);
+}
+
+// Guards first sight without EndStep: the next BeginStep closes and plans the open step.
+TEST(MemAllocator, FirstSightClosedByNextBeginStep) {
+  auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
+  ASSERT_TRUE(a->BeginStep("x").ok());
+  void* p = *a->Allocate(kMiB, 0);
+  ASSERT_TRUE(a->Free(p, 0).ok());
+  ASSERT_TRUE(a->BeginStep("x").ok());  // no EndStep before it
+  void* q = *a->Allocate(kMiB, 0);
+  EXPECT_EQ(a->Stats().planned_hits, 1);
+  ASSERT_TRUE(a->Free(q, 0).ok());
+  a->EndStep();
+}
+
+// Guards the LRU bound: the least recently used plan is evicted, a recently used one is kept.
+TEST(MemAllocator, PlanCacheIsLruBounded) {
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.max_plans = 2;
+  auto a = MakeAllocatorWith(o, 512 * kMiB);
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "a"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "b"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "a"));  // planned: "a" is now the most recent
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(48), "c"));  // first sight: evicts "b"
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.plans_cached, 2);
+  EXPECT_EQ(s.plan_evictions, 1);
+  EXPECT_TRUE(a->plans().Contains("a"));
+  EXPECT_FALSE(a->plans().Contains("b"));
+  EXPECT_TRUE(a->plans().Contains("c"));
+  // "b" comes back: served by the pool once, planned again (evicting "a").
+  int64_t hits = a->Stats().planned_hits;
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "b"));
+  EXPECT_EQ(a->Stats().planned_hits, hits);
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "b"));
+  EXPECT_EQ(a->Stats().planned_hits, hits + CountAllocs(LayerStep(32)));
+  EXPECT_EQ(a->Stats().first_sight_plans, 4);
+}
+
+// Guards the arena bound: every plan shares one arena sized to the largest cached plan; when
+// that plan is evicted, the arena shrinks to the largest remaining one.
+TEST(MemAllocator, OneArenaSizedToLargestCachedPlan) {
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.max_plans = 2;
+  auto a = MakeAllocatorWith(o, 1024 * kMiB);
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));  // planned: arena for the largest plan
+  const int64_t big = a->plans().Get("big")->peak_bytes;
+  const int64_t mid = a->plans().Get("mid")->peak_bytes;
+  ASSERT_GT(big, mid);
+  EXPECT_EQ(a->Stats().arena_bytes, ArenaRound(big));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));
+  EXPECT_EQ(a->Stats().arena_bytes, ArenaRound(big)) << "one arena, not one per plan";
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "small"));  // evicts "big" (least recent)
+  EXPECT_FALSE(a->plans().Contains("big"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.arena_bytes, ArenaRound(mid));
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.reserved_bytes, ArenaRound(mid) + s.segments * static_cast<int64_t>(8 * kMiB));
+}
+
+// Guards Note [Lent arena]: an unplanned step borrows the idle arena instead of reserving new
+// segments, and the arena comes back for the next planned step.
+TEST(MemAllocator, UnplannedStepBorrowsIdleArena) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));  // first sight
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));  // planned: the arena is reserved
+  AllocatorStats before = a->Stats();
+  ASSERT_GT(before.arena_bytes, 0);
+  ASSERT_EQ(before.reserved_bytes, before.arena_bytes);
+  a->ResetPeaks();
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "small"));  // first sight, fits in the arena
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.peak_reserved_bytes, before.reserved_bytes) << "no new segment was needed";
+  EXPECT_EQ(s.arena_bytes, before.arena_bytes);
+  EXPECT_EQ(s.pool_allocs - before.pool_allocs, CountAllocs(LayerStep(32)));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "small"));
+  EXPECT_EQ(a->Stats().planned_misses, 0);
+  EXPECT_EQ(a->Stats().reserved_bytes, before.reserved_bytes);
+}
+
+// Guards Note [Lent arena] when an allocation made in the lent arena outlives its step: the
+// arena's bytes stay with the pool, and the next planned step gets a new arena, so the planned
+// step never overwrites the live allocation.
+TEST(MemAllocator, LentArenaKeptByLiveAllocation) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  auto ops = LayerStep(64);
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));  // planned; arena reserved
+  ASSERT_TRUE(a->BeginStep("other").ok());  // unplanned: arena lent
+  void* kept = *a->Allocate(4 * kMiB, 0);
+  Tracked t{kept, 4 * kMiB, 0xA5};
+  Fill(t);
+  a->EndStep();
+  int64_t hits = a->Stats().planned_hits;
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  EXPECT_EQ(a->Stats().planned_hits, hits + CountAllocs(ops));
+  EXPECT_TRUE(Intact(t)) << "a planned step overwrote an allocation living in the lent arena";
+  ASSERT_TRUE(a->Free(kept, 0).ok());
+}
+
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge

@@ -255,13 +255,35 @@ Status CheckPlan(const LifetimeTable& t, const Plan& p) {
 void PlanCache::Put(Plan plan) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string sig = plan.signature;
-  plans_[sig] = std::make_shared<const Plan>(std::move(plan));
+  Entry& e = plans_[sig];
+  e.plan = std::make_shared<const Plan>(std::move(plan));
+  e.last_use = ++clock_;
+  EvictLocked();
+}
+
+void PlanCache::EvictLocked() {
+  // O(size) per eviction; caches hold tens of plans and evict at most once per new signature.
+  while (max_plans_ > 0 && plans_.size() > max_plans_) {
+    auto oldest = plans_.begin();
+    for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    plans_.erase(oldest);
+    ++evictions_;
+  }
 }
 
 std::shared_ptr<const Plan> PlanCache::Get(const std::string& signature) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(signature);
-  return it == plans_.end() ? nullptr : it->second;
+  if (it == plans_.end()) return nullptr;
+  it->second.last_use = ++clock_;
+  return it->second.plan;
+}
+
+bool PlanCache::Contains(const std::string& signature) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_.count(signature) > 0;
 }
 
 std::vector<std::string> PlanCache::Signatures() const {
@@ -274,6 +296,29 @@ std::vector<std::string> PlanCache::Signatures() const {
 size_t PlanCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return plans_.size();
+}
+
+size_t PlanCache::max_plans() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_plans_;
+}
+
+void PlanCache::set_max_plans(size_t max_plans) {
+  std::lock_guard<std::mutex> lock(mu_);
+  max_plans_ = max_plans;
+  EvictLocked();
+}
+
+int64_t PlanCache::evictions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return evictions_;
+}
+
+int64_t PlanCache::MaxPeakBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t m = 0;
+  for (const auto& [k, e] : plans_) m = std::max(m, e.plan->peak_bytes);
+  return m;
 }
 
 }  // namespace mem

@@ -231,6 +231,34 @@ TEST(MemPlanner, PlanCacheBySignature) {
   EXPECT_EQ(cache.size(), 2u);
 }
 
+// Guards the LRU bound: Get refreshes an entry, Contains does not, replacing an entry does not
+// evict, the largest peak follows evictions, and lowering the bound evicts at once.
+TEST(MemPlanner, PlanCacheLru) {
+  PlanCache cache(2);
+  auto put = [&](const std::string& sig, int64_t peak) {
+    Plan p;
+    p.signature = sig;
+    p.peak_bytes = peak;
+    cache.Put(p);
+  };
+  put("a", 30);
+  put("b", 10);
+  auto held = cache.Get("a");  // "a" is now more recent than "b"
+  EXPECT_TRUE(cache.Contains("b"));
+  put("c", 20);
+  EXPECT_FALSE(cache.Contains("b"));
+  EXPECT_TRUE(cache.Contains("a"));
+  EXPECT_EQ(cache.MaxPeakBytes(), 30);
+  put("c", 25);  // replace: no eviction
+  EXPECT_EQ(cache.evictions(), 1);
+  EXPECT_EQ(cache.size(), 2u);
+  cache.set_max_plans(1);  // "a" is the least recent now
+  EXPECT_EQ(cache.Signatures(), std::vector<std::string>{"c"});
+  EXPECT_EQ(cache.MaxPeakBytes(), 25);
+  EXPECT_EQ(held->peak_bytes, 30) << "an evicted plan stays valid while held";
+  EXPECT_EQ(cache.evictions(), 2);
+}
+
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge

@@ -72,6 +72,12 @@ size_t EnvMiB(const char* name, size_t def) {
   return static_cast<size_t>(std::strtoull(v, nullptr, 10)) << 20;
 }
 
+size_t EnvCount(const char* name, size_t def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  return static_cast<size_t>(std::strtoull(v, nullptr, 10));
+}
+
 MemAllocator* Get(int device) {
   if (device < 0 || device >= kMaxDevices) {
     SetError("MemSculptor: device index " + std::to_string(device) + " out of range");
@@ -91,6 +97,8 @@ MemAllocator* Get(int device) {
     }
     MemAllocator::Options o;
     o.segment_bytes = EnvMiB("LOONGFORGE_MEM_SEGMENT_MB", 32);
+    o.max_plans = EnvCount("LOONGFORGE_MEM_MAX_PLANS", o.max_plans);
+    o.plan_unseen_signatures = EnvCount("LOONGFORGE_MEM_PLAN_UNSEEN", 1) != 0;
     d.alloc = std::make_unique<MemAllocator>(o, std::move(*backend), std::move(*fence));
   });
   if (!d.alloc) SetError(d.init_status.ToString());
@@ -255,8 +263,10 @@ LF_EXPORT int lf_stats_json(int device, char* buf, size_t len) {
      << ", \"live_allocations\": " << s.live_allocations << ", \"num_allocs\": " << s.num_allocs
      << ", \"num_frees\": " << s.num_frees << ", \"planned_hits\": " << s.planned_hits
      << ", \"planned_misses\": " << s.planned_misses << ", \"planned_steps\": " << s.planned_steps
-     << ", \"pool_allocs\": " << s.pool_allocs << ", \"segments\": " << s.segments
-     << ", \"arena_bytes\": " << s.arena_bytes
+     << ", \"plans_cached\": " << s.plans_cached
+     << ", \"first_sight_plans\": " << s.first_sight_plans
+     << ", \"plan_evictions\": " << s.plan_evictions << ", \"pool_allocs\": " << s.pool_allocs
+     << ", \"segments\": " << s.segments << ", \"arena_bytes\": " << s.arena_bytes
      << ", \"persistent_allocated_bytes\": " << s.persistent_allocated_bytes
      << ", \"alloc_latency_ns\": " << loongforge::SummaryToJson(s.alloc_latency_ns) << "}";
   return CopyOut(os.str(), buf, len);

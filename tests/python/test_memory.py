@@ -130,6 +130,18 @@ def test_replay_planned_vs_pool():
         assert s["alloc_latency_ns"]["count"] == 6
 
 
+# Guards online planning of unseen signatures (first sight): the first step of a signature is
+# served by the pool and planned, its next step hits the plan; a bad mode is a ValueError.
+def test_replay_first_sight():
+    t = memory.trace_from_snapshot(_snapshot(), step_boundaries=[10], signatures=["a", "a"])
+    online = memory.replay_trace(t, mode="first_sight")
+    assert online["first_sight_plans"] == 1 and online["plans_cached"] == 1
+    assert online["planned_hits"] == 3 and online["pool_allocs"] == 3
+    assert memory.replay_trace(t, mode="pool")["planned_hits"] == 0
+    with pytest.raises(ValueError, match="replay mode 'fast'"):
+        memory.replay_trace(t, mode="fast")
+
+
 # Guards the text form used to save traces from the GPU for offline planning.
 def test_trace_text_round_trip():
     t = memory.trace_from_snapshot(_snapshot(), step_boundaries=[10], signatures=["a", "b"])

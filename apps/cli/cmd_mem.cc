@@ -1,0 +1,198 @@
+// `loongforge mem plan|replay TRACE`: MemSculptor's planner and allocator over a recorded trace
+// (the text format of mem::Trace::ToText, e.g. written by MemSculptor.record(trace_path=...)).
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.h"
+#include "loongforge/memory.h"
+
+namespace loongforge {
+namespace cli {
+namespace {
+
+constexpr const char* kUsage =
+    "<plan|replay> TRACE [options]\n"
+    "  plan TRACE     plan every step: lower bound (max live bytes), peak, overhead, algorithm\n"
+    "  replay TRACE   run the trace through MemSculptor's allocator over host memory and report\n"
+    "                 peak allocated/reserved, fragmentation, planned hits/misses, latency;\n"
+    "                 --mode pool | planned | first_sight | all (default all, side by side)\n"
+    "TRACE lines: 'a ID SIZE STREAM TIME_NS', 'f ID STREAM TIME_NS', 's TIME_NS SIGNATURE'";
+
+StatusOr<mem::Trace> LoadTrace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + ": cannot open trace");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return InternalError(path + ": read failed");
+  StatusOr<mem::Trace> t = mem::Trace::FromText(ss.str());
+  if (!t.ok()) return t.status().WithContext(path);
+  return t;
+}
+
+int64_t Placed(const mem::Plan& p) {
+  int64_t n = 0;
+  for (int64_t o : p.offsets) n += (o != mem::kNotPlanned);
+  return n;
+}
+
+Status RunPlan(const Args& a, const std::string& path) {
+  LF_ASSIGN_OR_RETURN(mem::Trace trace, LoadTrace(path));
+  LF_ASSIGN_OR_RETURN(std::vector<mem::LifetimeTable> tables, trace.Lifetimes());
+  if (tables.empty()) return InvalidArgumentError(path + ": the trace has no allocations");
+  std::vector<mem::Plan> plans;
+  int64_t peak = 0, bound = 0;
+  for (const auto& t : tables) {
+    mem::Plan p = mem::PlanStep(t, t.signature);
+    LF_RETURN_IF_ERROR_CTX(mem::CheckPlan(t, p), path + ": step " + std::to_string(t.step));
+    peak = std::max(peak, p.peak_bytes);
+    bound = std::max(bound, p.lower_bound_bytes);
+    plans.push_back(std::move(p));
+  }
+  const double overhead = bound > 0 ? static_cast<double>(peak - bound) / bound : 0.0;
+  if (a.Has("json")) {
+    nlohmann::json j;
+    j["trace"] = path;
+    j["events"] = trace.size();
+    j["peak_bytes"] = peak;
+    j["lower_bound_bytes"] = bound;
+    j["overhead"] = overhead;
+    j["steps"] = nlohmann::json::array();
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const mem::Plan& p = plans[i];
+      j["steps"].push_back({{"step", tables[i].step},
+                            {"signature", p.signature},
+                            {"algorithm", p.algorithm},
+                            {"allocations", p.sizes.size()},
+                            {"planned", Placed(p)},
+                            {"peak_bytes", p.peak_bytes},
+                            {"lower_bound_bytes", p.lower_bound_bytes},
+                            {"other_peak_bytes", p.other_peak_bytes},
+                            {"overhead", p.overhead()}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status::Ok();
+  }
+  std::printf("%s: %zu events, %zu steps\n", path.c_str(), trace.size(), plans.size());
+  std::printf("%6s %-16s %8s %8s %12s %12s %9s  %-18s %12s\n", "step", "signature", "allocs",
+              "planned", "lower bound", "peak", "overhead", "algorithm", "other peak");
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const mem::Plan& p = plans[i];
+    std::printf("%6d %-16s %8zu %8lld %12s %12s %8.2f%%  %-18s %12s\n", tables[i].step,
+                p.signature.empty() ? "-" : p.signature.c_str(), p.sizes.size(),
+                static_cast<long long>(Placed(p)), mem::FormatBytes(p.lower_bound_bytes).c_str(),
+                mem::FormatBytes(p.peak_bytes).c_str(), 100 * p.overhead(), p.algorithm.c_str(),
+                mem::FormatBytes(p.other_peak_bytes).c_str());
+  }
+  std::printf("largest step: lower bound %s, peak %s, overhead %.2f%%\n",
+              mem::FormatBytes(bound).c_str(), mem::FormatBytes(peak).c_str(), 100 * overhead);
+  return Status::Ok();
+}
+
+nlohmann::json StatsJson(const std::string& mode, const mem::AllocatorStats& s) {
+  return {{"mode", mode},
+          {"peak_allocated_bytes", s.peak_allocated_bytes},
+          {"peak_reserved_bytes", s.peak_reserved_bytes},
+          {"fragmentation", s.fragmentation},
+          {"largest_free_block_bytes", s.largest_free_block_bytes},
+          {"num_allocs", s.num_allocs},
+          {"pool_allocs", s.pool_allocs},
+          {"planned_hits", s.planned_hits},
+          {"planned_misses", s.planned_misses},
+          {"planned_steps", s.planned_steps},
+          {"first_sight_plans", s.first_sight_plans},
+          {"plans_cached", s.plans_cached},
+          {"plan_evictions", s.plan_evictions},
+          {"arena_bytes", s.arena_bytes},
+          {"alloc_latency_ns",
+           {{"count", s.alloc_latency_ns.count},
+            {"p50", s.alloc_latency_ns.p50},
+            {"p99", s.alloc_latency_ns.p99},
+            {"mean", s.alloc_latency_ns.mean}}}};
+}
+
+Status RunReplay(const Args& a, const std::string& path) {
+  mem::ReplayOptions o;
+  LF_ASSIGN_OR_RETURN(int64_t segment_mb, a.GetInt("segment-mb"));
+  LF_ASSIGN_OR_RETURN(int64_t capacity_gb, a.GetInt("capacity-gb"));
+  LF_ASSIGN_OR_RETURN(int64_t max_plans, a.GetInt("max-plans"));
+  if (segment_mb < 1) return InvalidArgumentError("--segment-mb must be at least 1");
+  if (capacity_gb < 1) return InvalidArgumentError("--capacity-gb must be at least 1");
+  if (max_plans < 0) return InvalidArgumentError("--max-plans must be >= 0 (0 = no bound)");
+  o.segment_bytes = static_cast<size_t>(segment_mb) << 20;
+  o.capacity_bytes = static_cast<size_t>(capacity_gb) << 30;
+  o.max_plans = static_cast<size_t>(max_plans);
+  std::vector<std::string> modes;
+  if (a.Get("mode") == "all") {
+    modes = {"pool", "planned", "first_sight"};
+  } else {
+    LF_RETURN_IF_ERROR(mem::ParseReplayMode(a.Get("mode")).status());
+    modes = {a.Get("mode")};
+  }
+  LF_ASSIGN_OR_RETURN(mem::Trace trace, LoadTrace(path));
+  std::vector<std::pair<std::string, mem::AllocatorStats>> results;
+  for (const std::string& m : modes) {
+    LF_ASSIGN_OR_RETURN(o.mode, mem::ParseReplayMode(m));
+    StatusOr<mem::AllocatorStats> s = mem::ReplayTrace(trace, o);
+    if (!s.ok()) return s.status().WithContext(path + " (mode " + m + ")");
+    results.emplace_back(m, *s);
+  }
+  if (a.Has("json")) {
+    nlohmann::json j;
+    j["trace"] = path;
+    j["events"] = trace.size();
+    j["segment_bytes"] = o.segment_bytes;
+    j["max_plans"] = o.max_plans;
+    j["results"] = nlohmann::json::array();
+    for (const auto& [m, s] : results) j["results"].push_back(StatsJson(m, s));
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status::Ok();
+  }
+  std::printf("%s: %zu events, host replay (segments %lld MiB)\n", path.c_str(), trace.size(),
+              static_cast<long long>(segment_mb));
+  std::printf("%-12s %12s %12s %8s %12s %9s %9s %8s %8s %8s\n", "mode", "peak alloc", "peak resv",
+              "frag", "largest free", "p50 ns", "p99 ns", "hits", "misses", "1st-sight");
+  for (const auto& [m, s] : results) {
+    std::printf("%-12s %12s %12s %7.2f%% %12s %9.0f %9.0f %8lld %8lld %8lld\n", m.c_str(),
+                mem::FormatBytes(s.peak_allocated_bytes).c_str(),
+                mem::FormatBytes(s.peak_reserved_bytes).c_str(), 100 * s.fragmentation,
+                mem::FormatBytes(s.largest_free_block_bytes).c_str(), s.alloc_latency_ns.p50,
+                s.alloc_latency_ns.p99, static_cast<long long>(s.planned_hits),
+                static_cast<long long>(s.planned_misses),
+                static_cast<long long>(s.first_sight_plans));
+  }
+  return Status::Ok();
+}
+
+int RunMem(int argc, char** argv) {
+  Args args("mem", kUsage);
+  args.Switch("json", "print JSON instead of a table");
+  args.Flag("mode", "all", "replay: pool, planned, first_sight or all");
+  args.Flag("segment-mb", "32", "replay: pool segment size in MiB");
+  args.Flag("capacity-gb", "64", "replay: host range standing in for device memory, GiB");
+  args.Flag("max-plans", "64", "replay: bound on cached plans (0 = none)");
+  if (Status s = args.Parse(argc, argv); !s.ok()) return Fail("mem", s);
+  if (args.help_requested()) {
+    std::printf("%s", args.Usage().c_str());
+    return 0;
+  }
+  if (args.positional().size() != 2)
+    return Fail("mem", InvalidArgumentError(std::string("usage: loongforge mem ") + kUsage));
+  const std::string& sub = args.positional()[0];
+  Status s;
+  if (sub == "plan")
+    s = RunPlan(args, args.positional()[1]);
+  else if (sub == "replay")
+    s = RunReplay(args, args.positional()[1]);
+  else
+    s = InvalidArgumentError("unknown mem subcommand '" + sub + "' (plan, replay)");
+  if (!s.ok()) return Fail("mem " + sub, s);
+  return 0;
+}
+
+}  // namespace
+LF_CLI_COMMAND("mem", "MemSculptor over a recorded trace: `mem plan TRACE`, `mem replay TRACE`",
+               RunMem);
+}  // namespace cli
+}  // namespace loongforge
