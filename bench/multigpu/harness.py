@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -124,11 +125,14 @@ def _run_rank(task: str, a: Dict[str, Any], rundir: str) -> int:
     return code
 
 
-def launch(task: str, a: Dict[str, Any], world: int) -> Dict[str, Any]:
-    """Starts `world` ranks of `task`, joins them within a deadline, returns per-rank results."""
+def launch(task: str, a: Dict[str, Any], world: int, rundir: Optional[str] = None) -> Dict[str, Any]:
+    """Starts `world` ranks of `task`, joins them within a deadline, returns per-rank results.
+
+    Rank logs and results go to `rundir` (default: a new temporary folder, named in the result).
+    """
     if a["backend"] == "nccl":
         os.environ.update({k: os.environ.get(k, v) for k, v in NCCL_SAFE_ENV.items()})
-    rundir = tempfile.mkdtemp(prefix=f"lf_multigpu_{task}_")
+    rundir = rundir or tempfile.mkdtemp(prefix=f"lf_multigpu_{task}_")
     ctx = mp.get_context("spawn")
     port = _free_port()
     t0 = time.time()
@@ -609,7 +613,8 @@ def merge_kill(res: Dict[str, Any], a: Dict[str, Any]) -> Dict[str, Any]:
     # A survivor's wait starts when it issues its next collective, a little after the kill, and
     # its error is noticed after that: allow a grace on top of the timeout.
     limit = a["timeout_s"] + max(5.0, 0.2 * a["timeout_s"])
-    ok = (killed_at is not None and vic["exitcode"] == -signal.SIGKILL and
+    # vic["hung"]: the launcher's own SIGKILL at the deadline must not pass for the victim's.
+    ok = (killed_at is not None and vic["exitcode"] == -signal.SIGKILL and not vic["hung"] and
           all(not s["hung"] and s["exitcode"] not in (0, None) and s["error"] for s in survivors)
           and all(s["seconds_after_kill"] is not None and s["seconds_after_kill"] <= limit
                   for s in survivors))
@@ -656,8 +661,13 @@ def run_task(task: str, a: Dict[str, Any], world: int) -> Dict[str, Any]:
     if task == "kill":
         entry["kill"] = merge_kill(res, a)
         print_kill(world, a["backend"], entry["kill"])
+        if entry["kill"]["pass"]:
+            shutil.rmtree(res["rundir"], ignore_errors=True)
+        else:
+            print(f"  rank logs kept in {res['rundir']}")
         return entry
-    _check_ok(res)
+    _check_ok(res)  # exits naming the failed rank; its log stays in rundir
+    shutil.rmtree(res["rundir"], ignore_errors=True)
     if task == "sweep":
         entry["sweep"] = merge_sweep(res)
         print_sweep(world, a["backend"], entry["sweep"])

@@ -18,11 +18,11 @@ def _args(**kw):
     return a
 
 
-def test_kill_one_rank_every_survivor_errors_within_timeout():
+def test_kill_one_rank_every_survivor_errors_within_timeout(tmp_path):
     # Guards: a SIGKILLed rank must make the other rank raise NexusSync's error (naming its rank)
     # within the timeout, and the harness must report it, not hang or report a pass on a hang.
     a = _args()
-    res = harness.launch("kill", a, 2)
+    res = harness.launch("kill", a, 2, str(tmp_path))
     k = harness.merge_kill(res, a)
     assert k["killed"] and k["victim_exitcode"] == -signal.SIGKILL, k
     (s,) = k["survivors"]
@@ -32,11 +32,11 @@ def test_kill_one_rank_every_survivor_errors_within_timeout():
     assert k["pass"] and k["all_clear_nexussync_errors"]
 
 
-def test_tiny_sweep_nexus_matches_torch_allreduce():
+def test_tiny_sweep_nexus_matches_torch_allreduce(tmp_path):
     # Guards: the sweep's NexusSync path averages correctly and both columns are timed and
     # turned into a positive bus bandwidth for every size.
     a = _args(sizes_mb=[0.25, 1], reps=1, min_iters=1, max_iters=2, block_s=0.05)
-    res = harness.launch("sweep", a, 2)
+    res = harness.launch("sweep", a, 2, str(tmp_path))
     harness._check_ok(res)
     rows = harness.merge_sweep(res)
     assert [r["mb"] for r in rows] == [0.25, 1]
