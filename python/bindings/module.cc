@@ -1,7 +1,14 @@
 // The pybind11 module loongforge._C: exception types, build_info(), and every registered component.
 #include <pybind11/stl.h>
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "bindings.h"
 #include "loongforge/build_info.h"
@@ -11,6 +18,50 @@ namespace loongforge {
 std::vector<std::pair<std::string, BindingFn>>& BindingRegistry() {
   static std::vector<std::pair<std::string, BindingFn>> r;
   return r;
+}
+
+// With LOONGFORGE_CRASH_BACKTRACE=1, a fatal signal prints the native stack (frames as
+// object+offset, for addr2line) before the process dies. For debugging crashes in worker threads,
+// which Python's faulthandler cannot show.
+static void CrashHandler(int sig) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  char head[64];
+  int len = std::snprintf(head, sizeof(head), "loongforge: fatal signal %d, native stack:\n", sig);
+  if (write(STDERR_FILENO, head, len) < 0) {
+  }
+  for (int i = 0; i < n; ++i) {
+    Dl_info info{};
+    char line[512];
+    if (dladdr(frames[i], &info) && info.dli_fname) {
+      len = std::snprintf(line, sizeof(line), "  #%d %s+0x%lx %s\n", i, info.dli_fname,
+                          static_cast<unsigned long>(static_cast<char*>(frames[i]) -
+                                                     static_cast<char*>(info.dli_fbase)),
+                          info.dli_sname ? info.dli_sname : "");
+    } else {
+      len = std::snprintf(line, sizeof(line), "  #%d %p\n", i, frames[i]);
+    }
+    if (write(STDERR_FILENO, line, len) < 0) {
+    }
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void MaybeInstallCrashHandler() {
+  const char* v = std::getenv("LOONGFORGE_CRASH_BACKTRACE");
+  if (v == nullptr || v[0] != '1') return;
+  void* warm[2];
+  backtrace(warm, 2);  // loads libgcc_s now: the handler must not allocate
+  static char alt_stack[1 << 16];
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof(alt_stack);
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_handler = CrashHandler;
+  sa.sa_flags = SA_ONSTACK;
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) sigaction(sig, &sa, nullptr);
 }
 
 static PyObject* g_data_loss_error = nullptr;
@@ -55,6 +106,7 @@ PYBIND11_MODULE(_C, m) {
   namespace py = pybind11;
   using namespace loongforge;
   m.doc() = "LoongForge C++ core (private; use the `loongforge` package)";
+  MaybeInstallCrashHandler();
   // Exception types made with the C API and owned for the life of the process (never released):
   // a function-local static py::exception crashed on raise under pybind11 3.1 / Python 3.12.
   if (g_data_loss_error == nullptr) {
