@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# End-to-end comparison on one GPU (called by bench/gpu_suite.sh from the repo root; $1 = output
+# dir). n16 at batch 16, the three modes, 640x480 two-camera data. Kept inside one device call:
+# STEPS/WARMUP/CKPT_EVERY/MODES/BATCHES override the defaults.
+set -uo pipefail
+out=${1:-results/gpu}
+mkdir -p "$out"
+PY=${PY:-python3}
+cli=${BUILD:-build-gpu}/loongforge
+db=/tmp/lf_e2e_db
+if [ ! -f "$db/data.mdb" ]; then
+  "$cli" demo-data --out /tmp/lf_e2e_raw --episodes 33 --cameras 2 --size 640x480 | tail -2
+  "$cli" pack --src /tmp/lf_e2e_raw --out "$db" --overwrite | tail -2
+fi
+$PY bench/e2e/run.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATCHES:-16}" \
+  --modes "${MODES:-baseline,tuned,loongforge}" --steps "${STEPS:-40}" --warmup "${WARMUP:-10}" \
+  --ckpt-every "${CKPT_EVERY:-0}" --workers 16 --loader-threads 12 --out "$out/e2e"
