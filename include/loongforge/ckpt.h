@@ -78,7 +78,9 @@ struct HostTensor {
 };
 
 // Where RestoreInto() puts a tensor: `nbytes` must equal the stored size; device -1 = CPU pointer,
-// >= 0 = CUDA device pointer (CUDA builds only).
+// >= 0 = CUDA device pointer (CUDA builds only). CPU targets are overwritten in full, so
+// RestoreInto advises transparent huge pages for them and pre-faults them in bulk (Note [Fresh
+// memory]).
 struct RestoreTarget {
   void* data = nullptr;
   int64_t nbytes = 0;
@@ -117,6 +119,8 @@ struct VaultOptions {
   int max_inflight = 1;    // saves snapshotted but not yet committed; Save() blocks beyond this
   bool fsync = true;       // fsync data, manifest and directories (off only for benchmarks)
   bool read_only = false;  // open for reading (CLI ls/show/verify/export); no writer thread
+  int io_threads = 0;      // threads that read/verify chunks on restore and verify, and hash/copy
+                           // chunks in a snapshot (0 = min(4, hardware threads))
   int64_t wait_timeout_ms = 30 * 60 * 1000;  // bound on every wait for the writer
   std::shared_ptr<Env> env;                  // null = Env::Posix()
 };
@@ -182,7 +186,9 @@ class CheckpointVault {
   StatusOr<std::vector<TensorInfo>> Describe(int64_t step) const;
   // Restores every tensor into new CPU buffers (one pass over the chunks; each checksum verified).
   StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress = {}) const;
-  // Restores into caller buffers; `targets` names a subset (or all) of the tensors.
+  // Restores into caller buffers; `targets` names a subset (or all) of the tensors. Chunks are read
+  // and verified by io_threads workers (`progress` is called from them, serialized, with a growing
+  // byte count); on DataLoss the targets hold partial data.
   Status RestoreInto(int64_t step, const std::map<std::string, RestoreTarget>& targets,
                      const ProgressFn& progress = {}) const;
   // Reads every chunk of `step` and recomputes its checksum.

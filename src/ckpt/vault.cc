@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ckpt/chunk_io.h"
 #include "ckpt/device.h"
 #include "ckpt/manifest.h"
 #include "loongforge/ckpt.h"
@@ -49,8 +50,10 @@
 namespace loongforge {
 namespace ckpt {
 namespace fs = std::filesystem;
+using internal::ChunkDecoder;
 using internal::ChunkLoc;
 using internal::ChunkRec;
+using internal::ChunkWhat;
 using internal::Codec;
 using internal::Manifest;
 using internal::TensorRec;
@@ -108,117 +111,6 @@ StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   ::close(fd);
   return out;
-}
-
-// Open read-only segment files for one read pass.
-class SegmentReader {
- public:
-  explicit SegmentReader(std::string seg_dir) : seg_dir_(std::move(seg_dir)) {}
-  ~SegmentReader() {
-    for (auto& [_, fd] : fds_) ::close(fd);
-  }
-  Status Read(const ChunkLoc& loc, void* dst) {
-    auto it = fds_.find(loc.seg);
-    if (it == fds_.end()) {
-      const std::string path = seg_dir_ + "/" + loc.seg;
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        if (errno == ENOENT) return DataLossError("segment file " + path + " is missing");
-        return ErrnoToStatus(errno, "open " + path);
-      }
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-      it = fds_.emplace(loc.seg, fd).first;
-    }
-    char* p = static_cast<char*>(dst);
-    int64_t off = loc.off, left = loc.len;
-    while (left > 0) {
-      ssize_t n = ::pread(it->second, p, static_cast<size_t>(left), off);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoToStatus(errno, "read segment " + loc.seg);
-      }
-      if (n == 0)
-        return DataLossError("segment " + loc.seg + " is truncated (wanted bytes " +
-                             std::to_string(loc.off) + ".." + std::to_string(loc.off + loc.len) +
-                             ")");
-      p += n;
-      off += n;
-      left -= n;
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::string seg_dir_;
-  std::unordered_map<std::string, int> fds_;
-};
-
-// Decodes one stored chunk into `dst` (c.raw bytes) and verifies its checksum.
-class ChunkDecoder {
- public:
-  ChunkDecoder(const std::string& seg_dir) : reader_(seg_dir) {}
-  ~ChunkDecoder() {
-    if (dctx_) ZSTD_freeDCtx(dctx_);
-  }
-
-  Status Decode(const ChunkRec& c, uint8_t* dst, const std::string& what) {
-    if (c.codec == Codec::kXorZstd) {
-      LF_RETURN_IF_ERROR(
-          DecodeFull(c.base_codec, c.base, c.raw, c.base_hash, dst, what + " (delta base)"));
-      LF_RETURN_IF_ERROR(ReadStored(c.loc, what));
-      delta_.resize(static_cast<size_t>(c.raw));
-      LF_RETURN_IF_ERROR(Decompress(delta_.data(), c.raw, what));
-      for (int64_t i = 0; i < c.raw; ++i) dst[i] ^= delta_[static_cast<size_t>(i)];
-      return Check(c.hash, dst, c.raw, what);
-    }
-    return DecodeFull(c.codec, c.loc, c.raw, c.hash, dst, what);
-  }
-
- private:
-  Status DecodeFull(Codec codec, const ChunkLoc& loc, int64_t raw, const Hash128& hash,
-                    uint8_t* dst, const std::string& what) {
-    if (codec == Codec::kRaw) {
-      if (loc.len != raw) return DataLossError(what + ": stored length does not match raw length");
-      LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, dst), what);
-    } else if (codec == Codec::kZstd) {
-      LF_RETURN_IF_ERROR(ReadStored(loc, what));
-      LF_RETURN_IF_ERROR(Decompress(dst, raw, what));
-    } else {
-      return DataLossError(what + ": unknown codec " + std::to_string(static_cast<int>(codec)));
-    }
-    return Check(hash, dst, raw, what);
-  }
-  Status ReadStored(const ChunkLoc& loc, const std::string& what) {
-    stored_.resize(static_cast<size_t>(loc.len));
-    LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, stored_.data()), what);
-    return Status::Ok();
-  }
-  Status Decompress(uint8_t* dst, int64_t raw, const std::string& what) {
-    if (!dctx_) dctx_ = ZSTD_createDCtx();
-    size_t n =
-        ZSTD_decompressDCtx(dctx_, dst, static_cast<size_t>(raw), stored_.data(), stored_.size());
-    if (ZSTD_isError(n) || static_cast<int64_t>(n) != raw)
-      return DataLossError(what + ": corrupt compressed data (" +
-                           (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + ")");
-    return Status::Ok();
-  }
-  static Status Check(const Hash128& want, const uint8_t* data, int64_t n,
-                      const std::string& what) {
-    Hash128 got = HashBytes(data, static_cast<size_t>(n));
-    if (got != want)
-      return DataLossError(what + ": checksum mismatch (stored " + want.ToHex() + ", read " +
-                           got.ToHex() + ")");
-    return Status::Ok();
-  }
-
-  SegmentReader reader_;
-  ZSTD_DCtx* dctx_ = nullptr;
-  std::vector<uint8_t> stored_, delta_;
-};
-
-std::string ChunkWhat(int64_t step, const std::string& tensor, size_t idx, const ChunkLoc& loc) {
-  return "checkpoint " + std::to_string(step) + ": tensor '" + tensor + "' chunk " +
-         std::to_string(idx) + " (segment " + loc.seg + " offset " + std::to_string(loc.off) + ")";
 }
 
 // Staging memory for one snapshot, reused across saves (no page faults after the first).
@@ -289,6 +181,8 @@ class CheckpointVault::Impl {
       return InvalidArgumentError("chunk_bytes must be >= 4096 and a multiple of 64, got " +
                                   std::to_string(opts_.chunk_bytes));
     if (opts_.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
+    if (opts_.io_threads < 0) return InvalidArgumentError("io_threads must be >= 0");
+    io_threads_ = opts_.io_threads > 0 ? opts_.io_threads : internal::DefaultIoThreads();
     if (opts_.read_only) {
       if (!fs::is_directory(man_dir_))
         return NotFoundError(dir_ + " is not a checkpoint vault (no manifests/ directory)");
@@ -711,41 +605,35 @@ class CheckpointVault::Impl {
     return internal::ParseManifest(*bytes, path);
   }
 
-  // Decodes every chunk of `m` in one pass ordered by (segment, offset); `dst(tensor, chunk)`
-  // gives where chunk bytes go (a host pointer), `done(tensor, chunk, ptr)` is called after each.
+  // Decodes every chunk of `m` (or of the tensors in `only`) in one parallel pass (Note [Parallel
+  // read pass]). `dst(tensor)` gives the host address of a tensor's bytes, or null to decode into
+  // staging; `done(tensor, chunk, offset, data)` runs after each chunk's checksum verified.
   template <typename DstFn, typename DoneFn>
   Status ReadAll(const Manifest& m, const std::set<std::string>* only, DstFn dst, DoneFn done,
-                 const ProgressFn& progress) const {
-    struct Item {
-      const TensorRec* t;
-      size_t ci;
-      int64_t offset;
-    };
-    std::vector<Item> items;
+                 const ProgressFn& progress, bool pinned_staging = false,
+                 bool prefault_dst = false) const {
+    std::vector<internal::ReadItem> items;
     for (const auto& t : m.tensors) {
       if (only && !only->count(t.name)) continue;
+      uint8_t* base = dst(t);
       int64_t off = 0;
       for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
-        items.push_back({&t, ci, off});
+        items.push_back({&t, ci, off, base ? base + off : nullptr});
         off += t.chunks[ci].raw;
       }
     }
-    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-      const ChunkLoc& x = a.t->chunks[a.ci].loc;
-      const ChunkLoc& y = b.t->chunks[b.ci].loc;
-      return x.seg != y.seg ? x.seg < y.seg : x.off < y.off;
-    });
-    ChunkDecoder dec(seg_dir_);
-    int64_t done_bytes = 0;
-    for (const Item& it : items) {
-      const ChunkRec& c = it.t->chunks[it.ci];
-      uint8_t* p = dst(*it.t, it.ci, it.offset);
-      LF_RETURN_IF_ERROR(dec.Decode(c, p, ChunkWhat(m.step, it.t->name, it.ci, c.loc)));
-      LF_RETURN_IF_ERROR(done(*it.t, it.ci, it.offset, p));
-      done_bytes += c.raw;
-      if (progress) progress(done_bytes);
-    }
-    return Status::Ok();
+    internal::ReadPassOptions ro;
+    ro.seg_dir = seg_dir_;
+    ro.step = m.step;
+    ro.threads = io_threads_;
+    ro.pinned_staging = pinned_staging;
+    ro.prefault_dst = prefault_dst;
+    return internal::ParallelReadPass(
+        std::move(items), ro,
+        [&](const internal::ReadItem& it, const uint8_t* data) {
+          return done(*it.t, it.ci, it.offset, data);
+        },
+        progress);
   }
 
   StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress) const {
@@ -758,9 +646,8 @@ class CheckpointVault::Impl {
       by[&m.tensors[i]] = &out[i];
     }
     LF_RETURN_IF_ERROR(ReadAll(
-        m, nullptr,
-        [&](const TensorRec& t, size_t, int64_t off) { return by[&t]->data.data() + off; },
-        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress));
+        m, nullptr, [&](const TensorRec& t) { return by[&t]->data.data(); },
+        [](const TensorRec&, size_t, int64_t, const uint8_t*) { return Status::Ok(); }, progress));
     return out;
   }
 
@@ -779,35 +666,40 @@ class CheckpointVault::Impl {
                                     std::to_string(t.nbytes));
       if (t.nbytes > 0 && it->second.data == nullptr)
         return InvalidArgumentError("restore target for tensor '" + t.name + "' is null");
-      if (it->second.device >= 0) any_device = true;
+      if (it->second.device >= 0) {
+        if (!internal::DeviceSupportCompiled())
+          return UnimplementedError("restore target for tensor '" + t.name +
+                                    "' is on a CUDA device but CUDA support is not compiled in");
+        any_device = true;
+      } else if (t.nbytes > 0) {
+        internal::AdviseHugePages(it->second.data, static_cast<size_t>(t.nbytes));
+      }
       only.insert(t.name);
       by[&t] = &it->second;
     }
     for (const auto& [name, _] : targets)
       if (!only.count(name))
         return NotFoundError("tensor '" + name + "' is not in checkpoint " + std::to_string(step));
-    std::vector<uint8_t> staging(any_device ? static_cast<size_t>(m.chunk_bytes) : 0);
     return ReadAll(
         m, &only,
-        [&](const TensorRec& t, size_t, int64_t off) -> uint8_t* {
+        [&](const TensorRec& t) -> uint8_t* {
           const RestoreTarget* tg = by[&t];
-          return tg->device >= 0 ? staging.data() : static_cast<uint8_t*>(tg->data) + off;
+          return tg->device >= 0 ? nullptr : static_cast<uint8_t*>(tg->data);
         },
-        [&](const TensorRec& t, size_t ci, int64_t off, uint8_t* p) -> Status {
+        [&](const TensorRec& t, size_t ci, int64_t off, const uint8_t* p) -> Status {
           const RestoreTarget* tg = by[&t];
           if (tg->device < 0) return Status::Ok();
           return internal::HostToDevice(static_cast<uint8_t*>(tg->data) + off, p,
                                         static_cast<size_t>(t.chunks[ci].raw), tg->device);
         },
-        progress);
+        progress, /*pinned_staging=*/any_device, /*prefault_dst=*/true);
   }
 
   Status Verify(int64_t step, const ProgressFn& progress) const {
     LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
-    std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
     return ReadAll(
-        m, nullptr, [&](const TensorRec&, size_t, int64_t) { return scratch.data(); },
-        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress);
+        m, nullptr, [](const TensorRec&) -> uint8_t* { return nullptr; },
+        [](const TensorRec&, size_t, int64_t, const uint8_t*) { return Status::Ok(); }, progress);
   }
 
   static TensorInfo Info(const TensorRec& t) {
@@ -1026,6 +918,7 @@ class CheckpointVault::Impl {
   std::string man_dir_, seg_dir_;
   int lock_fd_ = -1;
   bool closed_ = false;
+  int io_threads_ = 1;  // workers of read passes and snapshots (opts_.io_threads resolved)
 
   std::mutex api_mu_;      // serializes Save / Wait / Close / Merge / Gc
   mutable std::mutex mu_;  // inflight_, error_, last_stats_, free_arenas_
