@@ -53,13 +53,16 @@ Hash128 HashBytes(const void* data, size_t len);
 
 // A tensor to save. `data` points to prod(shape) * DTypeSize(dtype) contiguous bytes, on the CPU
 // (device = -1) or on CUDA device `device` (only in CUDA builds). It must stay unchanged until
-// Save() returns, not longer.
+// Save() returns, not longer. `stream` (device tensors only) is the cudaStream_t on which the work
+// producing `data` was queued: the snapshot is ordered after everything queued on it so far (an
+// event, no host sync); null = the legacy default stream.
 struct TensorRef {
   std::string name;
   std::string dtype;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   int device = -1;
+  void* stream = nullptr;
 };
 
 // A stored tensor's description.
@@ -128,12 +131,15 @@ struct VaultOptions {
 // Figures of one save.
 struct SaveStats {
   int64_t step = -1;
-  double blocking_s = 0;      // time Save() blocked the caller (back-pressure + snapshot)
-  double snapshot_s = 0;      // hash + copy part of blocking_s
-  double write_s = 0;         // background: compress + write + fsync + commit
-  int64_t bytes_total = 0;    // raw bytes of the state
-  int64_t bytes_copied = 0;   // raw bytes copied into staging by the snapshot
-  int64_t bytes_written = 0;  // bytes appended to the new segment (after compression)
+  double blocking_s = 0;          // time Save() blocked the caller (back-pressure + snapshot)
+  double snapshot_s = 0;          // hash + copy part of blocking_s
+  double hash_s = 0;              //   hashing every chunk (CPU workers / device kernels)
+  double copy_s = 0;              //   copying changed chunks to staging (0 when fused with hashing)
+  double write_s = 0;             // background: compress + write + fsync + commit
+  int64_t bytes_total = 0;        // raw bytes of the state
+  int64_t bytes_copied = 0;       // raw bytes copied into staging by the snapshot
+  int64_t staging_allocated = 0;  // staging bytes newly allocated (0: a recycled arena sufficed)
+  int64_t bytes_written = 0;      // bytes appended to the new segment (after compression)
   int64_t chunks_total = 0;
   int64_t chunks_written = 0;
   int64_t chunks_skipped = 0;  // unchanged (or duplicate) chunks referenced, not written

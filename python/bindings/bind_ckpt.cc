@@ -16,6 +16,9 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["step"] = s.step;
   d["blocking_s"] = s.blocking_s;
   d["snapshot_s"] = s.snapshot_s;
+  d["hash_s"] = s.hash_s;
+  d["copy_s"] = s.copy_s;
+  d["staging_allocated"] = s.staging_allocated;
   d["write_s"] = s.write_s;
   d["bytes_total"] = s.bytes_total;
   d["bytes_copied"] = s.bytes_copied;
@@ -61,13 +64,14 @@ void BindCkpt(py::module_& m) {
             refs.reserve(tensors.size());
             for (const auto& item : tensors) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 5)
+              if (t.size() != 5 && t.size() != 6)
                 throw py::value_error(
-                    "save: each tensor is (name, dtype, shape, data_ptr, device)");
-              refs.push_back({t[0].cast<std::string>(), t[1].cast<std::string>(),
-                              t[2].cast<std::vector<int64_t>>(),
-                              reinterpret_cast<const void*>(t[3].cast<uintptr_t>()),
-                              t[4].cast<int>()});
+                    "save: each tensor is (name, dtype, shape, data_ptr, device[, stream])");
+              refs.push_back(
+                  {t[0].cast<std::string>(), t[1].cast<std::string>(),
+                   t[2].cast<std::vector<int64_t>>(),
+                   reinterpret_cast<const void*>(t[3].cast<uintptr_t>()), t[4].cast<int>(),
+                   t.size() == 6 ? reinterpret_cast<void*>(t[5].cast<uintptr_t>()) : nullptr});
             }
             Status s;
             {
@@ -77,7 +81,9 @@ void BindCkpt(py::module_& m) {
             ThrowIfError(s);
           },
           py::arg("step"), py::arg("tensors"),
-          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write.")
+          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write. "
+          "`stream` (a cudaStream_t as int) orders the snapshot of a device tensor after the work "
+          "queued on it.")
       .def("wait",
            [](CheckpointVault& v) {
              Status s;

@@ -136,14 +136,17 @@ class CheckpointVault:
             t = t.detach()
             if not t.is_contiguous():
                 t = t.contiguous()
-            device = -1
+            device, stream = -1, 0
             if t.is_cuda:
                 if _CUDA_COMPILED:
                     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+                    # The snapshot is ordered after the work queued so far on the stream that
+                    # produced the tensor (the current stream); no host synchronization.
+                    stream = torch.cuda.current_stream(device).cuda_stream
                 else:
                     t = t.cpu()
             keep_alive.append(t)
-            refs.append((name, code, list(t.shape), t.data_ptr(), device))
+            refs.append((name, code, list(t.shape), t.data_ptr(), device, stream))
         self._v.save(int(step), refs)
         del keep_alive  # the C++ snapshot holds its own copy now
 

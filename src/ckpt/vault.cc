@@ -12,6 +12,18 @@
 // save and sequential reads on restore; gc works per segment, and merge rewrites a checkpoint into
 // one segment of its own so that older ones can be dropped.
 //
+// Note [Snapshot]
+// Save() must return only once its copy of the state is consistent: the caller may overwrite its
+// tensors right after. The snapshot therefore hashes every chunk straight from the caller's memory
+// (CPU tensors on io_threads workers, device tensors with the batched device snapshot, Note
+// [Device snapshot] in device.h), then copies only the chunks the previous snapshot did not have
+// (first occurrence only) into a staging arena. Arenas are recycled (at most max_inflight exist)
+// and are sized by the bytes copied, so steady-state saves touch no new memory; a fresh arena is
+// pre-faulted in bulk by the worker that fills it (Note [Fresh memory] in chunk_io.cc). When
+// nothing is known (first save into an empty vault, or after a failed save) every chunk is copied,
+// so hash and copy are fused into one pass over the source. Device snapshots stage into pinned
+// memory with asynchronous copies ordered after the producer's stream.
+//
 // Note [Change detection]
 // Save() hashes every chunk on the caller's thread and copies only chunks whose hash the previous
 // snapshot did not contain (the first save after Open compares with the latest committed manifest).
@@ -25,11 +37,14 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -46,6 +61,7 @@
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/queue.h"
+#include "loongforge/thread_pool.h"
 
 namespace loongforge {
 namespace ckpt {
@@ -113,28 +129,19 @@ StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return out;
 }
 
-// Staging memory for one snapshot, reused across saves (no page faults after the first).
-struct Arena {
-  uint8_t* data = nullptr;
-  size_t capacity = 0;
-  bool pinned = false;
-  void Reserve(size_t n, bool want_pinned) {
-    if (n <= capacity && (pinned || !want_pinned)) return;
-    Free();
-    n = std::max<size_t>(n, 1);
-    if (want_pinned) {
-      data = static_cast<uint8_t*>(internal::AllocHost(n, true));
-      pinned = data != nullptr;
+// Staging memory for one snapshot, recycled across saves (Note [Snapshot]).
+struct StagingArena {
+  internal::HostBuffer buf;
+  size_t populated = 0;  // leading bytes already faulted in
+  // Grows the arena if needed; `*allocated` gets the bytes newly allocated (0 if recycled).
+  bool Reserve(size_t n, bool want_pinned, int64_t* allocated) {
+    uint8_t* old = buf.data();
+    if (!buf.Reserve(n, want_pinned)) return false;
+    if (buf.data() != old) {
+      populated = buf.pinned() ? buf.capacity() : 0;  // pinned memory is resident
+      *allocated = static_cast<int64_t>(buf.capacity());
     }
-    if (!data) data = static_cast<uint8_t*>(internal::AllocHost(n, false));
-    LF_CHECK(data != nullptr) << "out of host memory for a " << n << "-byte checkpoint snapshot";
-    capacity = n;
-  }
-  void Free() {
-    if (data) internal::FreeHost(data, pinned);
-    data = nullptr;
-    capacity = 0;
-    pinned = false;
+    return true;
   }
 };
 
@@ -153,7 +160,7 @@ struct PendingTensor {
 struct Job {
   int64_t step = -1;
   std::vector<PendingTensor> tensors;
-  std::unique_ptr<Arena> arena;
+  std::unique_ptr<StagingArena> arena;
   SaveStats stats;
 };
 
@@ -204,6 +211,7 @@ class CheckpointVault::Impl {
       IndexFrom(m, /*seed_known=*/true);
       last_step_ = *latest;
     }
+    if (io_threads_ > 1) snap_pool_ = std::make_unique<ThreadPool>(io_threads_ - 1, "ckpt-snap");
     writer_ = std::thread([this] { WriterLoop(); });
     return Status::Ok();
   }
@@ -225,7 +233,20 @@ class CheckpointVault::Impl {
       if (!error_.ok()) {
         Status e = error_;
         error_ = Status::Ok();
-        known_.clear();  // Note [Change detection]: the next save is full
+        known_.clear();  // Note [Snapshot]
+        // Save() must return only once its copy of the state is consistent: the caller may
+        // overwrite its tensors right after. The snapshot therefore hashes every chunk straight
+        // from the caller's memory (CPU tensors on io_threads workers, device tensors with the
+        // batched device snapshot, Note [Device snapshot] in device.h), then copies only the chunks
+        // the previous snapshot did not have (first occurrence only) into a staging arena. Arenas
+        // are recycled (at most max_inflight exist) and are sized by the bytes copied, so
+        // steady-state saves touch no new memory; a fresh arena is pre-faulted in bulk by the
+        // worker that fills it (Note [Fresh memory] in chunk_io.cc). When nothing is known (first
+        // save into an empty vault, or after a failed save) every chunk is copied, so hash and copy
+        // are fused into one pass over the source. Device snapshots stage into pinned memory with
+        // asynchronous copies ordered after the producer's stream.
+        //
+        // Note [Change detection]: the next save is full
         return e;
       }
     }
@@ -237,8 +258,6 @@ class CheckpointVault::Impl {
     job->step = step;
     // Validate and size.
     std::set<std::string> names;
-    size_t total = 0;
-    bool any_device = false;
     for (const auto& t : tensors) {
       LF_ASSIGN_OR_RETURN(DType dt, ParseDType(t.dtype));
       if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
@@ -255,65 +274,187 @@ class CheckpointVault::Impl {
         if (!internal::DeviceSupportCompiled())
           return UnimplementedError("tensor '" + t.name +
                                     "' is on a CUDA device but CUDA support is not compiled in");
-        any_device = true;
       }
       PendingTensor pt{t.name, dt, t.shape, n, {}};
       job->tensors.push_back(std::move(pt));
-      total += static_cast<size_t>(n);
     }
-    // Snapshot: hash every chunk, copy those not in the previous snapshot.
-    job->arena = TakeArena();
-    job->arena->Reserve(total, any_device);
-    uint8_t* out = job->arena->data;
-    std::unordered_set<Hash128, HashKey> now;
+    // Snapshot: Note [Snapshot].
     SaveStats& st = job->stats;
     st.step = step;
+    const double ts0 = NowSeconds();
     const int64_t cb = opts_.chunk_bytes;
-    std::vector<Hash128> dev_hashes;
-    for (size_t ti = 0; ti < tensors.size(); ++ti) {
-      const TensorRef& src = tensors[ti];
-      PendingTensor& pt = job->tensors[ti];
-      const uint8_t* base = static_cast<const uint8_t*>(src.data);
-      const int64_t nchunks = (pt.nbytes + cb - 1) / cb;
-      if (src.device >= 0) {
-        Status s = internal::DeviceHashChunks(base, pt.nbytes, cb, src.device, &dev_hashes);
-        if (!s.ok()) {
-          ReturnArena(std::move(job->arena));
-          return s.WithContext("hash tensor '" + pt.name + "' on device");
-        }
+    const size_t nt = tensors.size();
+    std::vector<int64_t> first_slot(nt), byte_off(nt);
+    int64_t nslots = 0;
+    std::map<int, std::vector<size_t>> by_dev;          // device -> its tensors
+    std::vector<std::pair<size_t, int64_t>> cpu_slots;  // (tensor, chunk) of CPU tensors
+    for (size_t ti = 0; ti < nt; ++ti) {
+      const int64_t nchunks = (job->tensors[ti].nbytes + cb - 1) / cb;
+      first_slot[ti] = nslots;
+      byte_off[ti] = nslots * cb;  // fused layout: chunk slot i at i * cb (see below)
+      nslots += nchunks;
+      if (tensors[ti].device >= 0) {
+        by_dev[tensors[ti].device].push_back(ti);
+      } else {
+        for (int64_t c = 0; c < nchunks; ++c) cpu_slots.push_back({ti, c});
       }
-      for (int64_t c = 0; c < nchunks; ++c) {
-        const int64_t off = c * cb;
-        const int64_t len = std::min(cb, pt.nbytes - off);
-        PendingChunk pc;
-        pc.raw = len;
-        pc.hash = src.device >= 0 ? dev_hashes[static_cast<size_t>(c)]
-                                  : HashBytes(base + off, static_cast<size_t>(len));
-        if (!known_.count(pc.hash) && !now.count(pc.hash)) {
-          if (src.device >= 0) {
-            Status s =
-                internal::DeviceToHost(out, base + off, static_cast<size_t>(len), src.device);
-            if (!s.ok()) {
-              ReturnArena(std::move(job->arena));
-              return s.WithContext("copy tensor '" + pt.name + "' from device");
-            }
+      job->tensors[ti].chunks.resize(static_cast<size_t>(nchunks));
+    }
+    std::vector<Hash128> hashes(static_cast<size_t>(nslots));
+    auto chunk_src = [&](size_t ti, int64_t c) {
+      return static_cast<const uint8_t*>(tensors[ti].data) + c * cb;
+    };
+    auto chunk_len = [&](size_t ti, int64_t c) {
+      return std::min(cb, job->tensors[ti].nbytes - c * cb);
+    };
+    // Device tensors: hash kernels queued on each device's snapshot stream (they run while the
+    // host hashes the CPU tensors).
+    std::vector<std::pair<int, internal::DeviceSnapshot*>> dsnaps;
+    for (auto& [dev, tis] : by_dev) {
+      LF_ASSIGN_OR_RETURN(internal::DeviceSnapshot * ds, GetDeviceSnapshot(dev));
+      int64_t dslots = 0;
+      std::vector<void*> streams;
+      for (size_t ti : tis) {
+        dslots += (job->tensors[ti].nbytes + cb - 1) / cb;
+        if (std::find(streams.begin(), streams.end(), tensors[ti].stream) == streams.end())
+          streams.push_back(tensors[ti].stream);
+      }
+      LF_RETURN_IF_ERROR_CTX(ds->Begin(dslots, static_cast<int64_t>(tis.size()), streams),
+                             "snapshot on CUDA device " + std::to_string(dev));
+      int64_t k = 0;
+      for (size_t ti : tis) {
+        LF_RETURN_IF_ERROR_CTX(ds->EnqueueHash(tensors[ti].data, job->tensors[ti].nbytes, cb, k),
+                               "hash tensor '" + tensors[ti].name + "' on device");
+        k += (job->tensors[ti].nbytes + cb - 1) / cb;
+      }
+      dsnaps.push_back({dev, ds});
+    }
+    job->arena = TakeArena();
+    // Fused first snapshot: with nothing known every chunk is copied, so hash and copy each chunk
+    // in one pass over the source (it is read once, and is in cache for the copy).
+    const bool fused = known_.empty() && by_dev.empty();
+    internal::HostBuffer& arena = job->arena->buf;
+    if (fused) {
+      if (!job->arena->Reserve(static_cast<size_t>(nslots * cb), false, &st.staging_allocated))
+        return FailSnapshot(job.get(), false,
+                            ResourceExhaustedError("out of host memory for a checkpoint snapshot"));
+      const size_t pop = job->arena->populated;
+      ParallelFor(cpu_slots.size(), [&](size_t i) {
+        auto [ti, c] = cpu_slots[i];
+        const size_t len = static_cast<size_t>(chunk_len(ti, c));
+        uint8_t* dst = arena.data() + byte_off[ti] + c * cb;
+        hashes[static_cast<size_t>(first_slot[ti] + c)] = HashBytes(chunk_src(ti, c), len);
+        if (static_cast<size_t>(dst - arena.data()) + len > pop)
+          internal::PrefaultForWrite(dst, len);
+        std::memcpy(dst, chunk_src(ti, c), len);
+      });
+      job->arena->populated = std::max(pop, static_cast<size_t>(nslots * cb));
+    } else {
+      ParallelFor(cpu_slots.size(), [&](size_t i) {
+        auto [ti, c] = cpu_slots[i];
+        hashes[static_cast<size_t>(first_slot[ti] + c)] =
+            HashBytes(chunk_src(ti, c), static_cast<size_t>(chunk_len(ti, c)));
+      });
+    }
+    for (auto& [dev, ds] : dsnaps) {
+      std::vector<Hash128> dh;
+      Status s = ds->FetchHashes(&dh, opts_.wait_timeout_ms);
+      if (!s.ok())
+        return FailSnapshot(job.get(), false,
+                            s.WithContext("hash tensors on CUDA device " + std::to_string(dev)));
+      int64_t k = 0;
+      for (size_t ti : by_dev[dev])
+        for (int64_t c = 0; c < static_cast<int64_t>(job->tensors[ti].chunks.size()); ++c)
+          hashes[static_cast<size_t>(first_slot[ti] + c)] = dh[static_cast<size_t>(k++)];
+    }
+    const double ts1 = NowSeconds();
+    st.hash_s = ts1 - ts0;
+    // Decide which chunks to stage: those the previous snapshot did not have (first copy only).
+    std::unordered_set<Hash128, HashKey> now;
+    struct Copy {
+      size_t ti;
+      int64_t c;
+      size_t dst_off;
+    };
+    std::vector<Copy> copies;
+    size_t staged_bytes = 0;
+    for (size_t ti = 0; ti < nt; ++ti) {
+      PendingTensor& pt = job->tensors[ti];
+      for (int64_t c = 0; c < static_cast<int64_t>(pt.chunks.size()); ++c) {
+        PendingChunk& pc = pt.chunks[static_cast<size_t>(c)];
+        pc.raw = chunk_len(ti, c);
+        pc.hash = hashes[static_cast<size_t>(first_slot[ti] + c)];
+        if (!known_.count(pc.hash) && now.insert(pc.hash).second) {
+          if (fused) {
+            pc.staged = arena.data() + byte_off[ti] + c * cb;
           } else {
-            std::memcpy(out, base + off, static_cast<size_t>(len));
+            copies.push_back({ti, c, staged_bytes});
+            staged_bytes += static_cast<size_t>(pc.raw);
           }
-          pc.staged = out;
-          out += len;
-          st.bytes_copied += len;
+          st.bytes_copied += pc.raw;
+        } else {
+          now.insert(pc.hash);
         }
-        now.insert(pc.hash);
-        pt.chunks.push_back(pc);
         ++st.chunks_total;
       }
       st.bytes_total += pt.nbytes;
     }
+    if (!fused) {
+      const bool want_pinned = !by_dev.empty();
+      if (!job->arena->Reserve(std::max<size_t>(staged_bytes, 1), want_pinned,
+                               &st.staging_allocated))
+        return FailSnapshot(
+            job.get(), false,
+            ResourceExhaustedError("out of host memory for a " + std::to_string(staged_bytes) +
+                                   "-byte checkpoint snapshot"));
+      // Device copies first (asynchronous, runs of adjacent chunks merged), then CPU copies on
+      // the workers while the DMA engines run, then wait for the device copies.
+      for (size_t i = 0; i < copies.size();) {
+        const Copy& cp = copies[i];
+        const int dev = tensors[cp.ti].device;
+        size_t len = static_cast<size_t>(chunk_len(cp.ti, cp.c));
+        size_t j = i + 1;
+        while (dev >= 0 && j < copies.size() && copies[j].ti == cp.ti &&
+               copies[j].c == copies[j - 1].c + 1) {
+          len += static_cast<size_t>(chunk_len(copies[j].ti, copies[j].c));
+          ++j;
+        }
+        if (dev >= 0) {
+          internal::DeviceSnapshot* ds = nullptr;
+          for (auto& [d, p] : dsnaps)
+            if (d == dev) ds = p;
+          Status s = ds->EnqueueCopy(arena.data() + cp.dst_off, chunk_src(cp.ti, cp.c), len);
+          if (!s.ok())
+            return FailSnapshot(
+                job.get(), true,
+                s.WithContext("copy tensor '" + tensors[cp.ti].name + "' from device"));
+        }
+        i = j;
+      }
+      const size_t pop = job->arena->populated;
+      ParallelFor(copies.size(), [&](size_t i) {
+        const Copy& cp = copies[i];
+        if (tensors[cp.ti].device >= 0) return;
+        const size_t len = static_cast<size_t>(chunk_len(cp.ti, cp.c));
+        uint8_t* dst = arena.data() + cp.dst_off;
+        if (cp.dst_off + len > pop) internal::PrefaultForWrite(dst, len);
+        std::memcpy(dst, chunk_src(cp.ti, cp.c), len);
+      });
+      job->arena->populated = std::max(pop, staged_bytes);
+      for (auto& [dev, ds] : dsnaps) {
+        Status s = ds->Finish(opts_.wait_timeout_ms);
+        if (!s.ok())
+          return FailSnapshot(
+              job.get(), true,
+              s.WithContext("snapshot copies on CUDA device " + std::to_string(dev)));
+      }
+      for (const Copy& cp : copies)
+        job->tensors[cp.ti].chunks[static_cast<size_t>(cp.c)].staged = arena.data() + cp.dst_off;
+    }
+    st.copy_s = NowSeconds() - ts1;
     known_ = std::move(now);
     last_step_ = step;
-    const double t1 = NowSeconds();
-    st.snapshot_s = t1 - t0;
+    st.snapshot_s = NowSeconds() - ts0;
     {
       std::lock_guard<std::mutex> l(mu_);
       ++inflight_;
@@ -561,17 +702,66 @@ class CheckpointVault::Impl {
     latest_committed_ = m.step;
   }
 
-  std::unique_ptr<Arena> TakeArena() {
+  // The free arena with the largest capacity (at most max_inflight arenas ever exist: one per
+  // queued job plus the free ones, and Save() runs only when fewer than max_inflight are queued).
+  std::unique_ptr<StagingArena> TakeArena() {
     std::lock_guard<std::mutex> l(mu_);
-    if (free_arenas_.empty()) return std::make_unique<Arena>();
-    auto a = std::move(free_arenas_.back());
-    free_arenas_.pop_back();
+    if (free_arenas_.empty()) return std::make_unique<StagingArena>();
+    auto best = std::max_element(
+        free_arenas_.begin(), free_arenas_.end(),
+        [](const auto& a, const auto& b) { return a->buf.capacity() < b->buf.capacity(); });
+    auto a = std::move(*best);
+    free_arenas_.erase(best);
     return a;
   }
-  void ReturnArena(std::unique_ptr<Arena> a) {
+  void ReturnArena(std::unique_ptr<StagingArena> a) {
     if (!a) return;
     std::lock_guard<std::mutex> l(mu_);
     free_arenas_.push_back(std::move(a));
+  }
+
+  // Ends a failed snapshot. With device copies enqueued, they must complete before the arena is
+  // reused; if they cannot be waited for, the arena is leaked rather than handed out while a DMA
+  // may still write into it.
+  Status FailSnapshot(Job* job, bool copies_enqueued, Status s) {
+    if (copies_enqueued) {
+      for (auto& [dev, ds] : device_snaps_) {
+        Status f = ds->Finish(opts_.wait_timeout_ms);
+        if (!f.ok()) {
+          LF_LOG(ERROR) << "checkpoint snapshot: device copies did not finish (" << f
+                        << "); leaking the staging arena";
+          job->arena.release();
+          return s;
+        }
+      }
+    }
+    ReturnArena(std::move(job->arena));
+    return s;
+  }
+
+  StatusOr<internal::DeviceSnapshot*> GetDeviceSnapshot(int device) {
+    auto it = device_snaps_.find(device);
+    if (it != device_snaps_.end()) return it->second.get();
+    LF_ASSIGN_OR_RETURN(auto ds, internal::NewDeviceSnapshot(device));
+    return device_snaps_.emplace(device, std::move(ds)).first->second.get();
+  }
+
+  // Runs fn(i) for i in [0, n) on the snapshot workers and the calling thread. The tasks are
+  // bounded CPU work (hash/copy of one chunk) on memory the caller keeps alive, so the wait has no
+  // timeout: it must not return before they end.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+    if (n == 0) return;
+    std::atomic<size_t> next{0};
+    auto body = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    };
+    std::vector<std::future<void>> futs;
+    if (snap_pool_)
+      for (int k = 0; k < snap_pool_->size() && static_cast<size_t>(k + 1) < n; ++k)
+        futs.push_back(snap_pool_->Async(body));
+    body();
+    for (auto& f : futs)
+      if (f.valid()) f.wait();
   }
 
   // ---------------- read path ----------------
@@ -926,7 +1116,11 @@ class CheckpointVault::Impl {
   int inflight_ = 0;
   Status error_;
   SaveStats last_stats_;
-  std::vector<std::unique_ptr<Arena>> free_arenas_;
+  std::vector<std::unique_ptr<StagingArena>> free_arenas_;
+  // Save-side (api_mu_): snapshot workers ("ckpt-snap", io_threads - 1 of them; the caller is
+  // the last) and one device snapshot per CUDA device used.
+  std::unique_ptr<ThreadPool> snap_pool_;
+  std::map<int, std::unique_ptr<internal::DeviceSnapshot>> device_snaps_;
 
   // Save-side (api_mu_): hashes of the previous snapshot, last step saved.
   std::unordered_set<Hash128, HashKey> known_;

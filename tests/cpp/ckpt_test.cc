@@ -526,6 +526,57 @@ TEST(CkptVault, ParallelRestoreReportsFirstCorruptChunk) {
   }
 }
 
+// Guards the snapshot contract: once Save() returns, overwriting the source tensors does not
+// change what is committed, for the fused first save and for incremental saves, with 4 workers.
+TEST(CkptVault, SourceMutatedRightAfterSaveDoesNotLeakIntoCheckpoint) {
+  std::string dir = TempDir("mut");
+  VaultOptions o = SmallOpts();
+  o.io_threads = 4;
+  o.max_inflight = 2;
+  State s;
+  for (int i = 0; i < 5; ++i) s.Add("t" + std::to_string(i), "f32", {40000 + i}, 20 + i);
+  auto v = CheckpointVault::Open(dir, o);
+  std::vector<State> expect;
+  for (int step = 1; step <= 4; ++step) {
+    ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+    expect.push_back(s);
+    // Mutate every tensor immediately (the writer may not have started yet).
+    for (auto& t : s.ts)
+      for (size_t i = 0; i < t.bytes.size(); i += (step == 2 ? 4096 * 3 : 61)) t.bytes[i] ^= 0x5a;
+  }
+  ASSERT_TRUE((*v)->Wait().ok());
+  for (int step = 1; step <= 4; ++step) ExpectRestores(v->get(), step, expect[step - 1]);
+}
+
+// Guards staging reuse: the first save allocates staging, later saves (incremental or a full
+// rewrite) recycle it; the first save after reopening copies only the changed chunks.
+TEST(CkptVault, StagingIsRecycledAndSizedByChangedChunks) {
+  std::string dir = TempDir("stage");
+  State s;
+  for (int i = 0; i < 10; ++i) s.Add("t" + std::to_string(i), "u8", {4096 * 128}, 40 + i);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    EXPECT_GE((*v)->last_stats().staging_allocated, 10 * 4096 * 128);
+    s.ts[3].bytes[5] ^= 1;
+    ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+    EXPECT_EQ((*v)->last_stats().staging_allocated, 0);
+    EXPECT_EQ((*v)->last_stats().bytes_copied, 4096);
+    for (auto& t : s.ts) t.bytes[0] ^= 1;
+    ASSERT_TRUE((*v)->Save(3, s.Refs()).ok());
+    EXPECT_EQ((*v)->last_stats().staging_allocated, 0);
+    EXPECT_EQ((*v)->last_stats().bytes_copied, 10 * 4096);
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  s.ts[7].bytes[4096 * 5] ^= 1;
+  ASSERT_TRUE((*v)->Save(4, s.Refs()).ok());
+  EXPECT_EQ((*v)->last_stats().bytes_copied, 4096);
+  EXPECT_LT((*v)->last_stats().staging_allocated, 10 * 4096 * 128);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 4, s);
+}
+
 // Guards export: the safetensors file has the documented header and the exact tensor bytes.
 TEST(CkptVault, ExportSafetensors) {
   std::string dir = TempDir("export");
