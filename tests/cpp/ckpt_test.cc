@@ -683,6 +683,93 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   cudaFree(d);
   cudaFree(d2);
 }
+
+// Guards the batched asynchronous device snapshot: it orders after work still queued on the
+// producer's stream (no host sync by the caller), it is complete when Save() returns (the caller
+// overwrites right after), mixed CPU/device states work, odd sizes with short tails hash like the
+// CPU, and a second save copies only the chunks that changed (60% of the tensors).
+TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::string dir = TempDir("cudabatch");
+  const int kTensors = 10;
+  const int64_t n = 64 * 4096 + 100;  // 65 chunks, the last one a 100-byte short tail
+  cudaStream_t producer;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<void*> dev(kTensors, nullptr);
+  std::vector<std::vector<uint8_t>> host(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    host[i] = RandomBytes(static_cast<size_t>(n), 100 + i);
+    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  State cpu;
+  cpu.Add("cpu.w", "f32", {5000}, 7);
+  // Keep the producer stream busy, then queue the final contents of tensor 0 behind it.
+  const size_t kBusyBytes = size_t{256} << 20;
+  void *busy_a = nullptr, *busy_b = nullptr;
+  ASSERT_EQ(cudaMalloc(&busy_a, kBusyBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&busy_b, kBusyBytes), cudaSuccess);
+  uint8_t* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), n), cudaSuccess);
+  host[0] = RandomBytes(static_cast<size_t>(n), 999);
+  std::memcpy(pinned, host[0].data(), n);
+  for (int r = 0; r < 8; ++r)
+    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
+              cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dev[0], pinned, n, cudaMemcpyHostToDevice, producer), cudaSuccess);
+  auto refs = [&] {
+    std::vector<TensorRef> r = cpu.Refs();
+    for (int i = 0; i < kTensors; ++i)
+      r.push_back({"g" + std::to_string(i), "u8", {n}, dev[i], 0, producer});
+    return r;
+  };
+  VaultOptions o = SmallOpts();
+  o.max_inflight = 2;
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  // Overwrite right after Save() returned: must not reach checkpoint 1.
+  ASSERT_EQ(cudaMemsetAsync(dev[1], 0xab, n, producer), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  std::vector<std::vector<uint8_t>> expect1 = host;
+  host[1].assign(static_cast<size_t>(n), 0xab);
+  ASSERT_EQ(cudaMemcpy(dev[1], host[1].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  // Step 2: 6 of 10 tensors change in one chunk (chunk 3), plus tensor 1 changed in full above.
+  for (int i = 2; i < 8; ++i) {
+    host[i][3 * 4096 + 17] ^= 0xff;
+    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(dev[i]) + 3 * 4096, host[i].data() + 3 * 4096, 4096,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  ASSERT_TRUE((*v)->Save(2, refs()).ok());
+  SaveStats st = (*v)->last_stats();
+  // Tensor 1: 64 chunks of 0xab are one distinct chunk + the tail; tensors 2..7: one chunk each.
+  EXPECT_EQ(st.bytes_copied, 4096 + 100 + 6 * 4096);
+  ASSERT_TRUE((*v)->Wait().ok());
+  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
+    auto r = (*v)->Restore(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
+    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
+    for (int i = 0; i < kTensors; ++i)
+      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
+  };
+  check(1, expect1);
+  check(2, host);
+  // Restore straight into device memory.
+  void* back_d = nullptr;
+  ASSERT_EQ(cudaMalloc(&back_d, n), cudaSuccess);
+  ASSERT_TRUE((*v)->RestoreInto(2, {{"g4", {back_d, n, 0}}}).ok());
+  std::vector<uint8_t> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), back_d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == host[4]);
+  for (void* p : dev) cudaFree(p);
+  cudaFree(back_d);
+  cudaFree(busy_a);
+  cudaFree(busy_b);
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(producer);
+}
 #endif
 
 }  // namespace

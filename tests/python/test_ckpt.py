@@ -222,3 +222,24 @@ def test_cuda_tensors_round_trip(tmp_path):
         out = v.load(2)
     assert out["w"].is_cuda
     _assert_same({k: t.cpu() for k, t in state.items()}, {k: t.cpu() for k, t in out.items()})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_save_orders_after_current_stream_and_is_complete_on_return(tmp_path):
+    # Guards the async device snapshot: save() inside a side-stream context sees the work queued
+    # on that stream without a host sync, and overwriting right after save() does not leak in.
+    side = torch.cuda.Stream()
+    src = torch.randn(64, 1 << 20, device="cuda")
+    w = torch.zeros_like(src)
+    v = CheckpointVault(str(tmp_path / "v"), chunk_bytes=1 << 20)
+    with torch.cuda.stream(side):
+        for _ in range(4):
+            w.copy_(src)
+        w.mul_(2.0)
+        v.save(1, {"w": w})
+        w.fill_(-1.0)
+    side.synchronize()
+    expected = src * 2.0
+    out = v.load(1)
+    assert torch.equal(out["w"], expected)
+    v.close()
