@@ -124,6 +124,7 @@ def main():
         "torch_load_all_s": tl,
         "vault_restore_all_s": rl,
         "incremental_stats": inc_stats,
+        "first_save_stats": full,
     }
     res["ratio_blocking_incremental_vs_torch_save"] = res["vault_incremental_blocking_s"] / res["torch_save_s"]
     res["ratio_blocking_full_warm_vs_torch_save"] = res["vault_full_save_warm_blocking_s"] / res["torch_save_s"]

@@ -36,7 +36,7 @@ void BindCkpt(py::module_& m) {
                               "Incremental, asynchronous, crash-consistent checkpoints (C++ core).")
       .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
                        bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
-                       bool read_only) {
+                       bool read_only, int io_threads) {
              ckpt::VaultOptions o;
              o.chunk_bytes = chunk_bytes;
              o.compress = compress;
@@ -47,6 +47,7 @@ void BindCkpt(py::module_& m) {
              o.max_inflight = max_inflight;
              o.fsync = fsync;
              o.read_only = read_only;
+             o.io_threads = io_threads;
              StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
                py::gil_scoped_release nogil;
                return CheckpointVault::Open(dir, o);
@@ -56,7 +57,7 @@ void BindCkpt(py::module_& m) {
            py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
            py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
            py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
-           py::arg("read_only") = false)
+           py::arg("read_only") = false, py::arg("io_threads") = 0)
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {

@@ -243,3 +243,19 @@ def test_cuda_save_orders_after_current_stream_and_is_complete_on_return(tmp_pat
     out = v.load(1)
     assert torch.equal(out["w"], expected)
     v.close()
+
+
+# Guards the parallel load path from Python: io_threads=4 restores many chunks into torch.empty
+# tensors exactly, and save() after load keeps only changed chunks.
+def test_parallel_io_threads_round_trip_and_stats(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    state = {f"t{i}": torch.randn(70_001 + i, generator=g) for i in range(6)}
+    with CheckpointVault(str(tmp_path), chunk_bytes=8192, io_threads=4) as v:
+        v.save(1, state)
+        first = v.stats()
+        assert first["staging_allocated"] > 0 and first["bytes_copied"] == first["bytes_total"]
+        state["t2"][5] += 1.0
+        v.save(2, state)
+        second = v.stats()
+        assert second["staging_allocated"] == 0 and second["bytes_copied"] == 8192
+        _assert_same(state, v.load(2))
