@@ -285,14 +285,15 @@ class CheckpointVault::Impl {
     const int64_t cb = opts_.chunk_bytes;
     const size_t nt = tensors.size();
     std::vector<int64_t> first_slot(nt), byte_off(nt);
-    int64_t nslots = 0;
+    int64_t nslots = 0, total_bytes = 0;
     std::map<int, std::vector<size_t>> by_dev;          // device -> its tensors
     std::vector<std::pair<size_t, int64_t>> cpu_slots;  // (tensor, chunk) of CPU tensors
     for (size_t ti = 0; ti < nt; ++ti) {
       const int64_t nchunks = (job->tensors[ti].nbytes + cb - 1) / cb;
       first_slot[ti] = nslots;
-      byte_off[ti] = nslots * cb;  // fused layout: chunk slot i at i * cb (see below)
+      byte_off[ti] = total_bytes;  // fused layout: the tensors back to back
       nslots += nchunks;
+      total_bytes += job->tensors[ti].nbytes;
       if (tensors[ti].device >= 0) {
         by_dev[tensors[ti].device].push_back(ti);
       } else {
@@ -335,7 +336,8 @@ class CheckpointVault::Impl {
     const bool fused = known_.empty() && by_dev.empty();
     internal::HostBuffer& arena = job->arena->buf;
     if (fused) {
-      if (!job->arena->Reserve(static_cast<size_t>(nslots * cb), false, &st.staging_allocated))
+      if (!job->arena->Reserve(static_cast<size_t>(std::max<int64_t>(total_bytes, 1)), false,
+                               &st.staging_allocated))
         return FailSnapshot(job.get(), false,
                             ResourceExhaustedError("out of host memory for a checkpoint snapshot"));
       const size_t pop = job->arena->populated;
@@ -348,7 +350,7 @@ class CheckpointVault::Impl {
           internal::PrefaultForWrite(dst, len);
         std::memcpy(dst, chunk_src(ti, c), len);
       });
-      job->arena->populated = std::max(pop, static_cast<size_t>(nslots * cb));
+      job->arena->populated = std::max(pop, static_cast<size_t>(total_bytes));
     } else {
       ParallelFor(cpu_slots.size(), [&](size_t i) {
         auto [ti, c] = cpu_slots[i];

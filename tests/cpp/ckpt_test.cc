@@ -577,6 +577,19 @@ TEST(CkptVault, StagingIsRecycledAndSizedByChangedChunks) {
   ExpectRestores(v->get(), 4, s);
 }
 
+// Guards the fused first-save layout: thousands of tiny tensors (optimizer step counters) stage
+// back to back, not one chunk each (that would reserve 5000 x 4 MiB).
+TEST(CkptVault, ManyTinyTensorsStageCompactly) {
+  std::string dir = TempDir("tiny");
+  State s;
+  for (int i = 0; i < 5000; ++i) s.Add("opt.step." + std::to_string(i), "i64", {1}, 300 + i);
+  auto v = CheckpointVault::Open(dir);  // default 4 MiB chunks
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  EXPECT_LE((*v)->last_stats().staging_allocated, int64_t{4} << 20);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 1, s);
+}
+
 // Guards export: the safetensors file has the documented header and the exact tensor bytes.
 TEST(CkptVault, ExportSafetensors) {
   std::string dir = TempDir("export");
