@@ -57,10 +57,16 @@ def dcp_async_save(state, path, res):
             res["dcp_note"] = f"needed a gloo group of 1 ({type(e).__name__}: {e})"[:300]
             blocking, fut = timed(lambda: dcp.async_save(state, checkpoint_id=path))
         t0 = time.perf_counter()
+        returned = blocking
+        if hasattr(fut, "upload_completion"):  # AsyncSaveResponse (some torch 2.x modes)
+            fut.staging_completion.result()  # safe to mutate the state only from here
+            blocking = returned + time.perf_counter() - t0
+            res["dcp_note_staging"] = "async_save returned AsyncSaveResponse; blocking includes staging"
+            fut = fut.upload_completion
         fut.result()
         fsync_tree(path)
         res["dcp_async_save_blocking_s"] = blocking
-        res["dcp_async_save_total_s"] = blocking + time.perf_counter() - t0
+        res["dcp_async_save_total_s"] = returned + time.perf_counter() - t0
     except Exception as e:
         res["dcp_error"] = f"{type(e).__name__}: {e}"[:500]
 
