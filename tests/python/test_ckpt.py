@@ -232,6 +232,7 @@ def test_cuda_save_orders_after_current_stream_and_is_complete_on_return(tmp_pat
     src = torch.randn(64, 1 << 20, device="cuda")
     w = torch.zeros_like(src)
     v = CheckpointVault(str(tmp_path / "v"), chunk_bytes=1 << 20)
+    side.wait_stream(torch.cuda.current_stream())  # src and w were made on the default stream
     with torch.cuda.stream(side):
         for _ in range(4):
             w.copy_(src)
