@@ -53,13 +53,16 @@ Hash128 HashBytes(const void* data, size_t len);
 
 // A tensor to save. `data` points to prod(shape) * DTypeSize(dtype) contiguous bytes, on the CPU
 // (device = -1) or on CUDA device `device` (only in CUDA builds). It must stay unchanged until
-// Save() returns, not longer.
+// Save() returns, not longer. `stream` (device tensors only) is the cudaStream_t on which the work
+// producing `data` was queued: the snapshot is ordered after everything queued on it so far (an
+// event, no host sync); null = the legacy default stream.
 struct TensorRef {
   std::string name;
   std::string dtype;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   int device = -1;
+  void* stream = nullptr;
 };
 
 // A stored tensor's description.
@@ -78,7 +81,9 @@ struct HostTensor {
 };
 
 // Where RestoreInto() puts a tensor: `nbytes` must equal the stored size; device -1 = CPU pointer,
-// >= 0 = CUDA device pointer (CUDA builds only).
+// >= 0 = CUDA device pointer (CUDA builds only). CPU targets are overwritten in full, so
+// RestoreInto advises transparent huge pages for them and pre-faults them in bulk (Note [Fresh
+// memory]).
 struct RestoreTarget {
   void* data = nullptr;
   int64_t nbytes = 0;
@@ -117,6 +122,8 @@ struct VaultOptions {
   int max_inflight = 1;    // saves snapshotted but not yet committed; Save() blocks beyond this
   bool fsync = true;       // fsync data, manifest and directories (off only for benchmarks)
   bool read_only = false;  // open for reading (CLI ls/show/verify/export); no writer thread
+  int io_threads = 0;      // threads that read/verify chunks on restore and verify, and hash/copy
+                           // chunks in a snapshot (0 = min(4, hardware threads))
   int64_t wait_timeout_ms = 30 * 60 * 1000;  // bound on every wait for the writer
   std::shared_ptr<Env> env;                  // null = Env::Posix()
 };
@@ -124,12 +131,15 @@ struct VaultOptions {
 // Figures of one save.
 struct SaveStats {
   int64_t step = -1;
-  double blocking_s = 0;      // time Save() blocked the caller (back-pressure + snapshot)
-  double snapshot_s = 0;      // hash + copy part of blocking_s
-  double write_s = 0;         // background: compress + write + fsync + commit
-  int64_t bytes_total = 0;    // raw bytes of the state
-  int64_t bytes_copied = 0;   // raw bytes copied into staging by the snapshot
-  int64_t bytes_written = 0;  // bytes appended to the new segment (after compression)
+  double blocking_s = 0;          // time Save() blocked the caller (back-pressure + snapshot)
+  double snapshot_s = 0;          // hash + copy part of blocking_s
+  double hash_s = 0;              //   hashing every chunk (CPU workers / device kernels)
+  double copy_s = 0;              //   copying changed chunks to staging (0 when fused with hashing)
+  double write_s = 0;             // background: compress + write + fsync + commit
+  int64_t bytes_total = 0;        // raw bytes of the state
+  int64_t bytes_copied = 0;       // raw bytes copied into staging by the snapshot
+  int64_t staging_allocated = 0;  // staging bytes newly allocated (0: a recycled arena sufficed)
+  int64_t bytes_written = 0;      // bytes appended to the new segment (after compression)
   int64_t chunks_total = 0;
   int64_t chunks_written = 0;
   int64_t chunks_skipped = 0;  // unchanged (or duplicate) chunks referenced, not written
@@ -182,7 +192,9 @@ class CheckpointVault {
   StatusOr<std::vector<TensorInfo>> Describe(int64_t step) const;
   // Restores every tensor into new CPU buffers (one pass over the chunks; each checksum verified).
   StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress = {}) const;
-  // Restores into caller buffers; `targets` names a subset (or all) of the tensors.
+  // Restores into caller buffers; `targets` names a subset (or all) of the tensors. Chunks are read
+  // and verified by io_threads workers (`progress` is called from them, serialized, with a growing
+  // byte count); on DataLoss the targets hold partial data.
   Status RestoreInto(int64_t step, const std::map<std::string, RestoreTarget>& targets,
                      const ProgressFn& progress = {}) const;
   // Reads every chunk of `step` and recomputes its checksum.

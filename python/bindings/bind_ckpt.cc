@@ -16,6 +16,9 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["step"] = s.step;
   d["blocking_s"] = s.blocking_s;
   d["snapshot_s"] = s.snapshot_s;
+  d["hash_s"] = s.hash_s;
+  d["copy_s"] = s.copy_s;
+  d["staging_allocated"] = s.staging_allocated;
   d["write_s"] = s.write_s;
   d["bytes_total"] = s.bytes_total;
   d["bytes_copied"] = s.bytes_copied;
@@ -33,7 +36,7 @@ void BindCkpt(py::module_& m) {
                               "Incremental, asynchronous, crash-consistent checkpoints (C++ core).")
       .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
                        bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
-                       bool read_only) {
+                       bool read_only, int io_threads) {
              ckpt::VaultOptions o;
              o.chunk_bytes = chunk_bytes;
              o.compress = compress;
@@ -44,6 +47,7 @@ void BindCkpt(py::module_& m) {
              o.max_inflight = max_inflight;
              o.fsync = fsync;
              o.read_only = read_only;
+             o.io_threads = io_threads;
              StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
                py::gil_scoped_release nogil;
                return CheckpointVault::Open(dir, o);
@@ -53,7 +57,7 @@ void BindCkpt(py::module_& m) {
            py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
            py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
            py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
-           py::arg("read_only") = false)
+           py::arg("read_only") = false, py::arg("io_threads") = 0)
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {
@@ -61,13 +65,14 @@ void BindCkpt(py::module_& m) {
             refs.reserve(tensors.size());
             for (const auto& item : tensors) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 5)
+              if (t.size() != 5 && t.size() != 6)
                 throw py::value_error(
-                    "save: each tensor is (name, dtype, shape, data_ptr, device)");
-              refs.push_back({t[0].cast<std::string>(), t[1].cast<std::string>(),
-                              t[2].cast<std::vector<int64_t>>(),
-                              reinterpret_cast<const void*>(t[3].cast<uintptr_t>()),
-                              t[4].cast<int>()});
+                    "save: each tensor is (name, dtype, shape, data_ptr, device[, stream])");
+              refs.push_back(
+                  {t[0].cast<std::string>(), t[1].cast<std::string>(),
+                   t[2].cast<std::vector<int64_t>>(),
+                   reinterpret_cast<const void*>(t[3].cast<uintptr_t>()), t[4].cast<int>(),
+                   t.size() == 6 ? reinterpret_cast<void*>(t[5].cast<uintptr_t>()) : nullptr});
             }
             Status s;
             {
@@ -77,7 +82,9 @@ void BindCkpt(py::module_& m) {
             ThrowIfError(s);
           },
           py::arg("step"), py::arg("tensors"),
-          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write.")
+          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write. "
+          "`stream` (a cudaStream_t as int) orders the snapshot of a device tensor after the work "
+          "queued on it.")
       .def("wait",
            [](CheckpointVault& v) {
              Status s;

@@ -105,6 +105,8 @@ class CheckpointVault:
         keep_last: keep only the newest N checkpoints (0 = keep all); keep_every: plus every M-th.
         max_inflight: saves queued before save() blocks (back-pressure), default 1.
         fsync: make every checkpoint durable (turn off only for benchmarks).
+        io_threads: threads hashing/copying in save() and reading/verifying in load()
+            (0 = min(4, hardware threads)).
 
     Errors from the background writer are raised by the next save()/wait()/close().
     loongforge.DataLossError: corrupted data or manifest; loongforge.ResourceExhaustedError: disk full.
@@ -112,13 +114,14 @@ class CheckpointVault:
 
     def __init__(self, dir: str, chunk_bytes: int = 4 << 20, compress: bool = False,
                  xor_delta: bool = False, keep_last: int = 0, keep_every: int = 0,
-                 max_inflight: int = 1, fsync: bool = True, read_only: bool = False) -> None:
+                 max_inflight: int = 1, fsync: bool = True, read_only: bool = False,
+                 io_threads: int = 0) -> None:
         self.dir = str(dir)
         self._read_only = read_only
         self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
                                      xor_delta=xor_delta, keep_last=keep_last,
                                      keep_every=keep_every, max_inflight=max_inflight,
-                                     fsync=fsync, read_only=read_only)
+                                     fsync=fsync, read_only=read_only, io_threads=io_threads)
 
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:
@@ -136,14 +139,17 @@ class CheckpointVault:
             t = t.detach()
             if not t.is_contiguous():
                 t = t.contiguous()
-            device = -1
+            device, stream = -1, 0
             if t.is_cuda:
                 if _CUDA_COMPILED:
                     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+                    # The snapshot is ordered after the work queued so far on the stream that
+                    # produced the tensor (the current stream); no host synchronization.
+                    stream = torch.cuda.current_stream(device).cuda_stream
                 else:
                     t = t.cpu()
             keep_alive.append(t)
-            refs.append((name, code, list(t.shape), t.data_ptr(), device))
+            refs.append((name, code, list(t.shape), t.data_ptr(), device, stream))
         self._v.save(int(step), refs)
         del keep_alive  # the C++ snapshot holds its own copy now
 

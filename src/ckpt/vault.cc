@@ -12,6 +12,18 @@
 // save and sequential reads on restore; gc works per segment, and merge rewrites a checkpoint into
 // one segment of its own so that older ones can be dropped.
 //
+// Note [Snapshot]
+// Save() must return only once its copy of the state is consistent: the caller may overwrite its
+// tensors right after. The snapshot therefore hashes every chunk straight from the caller's memory
+// (CPU tensors on io_threads workers, device tensors with the batched device snapshot, Note
+// [Device snapshot] in device.h), then copies only the chunks the previous snapshot did not have
+// (first occurrence only) into a staging arena. Arenas are recycled (at most max_inflight exist)
+// and are sized by the bytes copied, so steady-state saves touch no new memory; a fresh arena is
+// pre-faulted in bulk by the worker that fills it (Note [Fresh memory] in chunk_io.cc). When
+// nothing is known (first save into an empty vault, or after a failed save) every chunk is copied,
+// so hash and copy are fused into one pass over the source. Device snapshots stage into pinned
+// memory with asynchronous copies ordered after the producer's stream.
+//
 // Note [Change detection]
 // Save() hashes every chunk on the caller's thread and copies only chunks whose hash the previous
 // snapshot did not contain (the first save after Open compares with the latest committed manifest).
@@ -25,11 +37,14 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -39,18 +54,22 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ckpt/chunk_io.h"
 #include "ckpt/device.h"
 #include "ckpt/manifest.h"
 #include "loongforge/ckpt.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/queue.h"
+#include "loongforge/thread_pool.h"
 
 namespace loongforge {
 namespace ckpt {
 namespace fs = std::filesystem;
+using internal::ChunkDecoder;
 using internal::ChunkLoc;
 using internal::ChunkRec;
+using internal::ChunkWhat;
 using internal::Codec;
 using internal::Manifest;
 using internal::TensorRec;
@@ -110,139 +129,19 @@ StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return out;
 }
 
-// Open read-only segment files for one read pass.
-class SegmentReader {
- public:
-  explicit SegmentReader(std::string seg_dir) : seg_dir_(std::move(seg_dir)) {}
-  ~SegmentReader() {
-    for (auto& [_, fd] : fds_) ::close(fd);
-  }
-  Status Read(const ChunkLoc& loc, void* dst) {
-    auto it = fds_.find(loc.seg);
-    if (it == fds_.end()) {
-      const std::string path = seg_dir_ + "/" + loc.seg;
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        if (errno == ENOENT) return DataLossError("segment file " + path + " is missing");
-        return ErrnoToStatus(errno, "open " + path);
-      }
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-      it = fds_.emplace(loc.seg, fd).first;
+// Staging memory for one snapshot, recycled across saves (Note [Snapshot]).
+struct StagingArena {
+  internal::HostBuffer buf;
+  size_t populated = 0;  // leading bytes already faulted in
+  // Grows the arena if needed; `*allocated` gets the bytes newly allocated (0 if recycled).
+  bool Reserve(size_t n, bool want_pinned, int64_t* allocated) {
+    uint8_t* old = buf.data();
+    if (!buf.Reserve(n, want_pinned)) return false;
+    if (buf.data() != old) {
+      populated = buf.pinned() ? buf.capacity() : 0;  // pinned memory is resident
+      *allocated = static_cast<int64_t>(buf.capacity());
     }
-    char* p = static_cast<char*>(dst);
-    int64_t off = loc.off, left = loc.len;
-    while (left > 0) {
-      ssize_t n = ::pread(it->second, p, static_cast<size_t>(left), off);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoToStatus(errno, "read segment " + loc.seg);
-      }
-      if (n == 0)
-        return DataLossError("segment " + loc.seg + " is truncated (wanted bytes " +
-                             std::to_string(loc.off) + ".." + std::to_string(loc.off + loc.len) +
-                             ")");
-      p += n;
-      off += n;
-      left -= n;
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::string seg_dir_;
-  std::unordered_map<std::string, int> fds_;
-};
-
-// Decodes one stored chunk into `dst` (c.raw bytes) and verifies its checksum.
-class ChunkDecoder {
- public:
-  ChunkDecoder(const std::string& seg_dir) : reader_(seg_dir) {}
-  ~ChunkDecoder() {
-    if (dctx_) ZSTD_freeDCtx(dctx_);
-  }
-
-  Status Decode(const ChunkRec& c, uint8_t* dst, const std::string& what) {
-    if (c.codec == Codec::kXorZstd) {
-      LF_RETURN_IF_ERROR(
-          DecodeFull(c.base_codec, c.base, c.raw, c.base_hash, dst, what + " (delta base)"));
-      LF_RETURN_IF_ERROR(ReadStored(c.loc, what));
-      delta_.resize(static_cast<size_t>(c.raw));
-      LF_RETURN_IF_ERROR(Decompress(delta_.data(), c.raw, what));
-      for (int64_t i = 0; i < c.raw; ++i) dst[i] ^= delta_[static_cast<size_t>(i)];
-      return Check(c.hash, dst, c.raw, what);
-    }
-    return DecodeFull(c.codec, c.loc, c.raw, c.hash, dst, what);
-  }
-
- private:
-  Status DecodeFull(Codec codec, const ChunkLoc& loc, int64_t raw, const Hash128& hash,
-                    uint8_t* dst, const std::string& what) {
-    if (codec == Codec::kRaw) {
-      if (loc.len != raw) return DataLossError(what + ": stored length does not match raw length");
-      LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, dst), what);
-    } else if (codec == Codec::kZstd) {
-      LF_RETURN_IF_ERROR(ReadStored(loc, what));
-      LF_RETURN_IF_ERROR(Decompress(dst, raw, what));
-    } else {
-      return DataLossError(what + ": unknown codec " + std::to_string(static_cast<int>(codec)));
-    }
-    return Check(hash, dst, raw, what);
-  }
-  Status ReadStored(const ChunkLoc& loc, const std::string& what) {
-    stored_.resize(static_cast<size_t>(loc.len));
-    LF_RETURN_IF_ERROR_CTX(reader_.Read(loc, stored_.data()), what);
-    return Status::Ok();
-  }
-  Status Decompress(uint8_t* dst, int64_t raw, const std::string& what) {
-    if (!dctx_) dctx_ = ZSTD_createDCtx();
-    size_t n =
-        ZSTD_decompressDCtx(dctx_, dst, static_cast<size_t>(raw), stored_.data(), stored_.size());
-    if (ZSTD_isError(n) || static_cast<int64_t>(n) != raw)
-      return DataLossError(what + ": corrupt compressed data (" +
-                           (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + ")");
-    return Status::Ok();
-  }
-  static Status Check(const Hash128& want, const uint8_t* data, int64_t n,
-                      const std::string& what) {
-    Hash128 got = HashBytes(data, static_cast<size_t>(n));
-    if (got != want)
-      return DataLossError(what + ": checksum mismatch (stored " + want.ToHex() + ", read " +
-                           got.ToHex() + ")");
-    return Status::Ok();
-  }
-
-  SegmentReader reader_;
-  ZSTD_DCtx* dctx_ = nullptr;
-  std::vector<uint8_t> stored_, delta_;
-};
-
-std::string ChunkWhat(int64_t step, const std::string& tensor, size_t idx, const ChunkLoc& loc) {
-  return "checkpoint " + std::to_string(step) + ": tensor '" + tensor + "' chunk " +
-         std::to_string(idx) + " (segment " + loc.seg + " offset " + std::to_string(loc.off) + ")";
-}
-
-// Staging memory for one snapshot, reused across saves (no page faults after the first).
-struct Arena {
-  uint8_t* data = nullptr;
-  size_t capacity = 0;
-  bool pinned = false;
-  void Reserve(size_t n, bool want_pinned) {
-    if (n <= capacity && (pinned || !want_pinned)) return;
-    Free();
-    n = std::max<size_t>(n, 1);
-    if (want_pinned) {
-      data = static_cast<uint8_t*>(internal::AllocHost(n, true));
-      pinned = data != nullptr;
-    }
-    if (!data) data = static_cast<uint8_t*>(internal::AllocHost(n, false));
-    LF_CHECK(data != nullptr) << "out of host memory for a " << n << "-byte checkpoint snapshot";
-    capacity = n;
-  }
-  void Free() {
-    if (data) internal::FreeHost(data, pinned);
-    data = nullptr;
-    capacity = 0;
-    pinned = false;
+    return true;
   }
 };
 
@@ -261,7 +160,7 @@ struct PendingTensor {
 struct Job {
   int64_t step = -1;
   std::vector<PendingTensor> tensors;
-  std::unique_ptr<Arena> arena;
+  std::unique_ptr<StagingArena> arena;
   SaveStats stats;
 };
 
@@ -289,6 +188,8 @@ class CheckpointVault::Impl {
       return InvalidArgumentError("chunk_bytes must be >= 4096 and a multiple of 64, got " +
                                   std::to_string(opts_.chunk_bytes));
     if (opts_.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
+    if (opts_.io_threads < 0) return InvalidArgumentError("io_threads must be >= 0");
+    io_threads_ = opts_.io_threads > 0 ? opts_.io_threads : internal::DefaultIoThreads();
     if (opts_.read_only) {
       if (!fs::is_directory(man_dir_))
         return NotFoundError(dir_ + " is not a checkpoint vault (no manifests/ directory)");
@@ -310,6 +211,7 @@ class CheckpointVault::Impl {
       IndexFrom(m, /*seed_known=*/true);
       last_step_ = *latest;
     }
+    if (io_threads_ > 1) snap_pool_ = std::make_unique<ThreadPool>(io_threads_ - 1, "ckpt-snap");
     writer_ = std::thread([this] { WriterLoop(); });
     return Status::Ok();
   }
@@ -331,7 +233,20 @@ class CheckpointVault::Impl {
       if (!error_.ok()) {
         Status e = error_;
         error_ = Status::Ok();
-        known_.clear();  // Note [Change detection]: the next save is full
+        known_.clear();  // Note [Snapshot]
+        // Save() must return only once its copy of the state is consistent: the caller may
+        // overwrite its tensors right after. The snapshot therefore hashes every chunk straight
+        // from the caller's memory (CPU tensors on io_threads workers, device tensors with the
+        // batched device snapshot, Note [Device snapshot] in device.h), then copies only the chunks
+        // the previous snapshot did not have (first occurrence only) into a staging arena. Arenas
+        // are recycled (at most max_inflight exist) and are sized by the bytes copied, so
+        // steady-state saves touch no new memory; a fresh arena is pre-faulted in bulk by the
+        // worker that fills it (Note [Fresh memory] in chunk_io.cc). When nothing is known (first
+        // save into an empty vault, or after a failed save) every chunk is copied, so hash and copy
+        // are fused into one pass over the source. Device snapshots stage into pinned memory with
+        // asynchronous copies ordered after the producer's stream.
+        //
+        // Note [Change detection]: the next save is full
         return e;
       }
     }
@@ -343,8 +258,6 @@ class CheckpointVault::Impl {
     job->step = step;
     // Validate and size.
     std::set<std::string> names;
-    size_t total = 0;
-    bool any_device = false;
     for (const auto& t : tensors) {
       LF_ASSIGN_OR_RETURN(DType dt, ParseDType(t.dtype));
       if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
@@ -361,65 +274,189 @@ class CheckpointVault::Impl {
         if (!internal::DeviceSupportCompiled())
           return UnimplementedError("tensor '" + t.name +
                                     "' is on a CUDA device but CUDA support is not compiled in");
-        any_device = true;
       }
       PendingTensor pt{t.name, dt, t.shape, n, {}};
       job->tensors.push_back(std::move(pt));
-      total += static_cast<size_t>(n);
     }
-    // Snapshot: hash every chunk, copy those not in the previous snapshot.
-    job->arena = TakeArena();
-    job->arena->Reserve(total, any_device);
-    uint8_t* out = job->arena->data;
-    std::unordered_set<Hash128, HashKey> now;
+    // Snapshot: Note [Snapshot].
     SaveStats& st = job->stats;
     st.step = step;
+    const double ts0 = NowSeconds();
     const int64_t cb = opts_.chunk_bytes;
-    std::vector<Hash128> dev_hashes;
-    for (size_t ti = 0; ti < tensors.size(); ++ti) {
-      const TensorRef& src = tensors[ti];
-      PendingTensor& pt = job->tensors[ti];
-      const uint8_t* base = static_cast<const uint8_t*>(src.data);
-      const int64_t nchunks = (pt.nbytes + cb - 1) / cb;
-      if (src.device >= 0) {
-        Status s = internal::DeviceHashChunks(base, pt.nbytes, cb, src.device, &dev_hashes);
-        if (!s.ok()) {
-          ReturnArena(std::move(job->arena));
-          return s.WithContext("hash tensor '" + pt.name + "' on device");
-        }
+    const size_t nt = tensors.size();
+    std::vector<int64_t> first_slot(nt), byte_off(nt);
+    int64_t nslots = 0, total_bytes = 0;
+    std::map<int, std::vector<size_t>> by_dev;          // device -> its tensors
+    std::vector<std::pair<size_t, int64_t>> cpu_slots;  // (tensor, chunk) of CPU tensors
+    for (size_t ti = 0; ti < nt; ++ti) {
+      const int64_t nchunks = (job->tensors[ti].nbytes + cb - 1) / cb;
+      first_slot[ti] = nslots;
+      byte_off[ti] = total_bytes;  // fused layout: the tensors back to back
+      nslots += nchunks;
+      total_bytes += job->tensors[ti].nbytes;
+      if (tensors[ti].device >= 0) {
+        by_dev[tensors[ti].device].push_back(ti);
+      } else {
+        for (int64_t c = 0; c < nchunks; ++c) cpu_slots.push_back({ti, c});
       }
-      for (int64_t c = 0; c < nchunks; ++c) {
-        const int64_t off = c * cb;
-        const int64_t len = std::min(cb, pt.nbytes - off);
-        PendingChunk pc;
-        pc.raw = len;
-        pc.hash = src.device >= 0 ? dev_hashes[static_cast<size_t>(c)]
-                                  : HashBytes(base + off, static_cast<size_t>(len));
-        if (!known_.count(pc.hash) && !now.count(pc.hash)) {
-          if (src.device >= 0) {
-            Status s =
-                internal::DeviceToHost(out, base + off, static_cast<size_t>(len), src.device);
-            if (!s.ok()) {
-              ReturnArena(std::move(job->arena));
-              return s.WithContext("copy tensor '" + pt.name + "' from device");
-            }
+      job->tensors[ti].chunks.resize(static_cast<size_t>(nchunks));
+    }
+    std::vector<Hash128> hashes(static_cast<size_t>(nslots));
+    auto chunk_src = [&](size_t ti, int64_t c) {
+      return static_cast<const uint8_t*>(tensors[ti].data) + c * cb;
+    };
+    auto chunk_len = [&](size_t ti, int64_t c) {
+      return std::min(cb, job->tensors[ti].nbytes - c * cb);
+    };
+    // Device tensors: hash kernels queued on each device's snapshot stream (they run while the
+    // host hashes the CPU tensors).
+    std::vector<std::pair<int, internal::DeviceSnapshot*>> dsnaps;
+    for (auto& [dev, tis] : by_dev) {
+      LF_ASSIGN_OR_RETURN(internal::DeviceSnapshot * ds, GetDeviceSnapshot(dev));
+      int64_t dslots = 0;
+      std::vector<void*> streams;
+      for (size_t ti : tis) {
+        dslots += (job->tensors[ti].nbytes + cb - 1) / cb;
+        if (std::find(streams.begin(), streams.end(), tensors[ti].stream) == streams.end())
+          streams.push_back(tensors[ti].stream);
+      }
+      LF_RETURN_IF_ERROR_CTX(ds->Begin(dslots, static_cast<int64_t>(tis.size()), streams),
+                             "snapshot on CUDA device " + std::to_string(dev));
+      int64_t k = 0;
+      for (size_t ti : tis) {
+        LF_RETURN_IF_ERROR_CTX(ds->EnqueueHash(tensors[ti].data, job->tensors[ti].nbytes, cb, k),
+                               "hash tensor '" + tensors[ti].name + "' on device");
+        k += (job->tensors[ti].nbytes + cb - 1) / cb;
+      }
+      dsnaps.push_back({dev, ds});
+    }
+    job->arena = TakeArena();
+    // Fused first snapshot: with nothing known every chunk is copied, so hash and copy each chunk
+    // in one pass over the source (it is read once, and is in cache for the copy).
+    const bool fused = known_.empty() && by_dev.empty();
+    internal::HostBuffer& arena = job->arena->buf;
+    if (fused) {
+      if (!job->arena->Reserve(static_cast<size_t>(std::max<int64_t>(total_bytes, 1)), false,
+                               &st.staging_allocated))
+        return FailSnapshot(job.get(), false,
+                            ResourceExhaustedError("out of host memory for a checkpoint snapshot"));
+      const size_t pop = job->arena->populated;
+      ParallelFor(cpu_slots.size(), [&](size_t i) {
+        auto [ti, c] = cpu_slots[i];
+        const size_t len = static_cast<size_t>(chunk_len(ti, c));
+        uint8_t* dst = arena.data() + byte_off[ti] + c * cb;
+        hashes[static_cast<size_t>(first_slot[ti] + c)] = HashBytes(chunk_src(ti, c), len);
+        if (static_cast<size_t>(dst - arena.data()) + len > pop)
+          internal::PrefaultForWrite(dst, len);
+        std::memcpy(dst, chunk_src(ti, c), len);
+      });
+      job->arena->populated = std::max(pop, static_cast<size_t>(total_bytes));
+    } else {
+      ParallelFor(cpu_slots.size(), [&](size_t i) {
+        auto [ti, c] = cpu_slots[i];
+        hashes[static_cast<size_t>(first_slot[ti] + c)] =
+            HashBytes(chunk_src(ti, c), static_cast<size_t>(chunk_len(ti, c)));
+      });
+    }
+    for (auto& [dev, ds] : dsnaps) {
+      std::vector<Hash128> dh;
+      Status s = ds->FetchHashes(&dh, opts_.wait_timeout_ms);
+      if (!s.ok())
+        return FailSnapshot(job.get(), false,
+                            s.WithContext("hash tensors on CUDA device " + std::to_string(dev)));
+      int64_t k = 0;
+      for (size_t ti : by_dev[dev])
+        for (int64_t c = 0; c < static_cast<int64_t>(job->tensors[ti].chunks.size()); ++c)
+          hashes[static_cast<size_t>(first_slot[ti] + c)] = dh[static_cast<size_t>(k++)];
+    }
+    const double ts1 = NowSeconds();
+    st.hash_s = ts1 - ts0;
+    // Decide which chunks to stage: those the previous snapshot did not have (first copy only).
+    std::unordered_set<Hash128, HashKey> now;
+    struct Copy {
+      size_t ti;
+      int64_t c;
+      size_t dst_off;
+    };
+    std::vector<Copy> copies;
+    size_t staged_bytes = 0;
+    for (size_t ti = 0; ti < nt; ++ti) {
+      PendingTensor& pt = job->tensors[ti];
+      for (int64_t c = 0; c < static_cast<int64_t>(pt.chunks.size()); ++c) {
+        PendingChunk& pc = pt.chunks[static_cast<size_t>(c)];
+        pc.raw = chunk_len(ti, c);
+        pc.hash = hashes[static_cast<size_t>(first_slot[ti] + c)];
+        if (!known_.count(pc.hash) && now.insert(pc.hash).second) {
+          if (fused) {
+            pc.staged = arena.data() + byte_off[ti] + c * cb;
           } else {
-            std::memcpy(out, base + off, static_cast<size_t>(len));
+            copies.push_back({ti, c, staged_bytes});
+            staged_bytes += static_cast<size_t>(pc.raw);
           }
-          pc.staged = out;
-          out += len;
-          st.bytes_copied += len;
+          st.bytes_copied += pc.raw;
+        } else {
+          now.insert(pc.hash);
         }
-        now.insert(pc.hash);
-        pt.chunks.push_back(pc);
         ++st.chunks_total;
       }
       st.bytes_total += pt.nbytes;
     }
+    if (!fused) {
+      const bool want_pinned = !by_dev.empty();
+      if (!job->arena->Reserve(std::max<size_t>(staged_bytes, 1), want_pinned,
+                               &st.staging_allocated))
+        return FailSnapshot(
+            job.get(), false,
+            ResourceExhaustedError("out of host memory for a " + std::to_string(staged_bytes) +
+                                   "-byte checkpoint snapshot"));
+      // Device copies first (asynchronous, runs of adjacent chunks merged), then CPU copies on
+      // the workers while the DMA engines run, then wait for the device copies.
+      for (size_t i = 0; i < copies.size();) {
+        const Copy& cp = copies[i];
+        const int dev = tensors[cp.ti].device;
+        size_t len = static_cast<size_t>(chunk_len(cp.ti, cp.c));
+        size_t j = i + 1;
+        while (dev >= 0 && j < copies.size() && copies[j].ti == cp.ti &&
+               copies[j].c == copies[j - 1].c + 1) {
+          len += static_cast<size_t>(chunk_len(copies[j].ti, copies[j].c));
+          ++j;
+        }
+        if (dev >= 0) {
+          internal::DeviceSnapshot* ds = nullptr;
+          for (auto& [d, p] : dsnaps)
+            if (d == dev) ds = p;
+          Status s = ds->EnqueueCopy(arena.data() + cp.dst_off, chunk_src(cp.ti, cp.c), len);
+          if (!s.ok())
+            return FailSnapshot(
+                job.get(), true,
+                s.WithContext("copy tensor '" + tensors[cp.ti].name + "' from device"));
+        }
+        i = j;
+      }
+      const size_t pop = job->arena->populated;
+      ParallelFor(copies.size(), [&](size_t i) {
+        const Copy& cp = copies[i];
+        if (tensors[cp.ti].device >= 0) return;
+        const size_t len = static_cast<size_t>(chunk_len(cp.ti, cp.c));
+        uint8_t* dst = arena.data() + cp.dst_off;
+        if (cp.dst_off + len > pop) internal::PrefaultForWrite(dst, len);
+        std::memcpy(dst, chunk_src(cp.ti, cp.c), len);
+      });
+      job->arena->populated = std::max(pop, staged_bytes);
+      for (auto& [dev, ds] : dsnaps) {
+        Status s = ds->Finish(opts_.wait_timeout_ms);
+        if (!s.ok())
+          return FailSnapshot(
+              job.get(), true,
+              s.WithContext("snapshot copies on CUDA device " + std::to_string(dev)));
+      }
+      for (const Copy& cp : copies)
+        job->tensors[cp.ti].chunks[static_cast<size_t>(cp.c)].staged = arena.data() + cp.dst_off;
+    }
+    st.copy_s = NowSeconds() - ts1;
     known_ = std::move(now);
     last_step_ = step;
-    const double t1 = NowSeconds();
-    st.snapshot_s = t1 - t0;
+    st.snapshot_s = NowSeconds() - ts0;
     {
       std::lock_guard<std::mutex> l(mu_);
       ++inflight_;
@@ -667,17 +704,66 @@ class CheckpointVault::Impl {
     latest_committed_ = m.step;
   }
 
-  std::unique_ptr<Arena> TakeArena() {
+  // The free arena with the largest capacity (at most max_inflight arenas ever exist: one per
+  // queued job plus the free ones, and Save() runs only when fewer than max_inflight are queued).
+  std::unique_ptr<StagingArena> TakeArena() {
     std::lock_guard<std::mutex> l(mu_);
-    if (free_arenas_.empty()) return std::make_unique<Arena>();
-    auto a = std::move(free_arenas_.back());
-    free_arenas_.pop_back();
+    if (free_arenas_.empty()) return std::make_unique<StagingArena>();
+    auto best = std::max_element(
+        free_arenas_.begin(), free_arenas_.end(),
+        [](const auto& a, const auto& b) { return a->buf.capacity() < b->buf.capacity(); });
+    auto a = std::move(*best);
+    free_arenas_.erase(best);
     return a;
   }
-  void ReturnArena(std::unique_ptr<Arena> a) {
+  void ReturnArena(std::unique_ptr<StagingArena> a) {
     if (!a) return;
     std::lock_guard<std::mutex> l(mu_);
     free_arenas_.push_back(std::move(a));
+  }
+
+  // Ends a failed snapshot. With device copies enqueued, they must complete before the arena is
+  // reused; if they cannot be waited for, the arena is leaked rather than handed out while a DMA
+  // may still write into it.
+  Status FailSnapshot(Job* job, bool copies_enqueued, Status s) {
+    if (copies_enqueued) {
+      for (auto& [dev, ds] : device_snaps_) {
+        Status f = ds->Finish(opts_.wait_timeout_ms);
+        if (!f.ok()) {
+          LF_LOG(ERROR) << "checkpoint snapshot: device copies did not finish (" << f
+                        << "); leaking the staging arena";
+          job->arena.release();
+          return s;
+        }
+      }
+    }
+    ReturnArena(std::move(job->arena));
+    return s;
+  }
+
+  StatusOr<internal::DeviceSnapshot*> GetDeviceSnapshot(int device) {
+    auto it = device_snaps_.find(device);
+    if (it != device_snaps_.end()) return it->second.get();
+    LF_ASSIGN_OR_RETURN(auto ds, internal::NewDeviceSnapshot(device));
+    return device_snaps_.emplace(device, std::move(ds)).first->second.get();
+  }
+
+  // Runs fn(i) for i in [0, n) on the snapshot workers and the calling thread. The tasks are
+  // bounded CPU work (hash/copy of one chunk) on memory the caller keeps alive, so the wait has no
+  // timeout: it must not return before they end.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+    if (n == 0) return;
+    std::atomic<size_t> next{0};
+    auto body = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    };
+    std::vector<std::future<void>> futs;
+    if (snap_pool_)
+      for (int k = 0; k < snap_pool_->size() && static_cast<size_t>(k + 1) < n; ++k)
+        futs.push_back(snap_pool_->Async(body));
+    body();
+    for (auto& f : futs)
+      if (f.valid()) f.wait();
   }
 
   // ---------------- read path ----------------
@@ -711,41 +797,35 @@ class CheckpointVault::Impl {
     return internal::ParseManifest(*bytes, path);
   }
 
-  // Decodes every chunk of `m` in one pass ordered by (segment, offset); `dst(tensor, chunk)`
-  // gives where chunk bytes go (a host pointer), `done(tensor, chunk, ptr)` is called after each.
+  // Decodes every chunk of `m` (or of the tensors in `only`) in one parallel pass (Note [Parallel
+  // read pass]). `dst(tensor)` gives the host address of a tensor's bytes, or null to decode into
+  // staging; `done(tensor, chunk, offset, data)` runs after each chunk's checksum verified.
   template <typename DstFn, typename DoneFn>
   Status ReadAll(const Manifest& m, const std::set<std::string>* only, DstFn dst, DoneFn done,
-                 const ProgressFn& progress) const {
-    struct Item {
-      const TensorRec* t;
-      size_t ci;
-      int64_t offset;
-    };
-    std::vector<Item> items;
+                 const ProgressFn& progress, bool pinned_staging = false,
+                 bool prefault_dst = false) const {
+    std::vector<internal::ReadItem> items;
     for (const auto& t : m.tensors) {
       if (only && !only->count(t.name)) continue;
+      uint8_t* base = dst(t);
       int64_t off = 0;
       for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
-        items.push_back({&t, ci, off});
+        items.push_back({&t, ci, off, base ? base + off : nullptr});
         off += t.chunks[ci].raw;
       }
     }
-    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-      const ChunkLoc& x = a.t->chunks[a.ci].loc;
-      const ChunkLoc& y = b.t->chunks[b.ci].loc;
-      return x.seg != y.seg ? x.seg < y.seg : x.off < y.off;
-    });
-    ChunkDecoder dec(seg_dir_);
-    int64_t done_bytes = 0;
-    for (const Item& it : items) {
-      const ChunkRec& c = it.t->chunks[it.ci];
-      uint8_t* p = dst(*it.t, it.ci, it.offset);
-      LF_RETURN_IF_ERROR(dec.Decode(c, p, ChunkWhat(m.step, it.t->name, it.ci, c.loc)));
-      LF_RETURN_IF_ERROR(done(*it.t, it.ci, it.offset, p));
-      done_bytes += c.raw;
-      if (progress) progress(done_bytes);
-    }
-    return Status::Ok();
+    internal::ReadPassOptions ro;
+    ro.seg_dir = seg_dir_;
+    ro.step = m.step;
+    ro.threads = io_threads_;
+    ro.pinned_staging = pinned_staging;
+    ro.prefault_dst = prefault_dst;
+    return internal::ParallelReadPass(
+        std::move(items), ro,
+        [&](const internal::ReadItem& it, const uint8_t* data) {
+          return done(*it.t, it.ci, it.offset, data);
+        },
+        progress);
   }
 
   StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress) const {
@@ -758,9 +838,8 @@ class CheckpointVault::Impl {
       by[&m.tensors[i]] = &out[i];
     }
     LF_RETURN_IF_ERROR(ReadAll(
-        m, nullptr,
-        [&](const TensorRec& t, size_t, int64_t off) { return by[&t]->data.data() + off; },
-        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress));
+        m, nullptr, [&](const TensorRec& t) { return by[&t]->data.data(); },
+        [](const TensorRec&, size_t, int64_t, const uint8_t*) { return Status::Ok(); }, progress));
     return out;
   }
 
@@ -779,35 +858,40 @@ class CheckpointVault::Impl {
                                     std::to_string(t.nbytes));
       if (t.nbytes > 0 && it->second.data == nullptr)
         return InvalidArgumentError("restore target for tensor '" + t.name + "' is null");
-      if (it->second.device >= 0) any_device = true;
+      if (it->second.device >= 0) {
+        if (!internal::DeviceSupportCompiled())
+          return UnimplementedError("restore target for tensor '" + t.name +
+                                    "' is on a CUDA device but CUDA support is not compiled in");
+        any_device = true;
+      } else if (t.nbytes > 0) {
+        internal::AdviseHugePages(it->second.data, static_cast<size_t>(t.nbytes));
+      }
       only.insert(t.name);
       by[&t] = &it->second;
     }
     for (const auto& [name, _] : targets)
       if (!only.count(name))
         return NotFoundError("tensor '" + name + "' is not in checkpoint " + std::to_string(step));
-    std::vector<uint8_t> staging(any_device ? static_cast<size_t>(m.chunk_bytes) : 0);
     return ReadAll(
         m, &only,
-        [&](const TensorRec& t, size_t, int64_t off) -> uint8_t* {
+        [&](const TensorRec& t) -> uint8_t* {
           const RestoreTarget* tg = by[&t];
-          return tg->device >= 0 ? staging.data() : static_cast<uint8_t*>(tg->data) + off;
+          return tg->device >= 0 ? nullptr : static_cast<uint8_t*>(tg->data);
         },
-        [&](const TensorRec& t, size_t ci, int64_t off, uint8_t* p) -> Status {
+        [&](const TensorRec& t, size_t ci, int64_t off, const uint8_t* p) -> Status {
           const RestoreTarget* tg = by[&t];
           if (tg->device < 0) return Status::Ok();
           return internal::HostToDevice(static_cast<uint8_t*>(tg->data) + off, p,
                                         static_cast<size_t>(t.chunks[ci].raw), tg->device);
         },
-        progress);
+        progress, /*pinned_staging=*/any_device, /*prefault_dst=*/true);
   }
 
   Status Verify(int64_t step, const ProgressFn& progress) const {
     LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
-    std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
     return ReadAll(
-        m, nullptr, [&](const TensorRec&, size_t, int64_t) { return scratch.data(); },
-        [](const TensorRec&, size_t, int64_t, uint8_t*) { return Status::Ok(); }, progress);
+        m, nullptr, [](const TensorRec&) -> uint8_t* { return nullptr; },
+        [](const TensorRec&, size_t, int64_t, const uint8_t*) { return Status::Ok(); }, progress);
   }
 
   static TensorInfo Info(const TensorRec& t) {
@@ -1026,6 +1110,7 @@ class CheckpointVault::Impl {
   std::string man_dir_, seg_dir_;
   int lock_fd_ = -1;
   bool closed_ = false;
+  int io_threads_ = 1;  // workers of read passes and snapshots (opts_.io_threads resolved)
 
   std::mutex api_mu_;      // serializes Save / Wait / Close / Merge / Gc
   mutable std::mutex mu_;  // inflight_, error_, last_stats_, free_arenas_
@@ -1033,7 +1118,11 @@ class CheckpointVault::Impl {
   int inflight_ = 0;
   Status error_;
   SaveStats last_stats_;
-  std::vector<std::unique_ptr<Arena>> free_arenas_;
+  std::vector<std::unique_ptr<StagingArena>> free_arenas_;
+  // Save-side (api_mu_): snapshot workers ("ckpt-snap", io_threads - 1 of them; the caller is
+  // the last) and one device snapshot per CUDA device used.
+  std::unique_ptr<ThreadPool> snap_pool_;
+  std::map<int, std::unique_ptr<internal::DeviceSnapshot>> device_snaps_;
 
   // Save-side (api_mu_): hashes of the previous snapshot, last step saved.
   std::unordered_set<Hash128, HashKey> known_;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -453,6 +454,142 @@ TEST(CkptVault, CompressionAndXorDeltaRoundTrip) {
   ASSERT_TRUE((*v)->Verify(2).ok());
 }
 
+// Guards the parallel read pass: many runs over several segments with raw, zstd and XOR-delta
+// chunks restore exactly into caller buffers with 4 workers; progress is monotone and complete.
+TEST(CkptVault, ParallelRestoreIntoAcrossSegmentsAndCodecs) {
+  std::string dir = TempDir("par");
+  VaultOptions o = SmallOpts();
+  o.compress = true;
+  o.xor_delta = true;
+  o.io_threads = 4;
+  State s;
+  for (int i = 0; i < 6; ++i) s.Add("noise" + std::to_string(i), "u8", {int64_t{2} << 20}, 10 + i);
+  s.ts.push_back({"zeros", "f32", {int64_t{1} << 18}, std::vector<uint8_t>(int64_t{1} << 20, 0)});
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  for (size_t i = 0; i < s.ts[1].bytes.size(); i += 997) s.ts[1].bytes[i] ^= 1;  // -> xor deltas
+  s.ts[3].bytes = RandomBytes(s.ts[3].bytes.size(), 99);                         // -> raw rewrite
+  ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_GT((*v)->last_stats().chunks_delta, 0);
+  std::vector<std::vector<uint8_t>> out(s.ts.size());
+  std::map<std::string, RestoreTarget> targets;
+  int64_t total = 0;
+  for (size_t i = 0; i < s.ts.size(); ++i) {
+    out[i].resize(s.ts[i].bytes.size());
+    targets[s.ts[i].name] = {out[i].data(), static_cast<int64_t>(out[i].size()), -1};
+    total += static_cast<int64_t>(out[i].size());
+  }
+  int64_t last = 0;
+  bool monotone = true;
+  ASSERT_TRUE((*v)->RestoreInto(2, targets,
+                                [&](int64_t done) {
+                                  monotone = monotone && done > last;
+                                  last = done;
+                                })
+                  .ok());
+  EXPECT_TRUE(monotone);
+  EXPECT_EQ(last, total);
+  for (size_t i = 0; i < s.ts.size(); ++i) EXPECT_TRUE(out[i] == s.ts[i].bytes) << s.ts[i].name;
+  ASSERT_TRUE((*v)->Verify(2).ok());
+}
+
+// Guards error determinism of the parallel pass: with two corrupt chunks, every restore with 4
+// workers reports the one that comes first in the segment, never the later one.
+TEST(CkptVault, ParallelRestoreReportsFirstCorruptChunk) {
+  std::string dir = TempDir("parerr");
+  VaultOptions o = SmallOpts();
+  o.io_threads = 4;
+  State s;
+  s.Add("w", "u8", {int64_t{12} << 20}, 5);  // 3072 chunks -> several runs
+  {
+    auto v = CheckpointVault::Open(dir, o);
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  std::string seg;
+  for (auto& e : fs::directory_iterator(dir + "/segments")) seg = e.path().string();
+  for (int64_t off : {int64_t{2500} * 4096 + 7, int64_t{1500} * 4096 + 3}) {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(off);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x20;
+    f.seekp(off);
+    f.write(&c, 1);
+  }
+  auto v = CheckpointVault::Open(dir, o);
+  for (int rep = 0; rep < 3; ++rep) {
+    Status st = (*v)->Verify(1);
+    ASSERT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("tensor 'w' chunk 1500 "), std::string::npos) << st;
+  }
+}
+
+// Guards the snapshot contract: once Save() returns, overwriting the source tensors does not
+// change what is committed, for the fused first save and for incremental saves, with 4 workers.
+TEST(CkptVault, SourceMutatedRightAfterSaveDoesNotLeakIntoCheckpoint) {
+  std::string dir = TempDir("mut");
+  VaultOptions o = SmallOpts();
+  o.io_threads = 4;
+  o.max_inflight = 2;
+  State s;
+  for (int i = 0; i < 5; ++i) s.Add("t" + std::to_string(i), "f32", {40000 + i}, 20 + i);
+  auto v = CheckpointVault::Open(dir, o);
+  std::vector<State> expect;
+  for (int step = 1; step <= 4; ++step) {
+    ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+    expect.push_back(s);
+    // Mutate every tensor immediately (the writer may not have started yet).
+    for (auto& t : s.ts)
+      for (size_t i = 0; i < t.bytes.size(); i += (step == 2 ? 4096 * 3 : 61)) t.bytes[i] ^= 0x5a;
+  }
+  ASSERT_TRUE((*v)->Wait().ok());
+  for (int step = 1; step <= 4; ++step) ExpectRestores(v->get(), step, expect[step - 1]);
+}
+
+// Guards staging reuse: the first save allocates staging, later saves (incremental or a full
+// rewrite) recycle it; the first save after reopening copies only the changed chunks.
+TEST(CkptVault, StagingIsRecycledAndSizedByChangedChunks) {
+  std::string dir = TempDir("stage");
+  State s;
+  for (int i = 0; i < 10; ++i) s.Add("t" + std::to_string(i), "u8", {4096 * 128}, 40 + i);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    EXPECT_GE((*v)->last_stats().staging_allocated, 10 * 4096 * 128);
+    s.ts[3].bytes[5] ^= 1;
+    ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
+    EXPECT_EQ((*v)->last_stats().staging_allocated, 0);
+    EXPECT_EQ((*v)->last_stats().bytes_copied, 4096);
+    for (auto& t : s.ts) t.bytes[0] ^= 1;
+    ASSERT_TRUE((*v)->Save(3, s.Refs()).ok());
+    EXPECT_EQ((*v)->last_stats().staging_allocated, 0);
+    EXPECT_EQ((*v)->last_stats().bytes_copied, 10 * 4096);
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  s.ts[7].bytes[4096 * 5] ^= 1;
+  ASSERT_TRUE((*v)->Save(4, s.Refs()).ok());
+  EXPECT_EQ((*v)->last_stats().bytes_copied, 4096);
+  EXPECT_LT((*v)->last_stats().staging_allocated, 10 * 4096 * 128);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 4, s);
+}
+
+// Guards the fused first-save layout: thousands of tiny tensors (optimizer step counters) stage
+// back to back, not one chunk each (that would reserve 5000 x 4 MiB).
+TEST(CkptVault, ManyTinyTensorsStageCompactly) {
+  std::string dir = TempDir("tiny");
+  State s;
+  for (int i = 0; i < 5000; ++i) s.Add("opt.step." + std::to_string(i), "i64", {1}, 300 + i);
+  auto v = CheckpointVault::Open(dir);  // default 4 MiB chunks
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  EXPECT_LE((*v)->last_stats().staging_allocated, int64_t{4} << 20);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 1, s);
+}
+
 // Guards export: the safetensors file has the documented header and the exact tensor bytes.
 TEST(CkptVault, ExportSafetensors) {
   std::string dir = TempDir("export");
@@ -558,6 +695,93 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   EXPECT_TRUE(back == host);
   cudaFree(d);
   cudaFree(d2);
+}
+
+// Guards the batched asynchronous device snapshot: it orders after work still queued on the
+// producer's stream (no host sync by the caller), it is complete when Save() returns (the caller
+// overwrites right after), mixed CPU/device states work, odd sizes with short tails hash like the
+// CPU, and a second save copies only the chunks that changed (60% of the tensors).
+TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::string dir = TempDir("cudabatch");
+  const int kTensors = 10;
+  const int64_t n = 64 * 4096 + 100;  // 65 chunks, the last one a 100-byte short tail
+  cudaStream_t producer;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<void*> dev(kTensors, nullptr);
+  std::vector<std::vector<uint8_t>> host(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    host[i] = RandomBytes(static_cast<size_t>(n), 100 + i);
+    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  State cpu;
+  cpu.Add("cpu.w", "f32", {5000}, 7);
+  // Keep the producer stream busy, then queue the final contents of tensor 0 behind it.
+  const size_t kBusyBytes = size_t{256} << 20;
+  void *busy_a = nullptr, *busy_b = nullptr;
+  ASSERT_EQ(cudaMalloc(&busy_a, kBusyBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&busy_b, kBusyBytes), cudaSuccess);
+  uint8_t* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), n), cudaSuccess);
+  host[0] = RandomBytes(static_cast<size_t>(n), 999);
+  std::memcpy(pinned, host[0].data(), n);
+  for (int r = 0; r < 8; ++r)
+    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
+              cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dev[0], pinned, n, cudaMemcpyHostToDevice, producer), cudaSuccess);
+  auto refs = [&] {
+    std::vector<TensorRef> r = cpu.Refs();
+    for (int i = 0; i < kTensors; ++i)
+      r.push_back({"g" + std::to_string(i), "u8", {n}, dev[i], 0, producer});
+    return r;
+  };
+  VaultOptions o = SmallOpts();
+  o.max_inflight = 2;
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  // Overwrite right after Save() returned: must not reach checkpoint 1.
+  ASSERT_EQ(cudaMemsetAsync(dev[1], 0xab, n, producer), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  std::vector<std::vector<uint8_t>> expect1 = host;
+  host[1].assign(static_cast<size_t>(n), 0xab);
+  ASSERT_EQ(cudaMemcpy(dev[1], host[1].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  // Step 2: 6 of 10 tensors change in one chunk (chunk 3), plus tensor 1 changed in full above.
+  for (int i = 2; i < 8; ++i) {
+    host[i][3 * 4096 + 17] ^= 0xff;
+    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(dev[i]) + 3 * 4096, host[i].data() + 3 * 4096, 4096,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  ASSERT_TRUE((*v)->Save(2, refs()).ok());
+  SaveStats st = (*v)->last_stats();
+  // Tensor 1: 64 chunks of 0xab are one distinct chunk + the tail; tensors 2..7: one chunk each.
+  EXPECT_EQ(st.bytes_copied, 4096 + 100 + 6 * 4096);
+  ASSERT_TRUE((*v)->Wait().ok());
+  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
+    auto r = (*v)->Restore(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
+    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
+    for (int i = 0; i < kTensors; ++i)
+      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
+  };
+  check(1, expect1);
+  check(2, host);
+  // Restore straight into device memory.
+  void* back_d = nullptr;
+  ASSERT_EQ(cudaMalloc(&back_d, n), cudaSuccess);
+  ASSERT_TRUE((*v)->RestoreInto(2, {{"g4", {back_d, n, 0}}}).ok());
+  std::vector<uint8_t> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), back_d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == host[4]);
+  for (void* p : dev) cudaFree(p);
+  cudaFree(back_d);
+  cudaFree(busy_a);
+  cudaFree(busy_b);
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(producer);
 }
 #endif
 

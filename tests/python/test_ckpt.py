@@ -222,3 +222,41 @@ def test_cuda_tensors_round_trip(tmp_path):
         out = v.load(2)
     assert out["w"].is_cuda
     _assert_same({k: t.cpu() for k, t in state.items()}, {k: t.cpu() for k, t in out.items()})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_save_orders_after_current_stream_and_is_complete_on_return(tmp_path):
+    # Guards the async device snapshot: save() inside a side-stream context sees the work queued
+    # on that stream without a host sync, and overwriting right after save() does not leak in.
+    side = torch.cuda.Stream()
+    src = torch.randn(64, 1 << 20, device="cuda")
+    w = torch.zeros_like(src)
+    v = CheckpointVault(str(tmp_path / "v"), chunk_bytes=1 << 20)
+    side.wait_stream(torch.cuda.current_stream())  # src and w were made on the default stream
+    with torch.cuda.stream(side):
+        for _ in range(4):
+            w.copy_(src)
+        w.mul_(2.0)
+        v.save(1, {"w": w})
+        w.fill_(-1.0)
+    side.synchronize()
+    expected = src * 2.0
+    out = v.load(1)
+    assert torch.equal(out["w"], expected)
+    v.close()
+
+
+# Guards the parallel load path from Python: io_threads=4 restores many chunks into torch.empty
+# tensors exactly, and save() after load keeps only changed chunks.
+def test_parallel_io_threads_round_trip_and_stats(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    state = {f"t{i}": torch.randn(70_001 + i, generator=g) for i in range(6)}
+    with CheckpointVault(str(tmp_path), chunk_bytes=8192, io_threads=4) as v:
+        v.save(1, state)
+        first = v.stats()
+        assert first["staging_allocated"] > 0 and first["bytes_copied"] == first["bytes_total"]
+        state["t2"][5] += 1.0
+        v.save(2, state)
+        second = v.stats()
+        assert second["staging_allocated"] == 0 and second["bytes_copied"] == 8192
+        _assert_same(state, v.load(2))

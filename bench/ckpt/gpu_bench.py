@@ -1,0 +1,189 @@
+"""CheckpointVault on a GPU: save() blocking time of a device-resident fp32 state vs torch.save and
+vs torch.distributed.checkpoint.async_save, a fine-tune-like incremental save, and restore.
+
+Default state: 100 CUDA tensors x 16M fp32 = 1.6B parameters (6.4 GB). Every figure comes from this
+one run on the same state and disk. Prints a table, writes JSON.
+
+  PYTHONPATH=python python3 bench/ckpt/gpu_bench.py --out results/gpu/bench_ckpt_gpu.json
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import time
+
+import torch
+
+from loongforge.ckpt import CheckpointVault
+
+T_START = time.perf_counter()
+
+
+def fsync_tree(path):
+    for root, _, files in os.walk(path):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r = fn()
+    return time.perf_counter() - t0, r
+
+
+def dcp_async_save(state, path, res):
+    """Blocking time of DCP async_save (single process); errors are recorded, not raised."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        if not hasattr(dcp, "async_save"):
+            res["dcp_error"] = "torch.distributed.checkpoint.async_save not available"
+            return
+        try:
+            blocking, fut = timed(lambda: dcp.async_save(state, checkpoint_id=path))
+        except Exception as e:  # older torch wants a process group even for one process
+            if dist.is_initialized():
+                raise
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            dist.init_process_group("gloo", rank=0, world_size=1)
+            res["dcp_note"] = f"needed a gloo group of 1 ({type(e).__name__}: {e})"[:300]
+            blocking, fut = timed(lambda: dcp.async_save(state, checkpoint_id=path))
+        t0 = time.perf_counter()
+        returned = blocking
+        if hasattr(fut, "upload_completion"):  # AsyncSaveResponse (some torch 2.x modes)
+            fut.staging_completion.result()  # safe to mutate the state only from here
+            blocking = returned + time.perf_counter() - t0
+            res["dcp_note_staging"] = "async_save returned AsyncSaveResponse; blocking includes staging"
+            fut = fut.upload_completion
+        fut.result()
+        fsync_tree(path)
+        res["dcp_async_save_blocking_s"] = blocking
+        res["dcp_async_save_total_s"] = returned + time.perf_counter() - t0
+    except Exception as e:
+        res["dcp_error"] = f"{type(e).__name__}: {e}"[:500]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/tmp/lf_ckpt_gpu")
+    ap.add_argument("--tensors", type=int, default=100)
+    ap.add_argument("--numel", type=int, default=16_000_000)
+    ap.add_argument("--changed", type=float, default=0.60, help="share of tensors changed by fine-tuning")
+    ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=100.0,
+                    help="skip the optional full-rewrite save when this much time has passed")
+    ap.add_argument("--out", default="results/gpu/bench_ckpt_gpu.json")
+    a = ap.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA device"
+    shutil.rmtree(a.dir, ignore_errors=True)
+    os.makedirs(a.dir)
+    dev = torch.device("cuda", 0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(a.numel, generator=g, device=dev) for i in range(a.tensors)}
+    total = a.tensors * a.numel * 4
+    def dump():  # after every phase, so a timeout still leaves the figures measured so far
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "state_bytes": total,
+           "params": a.tensors * a.numel, "tensors": a.tensors}
+
+    if not a.skip_baselines:
+        pt = os.path.join(a.dir, "state.pt")
+        res["torch_save_s"], _ = timed(lambda: torch.save(state, pt))
+        t0 = time.perf_counter()
+        fsync_tree(a.dir)
+        res["torch_save_fsync_s"] = res["torch_save_s"] + time.perf_counter() - t0
+        res["torch_load_cuda_s"], loaded = timed(lambda: torch.load(pt, map_location="cuda"))
+        del loaded
+        os.remove(pt)
+        dcp_dir = os.path.join(a.dir, "dcp")
+        dcp_async_save(state, dcp_dir, res)
+        shutil.rmtree(dcp_dir, ignore_errors=True)
+        dump()
+
+    vdir = os.path.join(a.dir, "vault")
+    v = CheckpointVault(vdir)
+    res["vault_first_save_blocking_s"], _ = timed(lambda: v.save(1, state))
+    t0 = time.perf_counter()
+    v.wait()
+    res["vault_first_save_total_s"] = res["vault_first_save_blocking_s"] + time.perf_counter() - t0
+    full = v.stats()
+    res["vault_full_bytes_written"] = full["bytes_written"]
+    res["vault_first_save_stats"] = full
+    dump()
+
+    # Fine-tune-like: the first 40% of tensors frozen, the rest updated by the "optimizer" on the
+    # current stream right before save() (no host sync: the vault orders after that stream).
+    k = int(round(a.changed * a.tensors))
+    names = list(state)
+    inc = []
+    for step in (2,):
+        for n in names[a.tensors - k:]:
+            state[n].add_(1e-3)
+        t0 = time.perf_counter()
+        v.save(step, state)
+        blk = time.perf_counter() - t0
+        v.wait()
+        inc.append((blk, v.stats()))
+    res["vault_finetune_blocking_s"] = inc[-1][0]
+    res["vault_finetune_stats"] = inc[-1][1]
+    res["vault_finetune_bytes_written"] = inc[-1][1]["bytes_written"]
+    res["ratio_finetune_bytes_vs_full"] = res["vault_finetune_bytes_written"] / res["vault_full_bytes_written"]
+    res["changed_tensors"] = k
+    dump()
+
+    # Full rewrite with a warm (recycled) pinned staging pool, if the time budget allows (the
+    # script must stay under ~3.5 minutes even on a slow disk).
+    last = 2
+    if time.perf_counter() - T_START < a.budget_s:
+        for t in state.values():
+            t.add_(1e-3)
+        t0 = time.perf_counter()
+        v.save(3, state)
+        res["vault_full_warm_blocking_s"] = time.perf_counter() - t0
+        v.wait()
+        last = 3
+
+    res["vault_load_cuda_s"], out = timed(lambda: v.load(last))
+    torch.cuda.synchronize()
+    ok = all(torch.equal(out[n], state[n]) for n in names)
+    res["restore_exact"] = ok
+    del out
+    v.close()
+
+    if "torch_save_s" in res:
+        for key in ("vault_first_save_blocking_s", "vault_full_warm_blocking_s"):
+            if key in res:
+                res[f"ratio_{key}_vs_torch_save"] = res[key] / res["torch_save_s"]
+        res["ratio_finetune_blocking_vs_torch_save"] = res["vault_finetune_blocking_s"] / res["torch_save_s"]
+        if "dcp_async_save_blocking_s" in res:
+            res["ratio_finetune_blocking_vs_dcp_async"] = (
+                res["vault_finetune_blocking_s"] / res["dcp_async_save_blocking_s"])
+            if "vault_full_warm_blocking_s" in res:
+                res["ratio_full_warm_blocking_vs_dcp_async"] = (
+                    res["vault_full_warm_blocking_s"] / res["dcp_async_save_blocking_s"])
+
+    print(f"{res['device']}, torch {res['torch']}: {a.tensors} x {a.numel} fp32 = {total / 1e9:.2f} GB on cuda:0")
+    for key, val in res.items():
+        if isinstance(val, float):
+            print(f"{key:52s} {val:10.3f}")
+        elif not isinstance(val, dict):
+            print(f"{key:52s} {val}")
+    dump()
+    shutil.rmtree(a.dir, ignore_errors=True)
+    if not ok:
+        raise SystemExit("restore mismatch")
+
+
+if __name__ == "__main__":
+    main()
