@@ -126,10 +126,12 @@ def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], N
     else:
         raise TrainError(f"--device must be auto, cpu or cuda, got '{device_arg}'")
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    # Before torch initializes CUDA (set_device does): an allocator can be swapped only before
+    # torch's own is initialized (e.g. MemSculptor).
+    if before_init is not None:
+        before_init(device)
     if use_cuda:
         torch.cuda.set_device(device)
-    if before_init is not None:  # e.g. install MemSculptor before any CUDA allocation
-        before_init(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     return Dist(rank, world, local, device)
@@ -386,14 +388,16 @@ class Checkpointer:
                                  "checkpoints only (load DCP ones with torch.distributed.checkpoint)")
             files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
                            f.endswith(".pt"))
-            shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu")
+            shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu",
+                                 weights_only=False)
                       if files else None)
         if shared is None:
             return None
         rank_file = self._rank_path(int(shared["step"]))
         if not os.path.exists(rank_file):
             raise TrainError(f"checkpoint step {shared['step']}: missing {rank_file}")
-        shared.update(torch.load(rank_file, map_location="cpu"))
+        # Our own files (loader state, RNG states, extras): torch >= 2.6 defaults to weights_only.
+        shared.update(torch.load(rank_file, map_location="cpu", weights_only=False))
         return shared
 
     def close(self) -> None:

