@@ -168,14 +168,21 @@ def test_sampler_matches_datafusion(db):
             assert got == epoch_order(n, 3, 11, e, rank, world), (world, rank, e)
 
 
+def _has_dcp_async_save() -> bool:
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        return False
+    return hasattr(dcp, "async_save")
+
+
 # Guards: resuming from the latest checkpoint continues the identical loss curve (both modes:
 # torch.save + DataLoader position, and CheckpointVault + DataFusion position).
 @pytest.mark.parametrize("mode", ["baseline", "tuned", "loongforge"])
 def test_resume_is_exact(db, tmp_path, mode):
     if mode == "loongforge" and not _has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
-    if mode == "tuned" and hasattr(__import__("torch.distributed.checkpoint").distributed.checkpoint,
-                                   "async_save"):
+    if mode == "tuned" and _has_dcp_async_save():
         pytest.skip("tuned mode writes DCP checkpoints on this torch; --resume reads torch.save "
                     "and CheckpointVault checkpoints only (documented in docs/trainer.md)")
     base = COMMON + ["--data", db, "--mode", mode, "--ckpt-every", "2"]
