@@ -171,6 +171,9 @@ def main() -> None:
         return go
 
     def dataloader_pil():
+        # 16 workers hand back many tensors: passing them as file descriptors ran out of
+        # ancillary-data slots on the GPU machine ("received 0 items of ancdata").
+        torch.multiprocessing.set_sharing_strategy("file_system")
         from loongforge.trainer_data import BaselineLoader
         bl = BaselineLoader(db, B, workers=args.workers, image_size=224)
 

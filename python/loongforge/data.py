@@ -85,7 +85,7 @@ class DataFusionLoader:
         dtype: torch.dtype = torch.float32,
         antialias: bool = False,
         hw_decode: bool = True,
-        hw_decode_ratio: float = -1.0,
+        hw_decode_ratio: float = 1.0,
         dct_scaling: bool = True,
     ) -> None:
         self.device = torch.device(device)
