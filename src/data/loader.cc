@@ -270,6 +270,9 @@ class SlotPool {
         return err;
       }
       slot->base = static_cast<uint8_t*>(p);
+      // Fault the pages in now, once, on the fetch thread: first-touch faults inside the decode
+      // workers showed up as batch-interval jitter (a fresh GiB costs seconds on some VMs).
+      std::memset(slot->base, 0, slot->bytes);
     }
     uint8_t* p = slot->base;
     Batch& b = slot->batch;
