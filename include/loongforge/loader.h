@@ -88,8 +88,8 @@ struct LoaderOptions {
   int device_id = 0;
   ImageLayout layout = ImageLayout::kNCHW;
   ImageDType dtype = ImageDType::kFloat32;
-  bool antialias = false;        // triangle filter widened by the downscale factor
-  bool hw_decode = true;         // use the JPEG engine when the GPU has one
+  bool antialias = false;  // triangle filter widened by the downscale factor
+  bool hw_decode = true;   // use the JPEG engine when the GPU has one
   // Share of engine-eligible images decoded by the hardware engine; < 0: measured split. Default
   // all-engine: on an H200 the engine alone gave 23.2k model-ready img/s against 12.3k for the
   // measured split (docs/BENCHMARKS.md), since the CUDA backend competes with the transform.
