@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "common/file_util.h"
 #include "loongforge/ckpt.h"
 
 namespace loongforge {
@@ -60,15 +61,7 @@ class PosixEnv : public Env {
       return ErrnoToStatus(errno, "rename " + from + " -> " + to);
     return Status::Ok();
   }
-  Status SyncDir(const std::string& dir) override {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ErrnoToStatus(errno, "open directory " + dir);
-    int rc = ::fsync(fd);
-    int err = errno;
-    ::close(fd);
-    if (rc != 0) return ErrnoToStatus(err, "fsync directory " + dir);
-    return Status::Ok();
-  }
+  Status SyncDir(const std::string& dir) override { return internal::SyncDir(dir); }
   Status Remove(const std::string& path) override {
     if (::unlink(path.c_str()) != 0 && errno != ENOENT)
       return ErrnoToStatus(errno, "remove " + path);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/file_util.h"
 #include "loongforge/dataset.h"
 #include "loongforge/logging.h"
 
@@ -36,16 +37,6 @@ Status LmdbError(int rc, const std::string& what) {
     default:
       return rc > 0 ? ErrnoToStatus(rc, what) : InternalError(msg);
   }
-}
-
-Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoToStatus(errno, "open directory " + dir);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, "fsync directory " + dir);
-  return Status::Ok();
 }
 
 template <typename T>
@@ -340,7 +331,7 @@ Status RecordWriter::Commit(const Schema& schema) {
   if (::rename(staging_.c_str(), path_.c_str()) != 0)
     return ErrnoToStatus(errno, "rename " + staging_ + " to " + path_);
   std::string parent = fs::absolute(path_).parent_path().string();
-  LF_RETURN_IF_ERROR(SyncDir(parent));
+  LF_RETURN_IF_ERROR(internal::SyncDir(parent));
   committed_ = true;
   return Status::Ok();
 }
