@@ -324,6 +324,9 @@ def test_bucket_boundaries_match_ddp():
             last = b.slots[-1].numel * 4
             assert b.numel * 4 >= limit and b.numel * 4 - last < limit, (group, b.index, b.numel)
     assert {b.group for b in g.buckets} == set(comm.GROUPS)
+    # Each expert group (2 experts, 2 x 4224 B) is one bucket: no small first bucket of its own.
+    for group in ("expert_high", "expert_low"):
+        assert [b.numel * 4 for b in g.buckets if b.group == group] == [2 * 33 * 32 * 4], group
     g.close()
 
 
