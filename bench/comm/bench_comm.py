@@ -167,6 +167,75 @@ def _worker(rank, world, port, args, out_path):
     dist.destroy_process_group()
 
 
+def _ws1_worker(rank, port, args, out_path):
+    """World size 1 Gloo: DDP vs NexusSync (collectives issued, and the default skip mode).
+
+    The modes run interleaved step by step (rotating which goes first) so load drift on the
+    shared machine hits each mode alike; step = zero_grad + forward + backward + sync.
+    """
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(0)
+    base = Model()
+    xs = [torch.randn(args.batch, args.seq, 32) for _ in range(4)]
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
+    issue_m, skip_m = copy.deepcopy(base), copy.deepcopy(base)
+    # first_bucket_mb = DDP's first bucket (torch's _DEFAULT_FIRST_BUCKET_BYTES, 1 MiB), so the
+    # two layouts are the same rule with the same caps.
+    first_mb = dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20
+    issue = comm.NexusSync(issue_m, bucket_cap_mb=args.bucket_mb, first_bucket_mb=first_mb,
+                           skip_single_rank=False)
+    skip = comm.NexusSync(skip_m, bucket_cap_mb=args.bucket_mb, first_bucket_mb=first_mb)
+    modes = {
+        "ddp": (ddp, ddp.zero_grad, lambda: None),
+        "nexus_issued": (issue_m, issue.zero_grad, issue.finish),
+        "nexus_skip": (skip_m, skip.zero_grad, skip.finish),
+    }
+    names = list(modes)
+    times = {n: [] for n in names}
+    for s in range(args.warmup + args.steps):
+        order = names[s % 3:] + names[:s % 3]
+        for n in order:
+            model, before, after = modes[n]
+            t0 = time.perf_counter()
+            before()
+            model(xs[s % 4]).square().mean().backward()
+            after()
+            t = time.perf_counter() - t0
+            if s >= args.warmup:
+                times[n].append(t)
+    res = {"load_avg": os.getloadavg(), "steps": args.steps,
+           "nexus_buckets": issue.stats()["buckets"],
+           "nexus_collectives_issued": issue.stats()["collectives"],
+           "nexus_collectives_skip": skip.stats()["collectives"]}
+    for n in names:
+        ts = sorted(times[n])
+        res[n] = {"median_ms": statistics.median(ts) * 1e3,
+                  "q1_ms": ts[len(ts) // 4] * 1e3, "q3_ms": ts[3 * len(ts) // 4] * 1e3}
+    # Paired per-round ratio (same round = same load): median of nexus_t / ddp_t.
+    for n in ("nexus_issued", "nexus_skip"):
+        res[n]["paired_ratio_vs_ddp"] = statistics.median(
+            a / b for a, b in zip(times[n], times["ddp"]))
+    issue.close()
+    skip.close()
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def bench_ws1(args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        mp.spawn(_ws1_worker, args=(port, args, out), nprocs=1, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
 def bench_world(world, args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -199,7 +268,27 @@ def main():
     ap.add_argument("--topk-ratio", type=float, default=0.01)
     ap.add_argument("--kernel-sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--out", default="results/bench_comm.json")
+    ap.add_argument("--ws1", action="store_true",
+                    help="only the world-size-1 step time: DDP vs NexusSync (issued / skip)")
     args = ap.parse_args()
+
+    if args.ws1:
+        r = bench_ws1(args)
+        print(f"world size 1 (Gloo), {r['steps']} steps per mode, interleaved; "
+              f"NexusSync {r['nexus_buckets']} buckets; load avg {r['load_avg']}")
+        print(f"{'mode':<14} {'median ms':>10} {'q1':>8} {'q3':>8} {'median/ddp':>11} "
+              f"{'paired ratio':>13}")
+        for n in ("ddp", "nexus_issued", "nexus_skip"):
+            x = r[n]
+            rel = x["median_ms"] / r["ddp"]["median_ms"]
+            pr = x.get("paired_ratio_vs_ddp")
+            print(f"{n:<14} {x['median_ms']:>10.1f} {x['q1_ms']:>8.1f} {x['q3_ms']:>8.1f} "
+                  f"{rel:>11.4f} {'' if pr is None else f'{pr:.4f}':>13}")
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"ws1": r, "args": vars(args), "torch": torch.__version__}, f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
 
     report = {"machine": f"{os.cpu_count()} CPU cores", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args)}

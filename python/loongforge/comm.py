@@ -10,8 +10,9 @@ A drop-in replacement for DDP's gradient path (see docs/comm.md):
     optimizer.step(); sync.zero_grad()
 
 * Every trainable parameter's ``.grad`` is a view into a flat per-bucket buffer, so nothing is
-  copied to communicate. Buckets are planned by byte size (a small first bucket, then
-  ``bucket_cap_mb``) in reverse registration order (= roughly backward order), and by group:
+  copied to communicate. Buckets are planned like DDP's (rebuilt) buckets: in reverse
+  registration order (= roughly backward order), a bucket closes once it reaches its cap, and
+  only the first bucket is small (``first_bucket_mb``, then ``bucket_cap_mb``); and by group:
   ``dense``, ``expert_high`` and ``expert_low`` (MoE experts split by measured routing load).
   Frozen parameters get no bucket.
 * Autograd hooks (``register_post_accumulate_grad_hook`` on torch >= 2.1, the AccumulateGrad
@@ -197,8 +198,9 @@ class NexusSync:
           model: its parameters with requires_grad are synchronized (registration order).
           process_group: torch.distributed group; None = the default group if initialized, else
             no group at all (local mode).
-          bucket_cap_mb / first_bucket_mb: bucket byte caps; the first bucket of each group is
-            small so communication starts early in backward.
+          bucket_cap_mb / first_bucket_mb: bucket byte caps; a bucket closes once it reaches its
+            cap (DDP's rule). Only the first bucket (per dtype/device) uses first_bucket_mb, so
+            communication starts early in backward.
           expert_param_filter: which params are MoE experts: a regex searched in the param name, or
             a callable (name, param) -> bool. None: no experts.
           topk_ratio: fraction of each sparse bucket's elements sent per step (None: all dense).
@@ -384,25 +386,30 @@ class NexusSync:
         return {i for i, v in enumerate(c.tolist()) if v < self._load_threshold * mean}
 
     def _plan(self) -> List[_Bucket]:
+        # DDP's rule (torch's compute_bucket_assignment_by_size, on DDP's rebuilt backward order):
+        # walking parameters in reverse registration order, a parameter joins the open bucket of
+        # its (group, dtype, device), and a bucket closes once it has reached its cap. Only the
+        # first bucket of each (dtype, device) -- the first bucket overall for a one-dtype model --
+        # has the small cap; every later bucket, of any group, has bucket_cap.
         buckets: List[_Bucket] = []
         open_by_key: Dict[Tuple[str, torch.dtype, torch.device], _Bucket] = {}
-        first_done: set = set()
+        cap_of: Dict[int, int] = {}
+        first_given: set = set()
         for name, p in reversed(self._named):
             group = self._group_of(name, p)
             key = (group, p.dtype, p.device)
             b = open_by_key.get(key)
-            nbytes = p.numel() * p.element_size()
-            if b is not None:
-                cap = self._first_cap if key not in first_done else self._bucket_cap
-                if b.numel and (b.numel * p.element_size() + nbytes > cap):
-                    first_done.add(key)
-                    b = None
             if b is None:
                 b = _Bucket(index=len(buckets), group=group, dtype=p.dtype, device=p.device)
+                first = (p.dtype, p.device) not in first_given
+                first_given.add((p.dtype, p.device))
+                cap_of[b.index] = self._first_cap if first else self._bucket_cap
                 buckets.append(b)
                 open_by_key[key] = b
             b.slots.append(_Slot(name, p, b.numel, p.numel()))
             b.numel += p.numel()
+            if b.numel * p.element_size() >= cap_of[b.index]:
+                del open_by_key[key]
         for b in buckets:
             if b.numel >= 2**31:
                 raise ValueError(f"bucket {b.index} holds {b.numel} elements (>= 2^31); lower "

@@ -78,9 +78,10 @@ def _suite(rank, world, port):
     torch.manual_seed(0)
     model = Tiny()
     ref_model = copy.deepcopy(model)
-    ddp_model = nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.005,
+    # Cap 0.004 MB: one bucket per layer with DDP's close-after-cap rule (>= 6 buckets).
+    ddp_model = nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.004,
                                                     find_unused_parameters=True)
-    sync = NexusSync(model, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    sync = NexusSync(model, bucket_cap_mb=0.004, first_bucket_mb=0.001)
     assert len(sync.buckets) >= 6, len(sync.buckets)
     torch.manual_seed(100 + rank)
     x = torch.randn(16, 8)
@@ -152,7 +153,7 @@ def _suite(rank, world, port):
     # grads (loss = sum(p * C)) keep every fp32 sum exact; W is a power of two.
     torch.manual_seed(0)
     moe = Tiny()
-    tk = NexusSync(moe, bucket_cap_mb=0.005, first_bucket_mb=0.001,
+    tk = NexusSync(moe, bucket_cap_mb=0.004, first_bucket_mb=0.001,
                    expert_param_filter=r"^experts\.", expert_load=[100, 1, 100, 2],
                    topk_ratio=0.1)
     groups = {s.name: b.group for b in tk.buckets for s in b.slots}
@@ -187,7 +188,7 @@ def _suite(rank, world, port):
     torch.manual_seed(0)
     other = Tiny(bad=(rank == world - 1))
     try:
-        NexusSync(other, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+        NexusSync(other, bucket_cap_mb=0.004, first_bucket_mb=0.001)
     except RuntimeError as e:
         msg = str(e)
         assert "plans differ" in msg and "unused.bias" in msg and "[33]" in msg, msg
@@ -292,3 +293,109 @@ def test_kernel_wrappers():
         comm.scatter_add(torch.ones(1), torch.tensor([10000], dtype=torch.int32), dense)
     with pytest.raises(ValueError):
         NexusSync(Tiny(), topk_ratio=2.0)
+
+
+# Guards the bucket planner against drifting from DDP's rule (close a bucket once it reaches the
+# cap; only the first bucket is small): boundaries must equal torch's own DDP assignment.
+def test_bucket_boundaries_match_ddp():
+    torch.manual_seed(0)
+    model = Tiny()
+    first_mb, cap_mb = 0.001, 0.004
+    sync = NexusSync(model, bucket_cap_mb=cap_mb, first_bucket_mb=first_mb)
+    rev = list(reversed(_trainable(model)))  # DDP's rebuilt (backward-ready) order
+    want, _ = dist._compute_bucket_assignment_by_size(
+        [p for _, p in rev], [int(first_mb * 2**20), int(cap_mb * 2**20)], [False] * len(rev))
+    want_names = sorted([rev[i][0] for i in idx] for idx in want)
+    got_names = sorted([s.name for s in b.slots] for b in sync.buckets)
+    assert got_names == want_names, (got_names, want_names)
+    assert len(sync.buckets) >= 6
+    sync.close()
+    # With groups: each group closes its buckets by the same rule, and only bucket 0 is small
+    # (the old planner gave every group its own small first bucket).
+    torch.manual_seed(0)
+    moe = Tiny()
+    g = NexusSync(moe, bucket_cap_mb=0.009, first_bucket_mb=0.001,
+                  expert_param_filter=r"^experts\.", expert_load=[100, 1, 100, 2])
+    cap, first = int(0.009 * 2**20), int(0.001 * 2**20)
+    for group in comm.GROUPS:
+        bs = [b for b in g.buckets if b.group == group]
+        for b in bs[:-1]:  # every closed bucket reached its cap; dropping its last param would not
+            limit = first if b.index == 0 else cap
+            last = b.slots[-1].numel * 4
+            assert b.numel * 4 >= limit and b.numel * 4 - last < limit, (group, b.index, b.numel)
+    assert {b.group for b in g.buckets} == set(comm.GROUPS)
+    # Each expert group (2 experts, 2 x 4224 B) is one bucket: no small first bucket of its own.
+    for group in ("expert_high", "expert_low"):
+        assert [b.numel * 4 for b in g.buckets if b.group == group] == [2 * 33 * 32 * 4], group
+    g.close()
+
+
+class SmallMoE(nn.Module):
+    """A small MLP with a 4-expert layer mixed by fixed routing weights; experts 2-3 get 5%."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.inp = nn.Linear(16, d)
+        self.hid = nn.Linear(d, d)
+        self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(4)])
+        self.register_buffer("route", torch.tensor([0.45, 0.45, 0.05, 0.05]))
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = h + torch.tanh(self.hid(h))
+        h = h + sum(w * torch.tanh(e(h)) for w, e in zip(self.route, self.experts))
+        return self.head(h)
+
+
+def _convergence_worker(rank, world, port, ratio, steps, out_dir):
+    _init(rank, world, port)
+    # Fixed data: a teacher network's outputs on fixed inputs, a different shard per rank.
+    torch.manual_seed(123)
+    teacher = SmallMoE()
+    gen = torch.Generator().manual_seed(7 + rank)
+    xs = torch.randn(8, 32, 16, generator=gen)
+    with torch.no_grad():
+        ys = teacher(xs) + 0.05 * torch.randn(8, 32, 4, generator=gen)
+    result = {}
+    for name, topk in (("dense", None), ("topk", ratio)):
+        torch.manual_seed(0)
+        model = SmallMoE()
+        sync = NexusSync(model, bucket_cap_mb=0.01, first_bucket_mb=0.002,
+                         expert_param_filter=r"^experts\.", expert_load=[100, 100, 5, 5],
+                         topk_ratio=topk)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(steps):
+            sync.zero_grad()
+            loss = (model(xs[step % 8]) - ys[step % 8]).square().mean()
+            loss.backward()
+            sync.finish()
+            opt.step()
+            t = loss.detach().clone()
+            dist.all_reduce(t)
+            losses.append(float(t) / world)
+        st = sync.stats()
+        result[name] = {"first": losses[0], "final": sum(losses[-10:]) / 10,
+                        "sent_low": st["bytes_sent"]["expert_low"],
+                        "dense_low": st["bytes_dense_equivalent"]["expert_low"]}
+        sync.close()
+    if rank == 0:
+        with open(os.path.join(out_dir, "conv.json"), "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# Guards the issue's convergence target: training with top-k (5%) + error feedback on the
+# low-load expert group ends within 1% of the dense run's loss (mean of the last 10 steps).
+def test_topk_training_within_1pct_of_dense(tmp_path):
+    mp.spawn(_convergence_worker, args=(2, _free_port(), 0.05, 150, str(tmp_path)), nprocs=2,
+             join=True)
+    r = json.loads((tmp_path / "conv.json").read_text())
+    dense, topk = r["dense"], r["topk"]
+    gap = (topk["final"] - dense["final"]) / dense["final"]
+    print(f"dense final {dense['final']:.5f} topk final {topk['final']:.5f} gap {gap:+.4%}")
+    assert dense["final"] < 0.3 * dense["first"], dense  # it really trained
+    assert topk["sent_low"] < 0.15 * topk["dense_low"], topk  # top-k really sparsified
+    assert abs(gap) <= 0.01, f"top-k final loss {gap:+.3%} off the dense run's"
