@@ -100,7 +100,8 @@ int RunBenchLoader(int argc, char** argv) {
       last = now;
       ++seen;
     }
-    (*dl)->Stop();
+    // A cut-short epoch restarts the pipeline; a finished one keeps prefetching the next.
+    if (max_batches > 0) (*dl)->Stop();
     rss_per_epoch.push_back(RssKb());
   }
   double wall = NowSeconds() - t0, cpu = CpuSeconds() - cpu0;

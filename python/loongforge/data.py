@@ -158,6 +158,7 @@ class DataFusionLoader:
         # CPU loader + CUDA: the host batch of the last non_blocking copy and its event; the host
         # buffer returns to the loader's pool (and is rewritten) only after the copy has run.
         in_flight = None
+        completed = False
         try:
             while True:
                 if self._gpu:
@@ -170,6 +171,7 @@ class DataFusionLoader:
                     in_flight[1].synchronize()
                     in_flight = None
                 if raw is None:
+                    completed = True
                     break
                 batch = {k: from_dlpack(raw[k]) for k in _TENSOR_KEYS}
                 # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
@@ -193,7 +195,10 @@ class DataFusionLoader:
                 self._start_batch = self._yielded
                 yield batch
         finally:
-            self._impl.stop()
+            # A finished epoch leaves the pipeline prefetching the next one (the C++ loader keeps
+            # it if the next epoch starts at batch 0); an abandoned one is stopped.
+            if not completed:
+                self._impl.stop()
         # A completed epoch resumes at the start of the next one.
         self._epoch = epoch + 1
         self._start_batch = 0

@@ -317,6 +317,7 @@ class SlotPool {
 // One batch travelling through the pipeline.
 struct Work {
   int64_t epoch = 0, index = 0;
+  bool epoch_end = false;  // marker between epochs (Note [Epoch continuation])
   std::vector<int64_t> samples;
   Slot* slot = nullptr;
   std::shared_ptr<SlotPool> pool;
@@ -368,6 +369,7 @@ struct DataLoader::Impl {
   std::atomic<bool> stop{false};
   bool running = false;
   bool finished = false;  // end of epoch or error delivered
+  bool failed = false;    // an error was delivered: the pipeline must restart
   int64_t epoch = 0, next_batch = 0;
 
   bool gpu = false;  // device == kCuda (Note [GPU loader])
@@ -408,92 +410,103 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
   const Schema& sc = reader->schema();
   const int cams = static_cast<int>(sc.cameras.size());
   const int64_t nb = sampler->batches_per_epoch();
-  for (int64_t b = start; b < nb && !stop.load(); ++b) {
-    // Record lookups only; time blocked on back-pressure below is not fetch work.
-    std::optional<ScopedTimerMs> timer(std::in_place, h_fetch);
-    auto w = std::make_shared<Work>();
-    w->t_start = NowSeconds();
-    w->epoch = ep;
-    w->index = b;
-    w->samples = sampler->Batch(ep, b);
-    w->pool = pool;
-    auto slot = pool->Acquire();
-    if (!slot.ok()) {
-      out_q->Push(slot.status(), timeout()).IgnoreError();
-      return;
-    }
-    w->slot = *slot;
-    auto txn = reader->Begin();
-    if (!txn.ok()) {
-      out_q->Push(txn.status(), timeout()).IgnoreError();
-      return;
-    }
-    w->txn.emplace(std::move(txn).value());
-    const size_t n = w->samples.size();
-    w->tokens.resize(n);
-    w->state.resize(n);
-    w->action.resize(n);
-    w->amask.resize(n);
-    w->jpeg.resize(n * cams);
-    w->sample_status.assign(n, Status::Ok());
-    int64_t bytes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t id = w->samples[i];
-      auto get = [&](std::string_view modality, size_t expect_bytes, std::string_view* v) {
-        if (!w->sample_status[i].ok()) return;
-        std::string key = SampleKey(id, modality);
-        auto r = w->txn->Get(key);
-        if (!r.ok()) {
-          w->sample_status[i] = r.status();
-          return;
-        }
-        if (expect_bytes && r->size() != expect_bytes) {
-          w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
-                                              std::to_string(r->size()) + " bytes, expected " +
-                                              std::to_string(expect_bytes) + " (truncated?)");
-          return;
-        }
-        if (modality == "tokens" && (r->size() % 4 != 0 || r->size() / 4 > size_t(max_tokens))) {
-          w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
-                                              std::to_string(r->size()) +
-                                              " bytes: not a token "
-                                              "list of at most " +
-                                              std::to_string(max_tokens));
-          return;
-        }
-        *v = *r;
-        bytes += static_cast<int64_t>(r->size());
-      };
-      get("tokens", 0, &w->tokens[i]);
-      get("state", sizeof(float) * sc.state_dim, &w->state[i]);
-      get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
-      get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
-      for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
-    }
-    c_bytes->fetch_add(bytes);
-    timer.reset();
-    int tasks = 0;
-    for (size_t i = 0; i < n && !gpu; ++i)
-      if (w->sample_status[i].ok()) tasks += cams;
-    w->pending = tasks + 1;  // +1 released below, after every task is queued
-    for (size_t i = 0; i < n && !stop.load() && !gpu; ++i) {  // GPU: stage 2 decodes the batch
-      if (!w->sample_status[i].ok()) continue;
-      for (int c = 0; c < cams; ++c) {
-        Status s = decode_pool->Submit([this, w, i, c] { DecodeImage(w, static_cast<int>(i), c); });
-        if (!s.ok()) {
-          w->cancelled = true;
-          return;  // pool shut down: the loader is being destroyed
+  // Note [Epoch continuation]: after the last batch of an epoch, a marker goes down the pipeline
+  // and fetching goes on with the next epoch, so a consumer that starts epoch e+1 right after
+  // finishing e finds its first batches ready instead of an empty pipeline (the restart gap was
+  // the largest batch-interval outlier). Start() keeps the running pipeline in that case.
+  for (;; ep += 1, start = 0) {
+    for (int64_t b = start; b < nb && !stop.load(); ++b) {
+      // Record lookups only; time blocked on back-pressure below is not fetch work.
+      std::optional<ScopedTimerMs> timer(std::in_place, h_fetch);
+      auto w = std::make_shared<Work>();
+      w->t_start = NowSeconds();
+      w->epoch = ep;
+      w->index = b;
+      w->samples = sampler->Batch(ep, b);
+      w->pool = pool;
+      auto slot = pool->Acquire();
+      if (!slot.ok()) {
+        out_q->Push(slot.status(), timeout()).IgnoreError();
+        return;
+      }
+      w->slot = *slot;
+      auto txn = reader->Begin();
+      if (!txn.ok()) {
+        out_q->Push(txn.status(), timeout()).IgnoreError();
+        return;
+      }
+      w->txn.emplace(std::move(txn).value());
+      const size_t n = w->samples.size();
+      w->tokens.resize(n);
+      w->state.resize(n);
+      w->action.resize(n);
+      w->amask.resize(n);
+      w->jpeg.resize(n * cams);
+      w->sample_status.assign(n, Status::Ok());
+      int64_t bytes = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t id = w->samples[i];
+        auto get = [&](std::string_view modality, size_t expect_bytes, std::string_view* v) {
+          if (!w->sample_status[i].ok()) return;
+          std::string key = SampleKey(id, modality);
+          auto r = w->txn->Get(key);
+          if (!r.ok()) {
+            w->sample_status[i] = r.status();
+            return;
+          }
+          if (expect_bytes && r->size() != expect_bytes) {
+            w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
+                                                std::to_string(r->size()) + " bytes, expected " +
+                                                std::to_string(expect_bytes) + " (truncated?)");
+            return;
+          }
+          if (modality == "tokens" && (r->size() % 4 != 0 || r->size() / 4 > size_t(max_tokens))) {
+            w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
+                                                std::to_string(r->size()) +
+                                                " bytes: not a token "
+                                                "list of at most " +
+                                                std::to_string(max_tokens));
+            return;
+          }
+          *v = *r;
+          bytes += static_cast<int64_t>(r->size());
+        };
+        get("tokens", 0, &w->tokens[i]);
+        get("state", sizeof(float) * sc.state_dim, &w->state[i]);
+        get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
+        get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
+        for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
+      }
+      c_bytes->fetch_add(bytes);
+      timer.reset();
+      int tasks = 0;
+      for (size_t i = 0; i < n && !gpu; ++i)
+        if (w->sample_status[i].ok()) tasks += cams;
+      w->pending = tasks + 1;  // +1 released below, after every task is queued
+      for (size_t i = 0; i < n && !stop.load() && !gpu; ++i) {  // GPU: stage 2 decodes the batch
+        if (!w->sample_status[i].ok()) continue;
+        for (int c = 0; c < cams; ++c) {
+          Status s =
+              decode_pool->Submit([this, w, i, c] { DecodeImage(w, static_cast<int>(i), c); });
+          if (!s.ok()) {
+            w->cancelled = true;
+            return;  // pool shut down: the loader is being destroyed
+          }
         }
       }
+      w->TaskDone();
+      if (stop.load()) {
+        w->cancelled = true;
+        return;
+      }
+      if (!work_q->Push(std::move(w), std::chrono::hours(24 * 365)).ok()) return;  // closed: stop
     }
-    w->TaskDone();
-    if (stop.load()) {
-      w->cancelled = true;
-      return;
-    }
-    if (!work_q->Push(std::move(w), std::chrono::hours(24 * 365)).ok()) return;  // closed: stop
+    if (stop.load()) return;
+    auto marker = std::make_shared<Work>();
+    marker->epoch = ep;
+    marker->epoch_end = true;
+    if (!work_q->Push(std::move(marker), std::chrono::hours(24 * 365)).ok()) return;
   }
-  work_q->Close();  // end of epoch: collate drains and then signals the end
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -677,7 +690,15 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
 #endif
   while (!stop.load()) {
     Status s = work_q->Pop(&w, std::chrono::hours(24 * 365));
-    if (!s.ok()) break;  // closed and drained: end of epoch (or stop)
+    if (!s.ok()) break;  // closed: stop
+    if (w->epoch_end) {
+      if (!out_q
+               ->Push(OutOfRangeError("end of epoch " + std::to_string(w->epoch)),
+                      std::chrono::hours(24 * 365))
+               .ok())
+        return;
+      continue;
+    }
     {
       std::unique_lock<std::mutex> lock(w->mu);
       if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
@@ -715,7 +736,6 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
     c_batches->fetch_add(1);
     if (!out_q->Push(std::move(batch), std::chrono::hours(24 * 365)).ok()) return;
   }
-  if (!stop.load()) out_q->Push(OutOfRangeError("end of epoch"), timeout()).IgnoreError();
 }
 
 void DataLoader::Impl::StopThreads() {
@@ -964,6 +984,13 @@ int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
 
 Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
   Impl& im = *impl_;
+  // The pipeline is already fetching this epoch (Note [Epoch continuation]).
+  if (im.running && im.finished && !im.failed && epoch == im.epoch + 1 && start_batch == 0) {
+    im.epoch = epoch;
+    im.next_batch = 0;
+    im.finished = false;
+    return Status::Ok();
+  }
   im.StopThreads();
   if (epoch < 0) return InvalidArgumentError("epoch must be >= 0");
   if (start_batch < 0 || start_batch > batches_per_epoch())
@@ -971,6 +998,7 @@ Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
                            std::to_string(batches_per_epoch()) + " batches");
   im.stop = false;
   im.finished = false;
+  im.failed = false;
   im.epoch = epoch;
   im.next_batch = start_batch;
   im.work_q = std::make_unique<BoundedQueue<WorkPtr>>(im.opts.prefetch, "lf-work");
@@ -994,6 +1022,7 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
     Status s = im.out_q->Pop(&item, im.timeout());
     if (!s.ok()) {
       im.finished = true;
+      im.failed = true;
       if (s.code() == StatusCode::kDeadlineExceeded)
         return DeadlineExceededError("loader: no batch within " +
                                      std::to_string(im.opts.timeout_ms) + " ms");
@@ -1002,6 +1031,7 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
   }
   if (!item.ok()) {
     im.finished = true;
+    if (item.status().code() != StatusCode::kOutOfRange) im.failed = true;
     return item.status();
   }
 #ifdef LOONGFORGE_WITH_CUDA
@@ -1012,6 +1042,7 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
                             "loader: batch " + std::to_string((*item)->index));
     if (!s.ok()) {
       im.finished = true;
+      im.failed = true;
       return s;
     }
   }

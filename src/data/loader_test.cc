@@ -240,6 +240,29 @@ TEST_F(LoaderTest, MidEpochResumeYieldsRemainingSequence) {
   for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 3]);
 }
 
+// Guards epoch continuation: a loader that runs epochs back to back (keeping its pipeline across
+// the boundary) yields exactly what fresh loaders yield for each epoch.
+TEST_F(LoaderTest, BackToBackEpochsMatchFreshStarts) {
+  std::string db = Db({});
+  auto dl = DataLoader::Create(Opts(db));
+  ASSERT_TRUE(dl.ok());
+  for (int ep = 0; ep < 3; ++ep) {
+    double a = 0, b = 0;
+    auto kept = Epoch(**dl, ep, 0, &a);
+    auto fresh_dl = DataLoader::Create(Opts(db));
+    ASSERT_TRUE(fresh_dl.ok());
+    auto fresh = Epoch(**fresh_dl, ep, 0, &b);
+    EXPECT_EQ(kept, fresh) << "epoch " << ep;
+    EXPECT_DOUBLE_EQ(a, b) << "epoch " << ep;
+  }
+  // Jumping elsewhere restarts the pipeline at the requested position.
+  auto tail = Epoch(**dl, 7, 4);
+  auto fresh_dl = DataLoader::Create(Opts(db));
+  auto full = Epoch(**fresh_dl, 7, 0);
+  ASSERT_EQ(tail.size() + 4, full.size());
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 4]);
+}
+
 // Guards stage 3: padding, masks, normalization and action masks carry the records' values.
 TEST_F(LoaderTest, BatchContents) {
   testing::TestDbOptions to;
