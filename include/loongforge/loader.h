@@ -111,7 +111,8 @@ struct Batch {
   uint8_t* action_mask = nullptr;     // [size, horizon]
   int64_t* sample_index = nullptr;    // [size]
   bool pinned = false;
-  double latency_ms = 0;  // stage-1 start to publication
+  double latency_ms = 0;    // stage-1 start to publication
+  int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
   // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
   // `images` holds `image_dtype` elements (bf16 bits when kBFloat16) in `image_layout`. The batch
   // is complete when Next() returns it (Next() waits for its `ready_event`).

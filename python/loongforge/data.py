@@ -203,6 +203,11 @@ class DataFusionLoader:
         self._epoch = epoch + 1
         self._start_batch = 0
 
+    def close(self) -> None:
+        """Stops the pipeline threads (a finished epoch leaves them prefetching the next one).
+        Iterating again restarts them; batches already handed out stay valid."""
+        self._impl.stop()
+
     def state_dict(self) -> Dict[str, int]:
         """The position: the next batch the loader yields (exact mid-epoch resume)."""
         return {"seed": self.seed, "epoch": self._epoch, "next_batch": self._start_batch,

@@ -361,6 +361,7 @@ struct DataLoader::Impl {
   MetricsRegistry metrics;
   Histogram *h_fetch, *h_decode, *h_collate, *h_latency, *h_wait;
   std::atomic<int64_t>*c_images, *c_batches, *c_corrupt, *c_bytes;
+  std::atomic<int64_t> tasks_in_flight{0};  // decode tasks queued or running
   RateLimiter corrupt_log{2000};
 
   std::unique_ptr<BoundedQueue<WorkPtr>> work_q;
@@ -486,9 +487,13 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
       for (size_t i = 0; i < n && !stop.load() && !gpu; ++i) {  // GPU: stage 2 decodes the batch
         if (!w->sample_status[i].ok()) continue;
         for (int c = 0; c < cams; ++c) {
-          Status s =
-              decode_pool->Submit([this, w, i, c] { DecodeImage(w, static_cast<int>(i), c); });
+          tasks_in_flight.fetch_add(1);
+          Status s = decode_pool->Submit([this, w, i, c] {
+            DecodeImage(w, static_cast<int>(i), c);
+            tasks_in_flight.fetch_sub(1);
+          });
           if (!s.ok()) {
+            tasks_in_flight.fetch_sub(1);
             w->cancelled = true;
             return;  // pool shut down: the loader is being destroyed
           }
@@ -571,13 +576,14 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
   Batch& b = w.slot->batch;
   // Compact away corrupt samples (skip policy) or stop on the first (error policy).
   std::vector<size_t> keep;
+  int dropped = 0;  // counted when the batch is handed out (Next), not when prefetched
   for (size_t i = 0; i < w.samples.size(); ++i) {
     if (w.sample_status[i].ok()) {
       keep.push_back(i);
       continue;
     }
     if (opts.on_corrupt == CorruptPolicy::kError) return w.sample_status[i];
-    c_corrupt->fetch_add(1);
+    ++dropped;
     int64_t suppressed = 0;
     if (corrupt_log.Allow(&suppressed))
       LF_LOG(WARNING) << "skipping corrupt sample " << w.samples[i] << ": "
@@ -635,6 +641,7 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
   b.epoch = w.epoch;
   b.index = w.index;
   b.size = n;
+  b.corrupt_skipped = dropped;
   b.cameras = cams;
   b.height = b.width = opts.image_size;
   b.tokens_len = len;
@@ -745,11 +752,14 @@ void DataLoader::Impl::StopThreads() {
   if (fetch_thread.joinable()) fetch_thread.join();
   if (collate_thread.joinable()) collate_thread.join();
   SyncDevice();  // GPU: queued copies into slots finish before the slots can be reused
-  // Drop queued Work (their decode tasks see `cancelled` and finish fast).
+  // Drop queued Work (their decode tasks see `cancelled` and finish fast), then wait for the
+  // decode tasks still queued or running, so a stopped loader is quiet (bounded wait).
   if (work_q) {
     WorkPtr w;
     while (work_q->TryPop(&w)) w->cancelled = true;
   }
+  for (int i = 0; i < 10000 && tasks_in_flight.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   running = false;
 }
 
@@ -1048,6 +1058,7 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
   }
 #endif
   im.next_batch = (*item)->index + 1;
+  im.c_corrupt->fetch_add((*item)->corrupt_skipped);
   return item;
 }
 

@@ -105,6 +105,7 @@ def test_metrics_and_build_info(db):
     ld = _loader(db)
     for _ in ld:
         pass
+    ld.close()  # quiesce the next epoch's prefetch so the counters hold still
     m = ld.metrics()
     # 48 images in the epoch, plus what the pipeline already prefetched of the next one.
     assert m["counters"]["images_decoded"] >= 48
