@@ -46,7 +46,6 @@ def make_db(path: str, samples: int = 64, cameras: int = 1, width: int = 640, he
     frames = [jpeg(frame(width, height, seed * 100003 + i), quality) for i in range(n_unique)]
     w = _C.RecordWriter(path, True)
     cams = [f"cam{c}" for c in range(cameras)]
-    states, actions = [], []
     for i in range(samples):
         for c, cam in enumerate(cams):
             data = frames[(i * cameras + c) % n_unique]
@@ -55,17 +54,38 @@ def make_db(path: str, samples: int = 64, cameras: int = 1, width: int = 640, he
             if i in corrupt:
                 data = data[: len(data) // 2]
             w.put(f"{i:08d}_cam_{cam}", data)
-        tok = np.arange(3 + i, 3 + i + (i % 5) + 2, dtype="<i4")
-        st = (np.arange(state_dim) + i).astype("<f4")
-        ac = (np.arange(horizon * action_dim) * 0.1 + i).astype("<f4")
-        states.append(st)
-        actions.append(ac.reshape(horizon, action_dim))
-        w.put(f"{i:08d}_tokens", tok.tobytes())
-        w.put(f"{i:08d}_state", st.tobytes())
-        w.put(f"{i:08d}_action", ac.tobytes())
-        w.put(f"{i:08d}_amask", bytes([1] * (horizon - 1) + [i % 2]))
-        w.put(f"{i:08d}_meta", np.array([0, i], "<i4").tobytes())
-    S, A = np.stack(states), np.concatenate(actions)
+        write_arrays(w, i, state_dim, action_dim, horizon)
+    commit_schema(w, samples, cams, width, height, state_dim, action_dim, horizon,
+                  "loongforge._synth")
+    return frames
+
+
+def write_arrays(w: "_C.RecordWriter", i: int, state_dim: int, action_dim: int,
+                 horizon: int) -> None:
+    """Sample i's non-image records: (i % 5) + 2 tokens from 3 + i, state[d] = i + d,
+    action[k] = 0.1 k + i, the last future step masked on odd samples."""
+    tok = np.arange(3 + i, 3 + i + (i % 5) + 2, dtype="<i4")
+    w.put(f"{i:08d}_tokens", tok.tobytes())
+    w.put(f"{i:08d}_state", _state(i, state_dim).tobytes())
+    w.put(f"{i:08d}_action", _action(i, action_dim, horizon).tobytes())
+    w.put(f"{i:08d}_amask", bytes([1] * (horizon - 1) + [i % 2]))
+    w.put(f"{i:08d}_meta", np.array([0, i], "<i4").tobytes())
+
+
+def _state(i: int, dim: int) -> np.ndarray:
+    return (np.arange(dim) + i).astype("<f4")
+
+
+def _action(i: int, dim: int, horizon: int) -> np.ndarray:
+    return (np.arange(horizon * dim) * 0.1 + i).astype("<f4")
+
+
+def commit_schema(w: "_C.RecordWriter", samples: int, cams: List[str], width: int, height: int,
+                  state_dim: int, action_dim: int, horizon: int, source: str) -> None:
+    """Writes the schema record (statistics of the arrays write_arrays wrote) and publishes."""
+    S = np.stack([_state(i, state_dim) for i in range(samples)])
+    A = np.concatenate([_action(i, action_dim, horizon).reshape(horizon, action_dim)
+                        for i in range(samples)])
     schema = {
         "format_version": 1, "num_samples": samples, "num_episodes": 1, "cameras": cams,
         "image_width": width, "image_height": height, "state_dim": state_dim,
@@ -75,7 +95,7 @@ def make_db(path: str, samples: int = 64, cameras: int = 1, width: int = 640, he
         "state_min": S.min(0).tolist(), "state_max": S.max(0).tolist(),
         "action_mean": A.mean(0).tolist(), "action_std": A.std(0).tolist(),
         "action_min": A.min(0).tolist(), "action_max": A.max(0).tolist(),
-        "source": "loongforge._synth",
+        "source": source,
     }
     w.commit(json.dumps(schema))
-    return frames
+

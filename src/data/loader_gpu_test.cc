@@ -17,16 +17,8 @@
 namespace loongforge {
 namespace {
 
-class GpuLoaderTest : public ::testing::Test {
+class GpuLoaderTest : public testing::TestDbFixture {
  protected:
-  void SetUp() override { dir_ = testing::TempDir("gpu_loader"); }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string Db(const testing::TestDbOptions& o, const std::string& name = "db") {
-    std::string p = dir_ + "/" + name;
-    Status s = testing::MakeTestDb(p, o);
-    EXPECT_TRUE(s.ok()) << s;
-    return p;
-  }
   static LoaderOptions Opts(const std::string& db, bool gpu) {
     LoaderOptions o;
     o.db_path = db;
@@ -41,7 +33,6 @@ class GpuLoaderTest : public ::testing::Test {
     return o;
   }
   static bool Skip(std::string* why) { return !DataLoader::GpuSupport(0, why); }
-  std::string dir_;
 };
 
 // A batch copied to host memory (from either loader), images as float32 NCHW.

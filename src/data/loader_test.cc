@@ -159,16 +159,8 @@ TEST(ImageOps, RejectsNonJpegAndTruncated) {
   EXPECT_TRUE(dec.Decode(good, 0, 0, &im, "rec_9").ok());
 }
 
-class LoaderTest : public ::testing::Test {
+class LoaderTest : public testing::TestDbFixture {
  protected:
-  void SetUp() override { dir_ = testing::TempDir("loader"); }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string Db(const testing::TestDbOptions& o, const std::string& name = "db") {
-    std::string p = dir_ + "/" + name;
-    Status s = testing::MakeTestDb(p, o);
-    EXPECT_TRUE(s.ok()) << s;
-    return p;
-  }
   static LoaderOptions Opts(const std::string& db) {
     LoaderOptions o;
     o.db_path = db;
@@ -203,7 +195,6 @@ class LoaderTest : public ::testing::Test {
     }
     return out;
   }
-  std::string dir_;
 };
 
 // Guards ordering: batches and their pixels do not depend on the number of decode threads.

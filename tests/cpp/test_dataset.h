@@ -2,6 +2,7 @@
 // libjpeg-turbo and written through RecordWriter, independent of the packer.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
@@ -116,6 +117,22 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
   }
   return w->Commit(s);
 }
+
+// A test fixture owning a temporary folder, with Db() to build a test dataset in it.
+class TestDbFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir(::testing::UnitTest::GetInstance()->current_test_suite()->name());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Db(const TestDbOptions& o, const std::string& name = "db") {
+    std::string p = dir_ + "/" + name;
+    Status s = MakeTestDb(p, o);
+    EXPECT_TRUE(s.ok()) << s;
+    return p;
+  }
+  std::string dir_;
+};
 
 }  // namespace testing
 }  // namespace loongforge

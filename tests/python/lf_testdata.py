@@ -7,11 +7,12 @@ Python has none).
 from __future__ import annotations
 
 import io
-import json
 from typing import Iterable
 
 import numpy as np
 from PIL import Image
+
+from loongforge import _synth
 
 
 def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, height: int = 72,
@@ -22,7 +23,6 @@ def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, hei
     from loongforge import _C
     txn = _C.RecordWriter(path, overwrite=True)
     cams = [f"cam{c}" for c in range(cameras)]
-    states, actions = [], []
     for i in range(samples):
         for c, cam in enumerate(cams):
             yy, xx = np.mgrid[0:height, 0:width]
@@ -34,28 +34,7 @@ def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, hei
             if i in corrupt:
                 data = data[: len(data) // 2]
             txn.put(f"{i:08d}_cam_{cam}", data)
-        tok = np.arange(3 + i, 3 + i + (i % 5) + 2, dtype="<i4")
-        txn.put(f"{i:08d}_tokens", tok.tobytes())
-        st = (np.arange(state_dim) + i).astype("<f4")
-        ac = (np.arange(horizon * action_dim) * 0.1 + i).astype("<f4")
-        states.append(st)
-        actions.append(ac.reshape(horizon, action_dim))
-        txn.put(f"{i:08d}_state", st.tobytes())
-        txn.put(f"{i:08d}_action", ac.tobytes())
-        txn.put(f"{i:08d}_amask", bytes([1] * (horizon - 1) + [i % 2]))
-        txn.put(f"{i:08d}_meta", np.array([0, i], "<i4").tobytes())
-    S = np.stack(states)
-    A = np.concatenate(actions)
-    schema = {
-        "format_version": 1, "num_samples": samples, "num_episodes": 1, "cameras": cams,
-        "image_width": width, "image_height": height, "state_dim": state_dim,
-        "action_dim": action_dim, "action_horizon": horizon, "tokenizer": "byte-v1",
-        "vocab_size": 259, "max_tokens": 6,
-        "state_mean": S.mean(0).tolist(), "state_std": S.std(0).tolist(),
-        "state_min": S.min(0).tolist(), "state_max": S.max(0).tolist(),
-        "action_mean": A.mean(0).tolist(), "action_std": A.std(0).tolist(),
-        "action_min": A.min(0).tolist(), "action_max": A.max(0).tolist(),
-        "source": "tests/python/lf_testdata.py",
-    }
-    txn.commit(json.dumps(schema))
+        _synth.write_arrays(txn, i, state_dim, action_dim, horizon)
+    _synth.commit_schema(txn, samples, cams, width, height, state_dim, action_dim, horizon,
+                         "tests/python/lf_testdata.py")
     return path
