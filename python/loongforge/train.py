@@ -29,12 +29,14 @@ import random
 import resource
 import sys
 import time
+from collections import deque
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from .graphs import GraphedStep, SyncCounter, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy, count_parameters, get_config
 
 MODULES = ("datafusion", "nexussync", "vault", "memsculptor")
@@ -92,6 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-steps", type=int, default=5)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--quiet", action="store_true")
+    g = p.add_argument_group("step scheduling (docs/trainer.md, 'The lean step')")
+    g.add_argument("--cuda-graph", choices=("off", "per_microbatch"), default="off",
+                   help="capture forward+backward per microbatch, one graph per shape bucket")
+    g.add_argument("--graph-warmup", type=int, default=3,
+                   help="eager microbatches of a shape bucket before it is captured")
+    g.add_argument("--graph-max", type=int, default=8, help="shape buckets captured at most")
+    g.add_argument("--token-buckets", default="",
+                   help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128")
+    g.add_argument("--sync-free", action="store_true",
+                   help="no host syncs in the step: losses, token counts and step times are read "
+                        "back two steps later through pinned memory and CUDA events")
+    g.add_argument("--count-syncs", action="store_true",
+                   help="count synchronizing CUDA calls per step (torch sync debug mode)")
+    g.add_argument("--act-ckpt", choices=("off", "dit", "llm", "all"), default="off",
+                   help="selective activation checkpointing")
+    g.add_argument("--compile-frozen", action="store_true",
+                   help="torch.compile the frozen encoder path (vision tower, frozen LLM layers)")
+    g.add_argument("--adamw", choices=("auto", "fused", "foreach"), default="auto",
+                   help="AdamW implementation (auto: fused on CUDA)")
     for m in MODULES:
         p.add_argument(f"--no-{m}", action="store_true", help=f"loongforge mode without {m}")
     return p
@@ -173,6 +194,90 @@ class Trace:
     def write(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump({"traceEvents": self.events, "displayTimeUnit": "ms"}, f)
+
+
+class Readback:
+    """Per-step figures computed on the device and read back ``lag`` steps later.
+
+    Each step accumulates [loss, fm_loss, aux_loss, text tokens, grad norm] in a device tensor
+    (no ``float(t)`` per microbatch), copies it into pinned host memory without blocking and
+    records a CUDA event. lag 0: the trainer synchronized at the end of the step and the values
+    are read at once (step time from host clocks). lag > 0 (--sync-free): a step's values are read
+    ``lag`` steps later, when its event has long completed, so the host never waits for work it
+    just queued and the GPU queue never drains; step times then come from the events (the GPU's
+    timeline)."""
+
+    def __init__(self, device: torch.device, lag: int) -> None:
+        self.device, self.lag = device, lag
+        self.cuda = device.type == "cuda"
+        self.pending: "deque[Any]" = deque()
+        self.t_prev = time.perf_counter()
+        self.prev_event: Any = None
+
+    def begin(self) -> torch.Tensor:
+        return torch.zeros(5, device=self.device)
+
+    @staticmethod
+    def add_micro(acc: torch.Tensor, out: Dict[str, torch.Tensor], mask: torch.Tensor,
+                  accum: int, moe: bool) -> None:
+        aux = out["aux_loss"].detach().float() if moe else torch.zeros((), device=acc.device)
+        vals = torch.stack([out["loss"].detach().float(), out["fm_loss"].detach().float(), aux,
+                            mask.sum().to(acc.device).float() * accum])
+        acc[:4] += vals / accum
+
+    def end(self, acc: torch.Tensor, row: Dict[str, Any], clip: bool, moe: bool) -> None:
+        ev = None
+        if self.cuda:
+            host = torch.empty(5, pin_memory=True)
+            host.copy_(acc, non_blocking=True)
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        else:
+            host = acc
+        self.pending.append((row, host, ev, time.perf_counter(), clip, moe))
+
+    def ready(self) -> List[Dict[str, Any]]:
+        out = []
+        while len(self.pending) > self.lag:
+            out.append(self._finish(self.pending.popleft()))
+        return out
+
+    def drain(self) -> List[Dict[str, Any]]:
+        out = []
+        while self.pending:
+            out.append(self._finish(self.pending.popleft()))
+        return out
+
+    def _finish(self, item: Any) -> Dict[str, Any]:
+        row, host, ev, t_host, clip, moe = item
+        if ev is not None:
+            ev.synchronize()  # long complete when lag > 0: the host does not wait here
+        loss, fm, aux, text_tokens, gnorm = host.tolist()
+        if self.lag > 0 and ev is not None and self.prev_event is not None:
+            step_s = self.prev_event.elapsed_time(ev) / 1e3
+        else:
+            step_s = t_host - self.t_prev
+        self.t_prev, self.prev_event = t_host, ev
+        r = dict(row)
+        r.update(loss=loss, grad_norm=gnorm if clip else float("nan"), step_s=step_s,
+                 tokens=row["tokens"] + int(round(text_tokens)), fm_loss=fm)
+        if moe:
+            r["aux_loss"] = aux
+        return r
+
+
+def compile_frozen(model: Gr00tPolicy) -> str:
+    """torch.compile the frozen encoder path (vision tower, projector, frozen LLM layers) in place
+    (their forward methods: parameter names and state_dict keys stay as they are)."""
+    if not hasattr(torch, "compile"):
+        return f"off: torch {torch.__version__} has no torch.compile"
+    n = 0
+    for m in model.frozen_modules():
+        if isinstance(m, torch.nn.Embedding):
+            continue
+        m.forward = torch.compile(m.forward, dynamic=False)  # type: ignore[method-assign]
+        n += 1
+    return f"on ({n} frozen modules)"
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -257,11 +362,13 @@ class SyncBackend:
             return self.nexus.no_sync()
         return contextlib.nullcontext()
 
-    def zero_grad(self, opt: torch.optim.Optimizer) -> None:
+    def zero_grad(self, opt: torch.optim.Optimizer, keep: bool = False) -> None:
+        """keep=True zeroes gradients in place (CUDA graphs read and write them at fixed
+        addresses); otherwise they are set to None (no memset)."""
         if self.kind == "nexussync":
             self.nexus.zero_grad()  # grads are views into the flat buckets: zero in place
         else:
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not keep)
 
     def feed_expert_load(self, model: Gr00tPolicy) -> None:
         """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
@@ -430,8 +537,8 @@ def _to_cpu(obj: Any) -> Any:
 class MemoryPlanner:
     """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
 
-    def __init__(self, enabled: bool, lf_mode: bool) -> None:
-        self.enabled, self.lf_mode = enabled, lf_mode
+    def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False) -> None:
+        self.enabled, self.lf_mode, self.scoped = enabled, lf_mode, scoped
         self.ms: Any = None
         self.status = "off: --no-memsculptor" if lf_mode and not enabled else "off"
 
@@ -448,18 +555,39 @@ class MemoryPlanner:
         if not MemSculptor.available():
             raise TrainError("MemSculptor is not usable here (allocator library missing or torch "
                              "lacks CUDAPluggableAllocator); run with --no-memsculptor")
+        if self.scoped:
+            # CUDA graphs: captured steps live in torch's graph pool (fixed addresses, nothing
+            # allocated in replay); MemSculptor serves the persistent tensors through a scoped
+            # torch.cuda.MemPool (docs/trainer.md, Note [Graphs and MemSculptor]).
+            import torch as _t
+            if not hasattr(_t.cuda, "MemPool"):
+                self.status = (f"off: --cuda-graph needs torch.cuda.MemPool (torch >= 2.5) to "
+                               f"scope MemSculptor; torch {_t.__version__} has none")
+                return
+            self.ms = MemSculptor(device.index or 0)
+            self.status = "on (scoped: persistent tensors; CUDA graphs use their own pool)"
+            return
         self.ms = MemSculptor(device.index or 0).install()
         self.status = "on"
 
     def persistent(self) -> Any:
-        return self.ms.persistent() if self.ms is not None else contextlib.nullcontext()
+        if self.ms is None:
+            return contextlib.nullcontext()
+        if not self.scoped:
+            return self.ms.persistent()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.ms.pool())
+        stack.enter_context(self.ms.persistent())
+        return stack
 
     def record(self, steps: int) -> None:
-        if self.ms is not None:
+        if self.ms is not None and not self.scoped:
             self.ms.record(steps=steps)
 
     def step(self, signature: str) -> Any:
-        return self.ms.step(signature) if self.ms is not None else contextlib.nullcontext()
+        if self.ms is None or self.scoped:
+            return contextlib.nullcontext()
+        return self.ms.step(signature)
 
     def stats(self) -> Optional[Dict[str, Any]]:
         return dict(self.ms.stats()) if self.ms is not None else None
@@ -473,11 +601,17 @@ def make_optimizer(params: List[torch.nn.Parameter], args: argparse.Namespace,
                    device: torch.device) -> torch.optim.Optimizer:
     kw: Dict[str, Any] = dict(lr=args.lr, betas=(0.95, 0.999), eps=1e-8,
                               weight_decay=args.weight_decay)
-    if device.type == "cuda":
+    choice = getattr(args, "adamw", "auto")
+    if choice == "fused" and device.type != "cuda":
+        raise TrainError("--adamw fused needs a CUDA device")
+    if device.type == "cuda" and choice in ("auto", "fused"):
         try:
             return torch.optim.AdamW(params, fused=True, **kw)
-        except (TypeError, RuntimeError):
-            pass
+        except (TypeError, RuntimeError) as e:
+            if choice == "fused":
+                raise TrainError(f"--adamw fused: torch {torch.__version__} refused: {e}") from e
+    if choice == "foreach":
+        kw["foreach"] = True
     return torch.optim.AdamW(params, **kw)
 
 
@@ -564,7 +698,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     lf = args.mode == "loongforge"
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
-    mem = MemoryPlanner(on["memsculptor"], lf)
+    graphs = args.cuda_graph == "per_microbatch"
+    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
 
     from .trainer_data import read_schema
@@ -607,9 +742,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if not hasattr(torch, "compile"):
             raise TrainError(f"--compile needs torch >= 2.0 (this is {torch.__version__})")
         runner = torch.compile(runner)
+    if args.compile_frozen:
+        status["compile_frozen"] = compile_frozen(model)
+    if args.act_ckpt != "off":
+        model.set_activation_checkpointing(args.act_ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
     with mem.persistent():
         opt = make_optimizer(params, args, d.device)
+    status["adamw"] = ("fused" if opt.defaults.get("fused") else
+                       "foreach" if opt.defaults.get("foreach") else "default")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.steps, args.lr_warmup,
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
@@ -636,6 +777,29 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     img_tokens = len(schema["cameras"]) * cfg.tokens_per_image
     horizon = int(schema["action_horizon"])
 
+    # The step runner: static batches (token buckets) and per-microbatch CUDA graphs.
+    try:
+        buckets = parse_buckets(args.token_buckets)
+    except ValueError as e:
+        raise TrainError(f"--token-buckets: {e}") from e
+    stepper: Any = None
+    if graphs or buckets:
+        log = (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
+        stepper = GraphedStep(model, d.device, runner=runner, token_buckets=buckets,
+                              warmup=args.graph_warmup, graphs=graphs, sync=sync,
+                              autocast_dtype=torch.bfloat16 if cuda else None,
+                              max_graphs=args.graph_max, log=log)
+        status["cuda_graph"] = ("per_microbatch" if stepper.graphs_on else
+                                f"off ({stepper.disabled_reason})")
+        status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
+    sync_free = args.sync_free and cuda
+    if args.sync_free and not cuda:
+        status["sync_free"] = "off: needs CUDA (on the CPU every step is synchronous)"
+    elif sync_free:
+        status["sync_free"] = "on (figures read back 2 steps late)"
+    counter = SyncCounter(args.count_syncs)
+    readback = Readback(d.device, lag=2 if sync_free else 0)
+
     def batches() -> Iterator[Dict[str, torch.Tensor]]:
         epoch = loader.state_dict()["epoch"]
         while True:
@@ -647,78 +811,86 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     mem.record(steps=max(1, min(3, args.warmup)))
     rows: List[Dict[str, Any]] = []
     losses: List[Dict[str, Any]] = []
-    t_prev = time.perf_counter()
-    t_run = t_prev
+    t_run = time.perf_counter()
     end_step = min(args.steps, args.stop_after) if args.stop_after else args.steps
-    for step in range(start_step, end_step):
-        trace.step = step
-        wait = compute = 0.0
-        tokens = samples = 0
-        loss_sum = 0.0
-        extra: Dict[str, float] = {}
-        sync.zero_grad(opt)
-        for micro in range(args.grad_accum):
-            t0 = time.perf_counter()
-            with trace.span("data_wait"):
-                batch = next(it)
-            t1 = time.perf_counter()
-            wait += t1 - t0
-            b = int(batch["tokens"].shape[0])
-            samples += b
-            tokens += b * img_tokens + int(batch["attention_mask"].sum()) + b * (1 + horizon)
-            last = micro == args.grad_accum - 1
-            sig = f"L{int(batch['tokens'].shape[1])}xB{b}"
-            if sync.nexus is not None:
-                sync.nexus.set_micro_step(is_last=last)
-            with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
-                with trace.span("forward"), autocast():
-                    out = runner(batch, generator=noise_gen)
-                    loss = out["loss"] / args.grad_accum
-                with trace.span("backward"):
-                    loss.backward()
-            loss_sum += float(out["loss"].detach())
-            for k in ("fm_loss", "aux_loss"):
-                if k in out:
-                    extra[k] = extra.get(k, 0.0) + float(out[k].detach()) / args.grad_accum
-            del batch, out, loss
-            compute += time.perf_counter() - t1
-        with trace.span("comm"):
-            sync.finish()
-        if step == start_step + args.warmup or (step + 1) % 100 == 0:
-            sync.feed_expert_load(model)  # collective: every rank at the same step
-        with trace.span("optimizer"):
-            gnorm = (float(torch.nn.utils.clip_grad_norm_(params, args.clip)) if args.clip
-                     else float("nan"))
-            opt.step()
-            sched.step()
-        stall = 0.0
-        if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            with trace.span("checkpoint"):
-                stall = ckpt.save(step + 1, {
-                    "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "loader": loader.state_dict(),
-                    "rng": rng_state(noise_gen), "config": args.config,
-                    "_model_obj": model, "_opt_obj": opt})
-        sync_dev()
-        t_end = time.perf_counter()
-        step_s = t_end - t_prev
-        t_prev = t_end
-        loss_v = loss_sum / args.grad_accum
-        row = {"step": step + 1, "loss": loss_v, "lr": sched.get_last_lr()[0], "grad_norm": gnorm,
-               "step_s": step_s, "data_wait_s": wait, "comm_exposed_s": sync.exposed_s,
-               "ckpt_stall_s": stall, "samples": samples, "tokens": tokens, **extra}
-        losses.append({"step": step + 1, "loss": loss_v, **extra})
+
+    def finish_row(r: Dict[str, Any]) -> None:
+        step = r["step"] - 1
+        losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss") if k in r})
         if step - start_step >= args.warmup:
-            rows.append(row)
+            rows.append(r)
         if jsonl:
-            jsonl.write(json.dumps(row) + "\n")
+            jsonl.write(json.dumps(r) + "\n")
             jsonl.flush()
         if d.is_main and not args.quiet and (step + 1) % args.log_every == 0:
-            print(f"[{args.mode}] step {step + 1}/{args.steps} loss {loss_v:.4f} "
-                  f"lr {row['lr']:.2e} step {step_s * 1e3:.0f} ms "
-                  f"wait {wait / step_s * 100:.0f}% "
-                  f"tok/s {tokens / step_s / 1:.0f} samples/s {samples / step_s:.1f}",
+            st = r["step_s"]
+            print(f"[{args.mode}] step {step + 1}/{args.steps} loss {r['loss']:.4f} "
+                  f"lr {r['lr']:.2e} step {st * 1e3:.0f} ms "
+                  f"wait {r['data_wait_s'] / st * 100:.0f}% "
+                  f"tok/s {r['tokens'] / st:.0f} samples/s {r['samples'] / st:.1f}",
                   file=sys.stderr, flush=True)
+
+    moe = bool(cfg.moe_experts)
+    for step in range(start_step, end_step):
+        trace.step = step
+        wait = 0.0
+        samples = 0
+        known_tokens = 0
+        with counter.window() if step - start_step >= args.warmup else contextlib.nullcontext():
+            acc = readback.begin()  # device: [loss, fm_loss, aux_loss, text tokens, grad norm]
+            sync.zero_grad(opt, keep=stepper is not None and stepper.graphs_on)
+            for micro in range(args.grad_accum):
+                t0 = time.perf_counter()
+                with trace.span("data_wait"):
+                    batch = next(it)
+                wait += time.perf_counter() - t0
+                b = int(batch["tokens"].shape[0])
+                samples += b
+                known_tokens += b * img_tokens + b * (1 + horizon)
+                last = micro == args.grad_accum - 1
+                sig = f"L{int(batch['tokens'].shape[1])}xB{b}"
+                if sync.nexus is not None:
+                    sync.nexus.set_micro_step(is_last=last)
+                with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
+                    if stepper is not None:
+                        with trace.span("forward_backward"):
+                            out = stepper(batch, noise_gen, 1.0 / args.grad_accum)
+                    else:
+                        with trace.span("forward"), autocast():
+                            out = runner(batch, generator=noise_gen)
+                            loss = out["loss"] / args.grad_accum
+                        with trace.span("backward"):
+                            loss.backward()
+                        del loss
+                readback.add_micro(acc, out, batch["attention_mask"], args.grad_accum, moe)
+                del batch, out
+            with trace.span("comm"):
+                sync.finish()
+            if step == start_step + args.warmup or (step + 1) % 100 == 0:
+                sync.feed_expert_load(model)  # collective: every rank at the same step
+            with trace.span("optimizer"):
+                if args.clip:
+                    acc[4] = torch.nn.utils.clip_grad_norm_(params, args.clip)
+                opt.step()
+                sched.step()
+            stall = 0.0
+            if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+                with trace.span("checkpoint"):
+                    stall = ckpt.save(step + 1, {
+                        "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "loader": loader.state_dict(),
+                        "rng": rng_state(noise_gen), "config": args.config,
+                        "_model_obj": model, "_opt_obj": opt})
+            if not sync_free:
+                sync_dev()
+            readback.end(acc, {
+                "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
+                "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
+                "tokens": known_tokens}, clip=bool(args.clip), moe=moe)
+            for r in readback.ready():
+                finish_row(r)
+    for r in readback.drain():
+        finish_row(r)
     total_s = time.perf_counter() - t_run
     it.close()  # stops the loader's pipeline (DataFusion threads, DataLoader workers) now
     if jsonl:
@@ -731,6 +903,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         summary["modules"]["async_checkpoint"] = ckpt.async_impl
     if sync.stats():
         summary["nexussync_stats"] = sync.stats()
+    if stepper is not None:
+        summary["cuda_graph"] = stepper.stats()
+    if counter.enabled:
+        n = counter.counts
+        summary["figures"]["host_syncs_per_step"] = sum(n) / len(n) if n else float("nan")
+        summary["figures"]["host_syncs_max"] = max(n) if n else 0
+        summary["figures"]["host_sync_sites"] = dict(counter.examples)
     ms_stats = mem.stats()
     if ms_stats is not None:
         m = summary["figures"]["memory"]
@@ -799,6 +978,8 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
         f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)",
         f"   memory: {mem_s}",
+        *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
+           f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),
         f"   loss: first {s['loss_curve'][0]['loss']:.4f} last {s['loss_curve'][-1]['loss']:.4f}"
         if s["loss_curve"] else "   loss: (no steps)",
     ]

@@ -356,6 +356,7 @@ class QwenModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.llm_dim, device=device)
         self.layers = nn.ModuleList(QwenDecoderLayer(cfg, device) for _ in range(cfg.select_layer))
         self.norm = RMSNorm(cfg.llm_dim, cfg.rms_eps, device)
+        self.activation_checkpointing = False  # trainable layers only (frozen ones keep nothing)
 
     def forward(self, embeds: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         n = embeds.shape[1]
@@ -364,7 +365,8 @@ class QwenModel(nn.Module):
         mask = key_mask[:, None, None, :]
         x = embeds
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            ckpt = self.activation_checkpointing and any(p.requires_grad for p in layer.parameters())
+            x = _maybe_checkpoint(layer, ckpt, x, cos, sin, mask)
         return self.norm(x)
 
 
@@ -570,6 +572,7 @@ class DiT(nn.Module):
                                   moe=cfg.moe_experts > 0, device=device)
             for i in range(cfg.dit_layers))
         self.norm_out = nn.LayerNorm(d, eps=1e-6, elementwise_affine=False, device=device)
+        self.activation_checkpointing = False  # Gr00tPolicy.set_activation_checkpointing
         self.proj_out_1 = nn.Linear(d, 2 * d, device=device)
         self.proj_out_2 = nn.Linear(d, cfg.action_hidden, device=device)
 
@@ -577,7 +580,8 @@ class DiT(nn.Module):
                 timestep: torch.Tensor) -> torch.Tensor:
         temb = self.timestep_encoder(timestep)
         for block in self.transformer_blocks:
-            x = block(x, temb, context if block.is_cross else None, context_mask)
+            x = _maybe_checkpoint(block, self.activation_checkpointing, x, temb,
+                                  context if block.is_cross else None, context_mask)
         shift, scale = self.proj_out_1(F.silu(temb)).chunk(2, dim=-1)
         x = self.norm_out(x) * (1 + scale[:, None]) + shift[:, None]
         return self.proj_out_2(x)
@@ -591,12 +595,14 @@ class CategorySpecificLinear(nn.Module):
         self.W = nn.Parameter(torch.empty(categories, in_dim, out_dim, device=device))
         self.b = nn.Parameter(torch.zeros(categories, out_dim, device=device))
 
-    def forward(self, x: torch.Tensor, cat_ids: torch.Tensor) -> torch.Tensor:
-        # GR00T gathers W[cat_ids] per sample (a [B, in, out] copy); when the batch holds one
-        # embodiment (the common case) one shared matmul gives the same result without the copy.
-        if cat_ids.numel() and bool((cat_ids == cat_ids[0]).all()):
-            c = cat_ids[0]
-            return torch.matmul(x, self.W[c]) + self.b[c]
+    def forward(self, x: torch.Tensor, cat_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        # GR00T gathers W[cat_ids] per sample (a [B, in, out] copy). cat_ids None means "every
+        # sample is embodiment 0" (batches without embodiment ids): one shared matmul, no copy and
+        # no host sync. With ids, the gather path is used (checking on the host whether the batch
+        # holds one embodiment would cost a device->host sync per layer, and cannot be captured in
+        # a CUDA graph).
+        if cat_ids is None:
+            return torch.matmul(x, self.W[0]) + self.b[0]
         w, b = self.W[cat_ids], self.b[cat_ids]
         return torch.bmm(x, w) + b[:, None]
 
@@ -608,7 +614,7 @@ class CategorySpecificMLP(nn.Module):
         self.layer1 = CategorySpecificLinear(categories, in_dim, hidden, device)
         self.layer2 = CategorySpecificLinear(categories, hidden, out_dim, device)
 
-    def forward(self, x: torch.Tensor, cat_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cat_ids: Optional[torch.Tensor]) -> torch.Tensor:
         return self.layer2(F.relu(self.layer1(x, cat_ids)), cat_ids)
 
 
@@ -622,7 +628,7 @@ class MultiEmbodimentActionEncoder(nn.Module):
         self.W3 = CategorySpecificLinear(categories, hidden, hidden, device)
 
     def forward(self, actions: torch.Tensor, timesteps: torch.Tensor,
-                cat_ids: torch.Tensor) -> torch.Tensor:
+                cat_ids: Optional[torch.Tensor]) -> torch.Tensor:
         b, t, _ = actions.shape
         a = self.W1(actions, cat_ids)
         tau = sinusoidal(timesteps[:, None].expand(b, t), self.hidden, flip_sin_to_cos=False,
@@ -667,7 +673,8 @@ class FlowMatchingActionHead(nn.Module):
         return self.vl_self_attention(self.projector(self.vlln(vl)), mask)
 
     def velocity(self, context: torch.Tensor, context_mask: torch.Tensor, state: torch.Tensor,
-                 noisy: torch.Tensor, t_disc: torch.Tensor, cat_ids: torch.Tensor) -> torch.Tensor:
+                 noisy: torch.Tensor, t_disc: torch.Tensor,
+                 cat_ids: Optional[torch.Tensor]) -> torch.Tensor:
         state_tok = self.state_encoder(state[:, None], cat_ids)  # [B, 1, D]
         act = self.action_encoder(noisy, t_disc, cat_ids)
         act = act + self.position_embedding.weight[None, : act.shape[1]]
@@ -678,6 +685,20 @@ class FlowMatchingActionHead(nn.Module):
 
 # ------------------------------------------------------------------------------------------------
 # The policy
+
+
+def _maybe_checkpoint(module: nn.Module, enabled: bool, *args: Any) -> torch.Tensor:
+    """module(*args), recomputed in backward instead of keeping its activations when enabled.
+    Non-reentrant and without RNG-state stashing: the blocks draw no random numbers (dropout p=0),
+    and stashing the CUDA RNG state is not allowed under CUDA-graph capture."""
+    if enabled and module.training and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(module, *args, use_reentrant=False, preserve_rng_state=False)
+    return module(*args)
+
+
+ACTIVATION_CHECKPOINTING = ("off", "dit", "llm", "all")
 
 
 def _pad_last(x: torch.Tensor, size: int, what: str) -> torch.Tensor:
@@ -749,6 +770,16 @@ class Gr00tPolicy(nn.Module):
             m.eval()
         return self
 
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Selective activation checkpointing: 'off', 'dit' (the 32 DiT blocks), 'llm' (the
+        trainable top LLM layers) or 'all' (both). Recomputes those blocks' forward in backward,
+        trading about one extra forward of them for their activation memory."""
+        if mode not in ACTIVATION_CHECKPOINTING:
+            raise ValueError(f"activation checkpointing {mode!r}: expected one of "
+                             f"{ACTIVATION_CHECKPOINTING}")
+        self.action_head.model.activation_checkpointing = mode in ("dit", "all")
+        self.backbone.language_model.activation_checkpointing = mode in ("llm", "all")
+
     def moe_layers(self) -> List[MoEFeedForward]:
         return [m for m in self.modules() if isinstance(m, MoEFeedForward)]
 
@@ -762,19 +793,35 @@ class Gr00tPolicy(nn.Module):
         vl, mask = self.backbone(batch["images"], batch["tokens"], batch["attention_mask"])
         return self.action_head.encode_context(vl, mask), mask
 
-    def _inputs(self, batch: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _inputs(self, batch: Mapping[str, torch.Tensor]
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         state = _pad_last(batch["state"].float(), self.cfg.max_state_dim, "state")
-        b = state.shape[0]
-        cat = batch.get("embodiment_id")
-        if cat is None:
-            cat = torch.zeros(b, dtype=torch.long, device=state.device)
-        return state, cat
+        return state, batch.get("embodiment_id")  # None: every sample is embodiment 0
+
+    def draw_noise(self, batch_size: int, horizon: int, device: torch.device,
+                   generator: Optional[torch.Generator] = None,
+                   out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The step's random numbers, in the order forward() draws them: the flow-matching noise
+        [B, horizon, max_action_dim] and the uniform u [B] that sample_time maps to t. A CUDA-graph
+        step draws them outside the graph into its static buffers (``out``), so they come from
+        the same generator stream as in eager mode and never repeat across replays."""
+        shape = (batch_size, horizon, self.cfg.max_action_dim)
+        if out is None:
+            noise = torch.randn(shape, device=device, generator=generator)
+            u = torch.rand(batch_size, device=device, generator=generator)
+            return noise, u
+        out[0].normal_(generator=generator)
+        out[1].uniform_(generator=generator)
+        return out
 
     def sample_time(self, batch_size: int, device: torch.device,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                    generator: Optional[torch.Generator] = None,
+                    u: Optional[torch.Tensor] = None) -> torch.Tensor:
         """GR00T: s ~ Beta(alpha, beta), t = (noise_s - s) / noise_s. For Beta(a, 1) the inverse CDF
         is u^(1/a), which lets a torch.Generator drive it (torch.distributions.Beta cannot)."""
-        u = torch.rand(batch_size, device=device, generator=generator)
+        if u is None:
+            u = torch.rand(batch_size, device=device, generator=generator)
         if self.cfg.noise_beta_beta == 1.0:
             s = u.pow(1.0 / self.cfg.noise_beta_alpha)
         else:  # general Beta: global RNG (no generator support in torch.distributions)
@@ -783,7 +830,11 @@ class Gr00tPolicy(nn.Module):
         return (self.cfg.noise_s - s) / self.cfg.noise_s
 
     def forward(self, batch: Mapping[str, torch.Tensor],
-                generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+                generator: Optional[torch.Generator] = None,
+                noise: Optional[torch.Tensor] = None,
+                time_u: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+        """Training losses. ``noise`` [B, T, max_action_dim] and ``time_u`` [B] (see draw_noise)
+        replace the draws from ``generator`` when given (CUDA-graph steps)."""
         cfg = self.cfg
         context, context_mask = self.encode(batch)
         state, cat = self._inputs(batch)
@@ -791,8 +842,9 @@ class Gr00tPolicy(nn.Module):
         b, horizon, a_dim = action.shape
         action = _pad_last(action, cfg.max_action_dim, "action")
         dev = action.device
-        noise = torch.randn(action.shape, device=dev, generator=generator)
-        t = self.sample_time(b, dev, generator)
+        if noise is None:
+            noise = torch.randn(action.shape, device=dev, generator=generator)
+        t = self.sample_time(b, dev, generator, u=time_u)
         tt = t[:, None, None]
         noisy = (1 - tt) * noise + tt * action
         velocity = action - noise

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Ablation of the lean step (issue 9): one trainer run per switch, switches added cumulatively.
+
+    python bench/e2e/ablation.py --db DB --config n16 --batches 16,64 --steps 30 --warmup 10 \
+        --out results/ablation [--rows eager,static,syncfree,graphs,compile,fused]
+
+Rows (each adds its switch to the row before; all in loongforge mode, counting host syncs):
+  default   loongforge mode as in the end-to-end table (eager, fused AdamW)
+  eager     eager step, foreach AdamW (the ablation's starting point)
+  static    + static batches (--token-buckets)
+  syncfree  + no host syncs in the step (--sync-free: figures read back 2 steps late)
+  graphs    + per-microbatch CUDA graphs (--cuda-graph per_microbatch)
+  compile   + torch.compile of the frozen encoder path (--compile-frozen)
+  fused     + fused AdamW (--adamw fused)
+Prints a table per batch size (step p50/p95, tokens/GPU/s, host syncs per steady-state step,
+graphs captured, peak memory, speed-up over `eager`) and writes results.json with every summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+ROWS: List[Tuple[str, str, List[str]]] = [
+    ("default", "loongforge eager, fused AdamW (issue 6 mode)", ["--adamw", "auto"]),
+    ("eager", "eager, foreach AdamW", ["--adamw", "foreach"]),
+    ("static", "+ static batches", ["--token-buckets", "{buckets}"]),
+    ("syncfree", "+ no host syncs", ["--sync-free"]),
+    ("graphs", "+ CUDA graphs", ["--cuda-graph", "per_microbatch"]),
+    ("compile", "+ compile (frozen path)", ["--compile-frozen"]),
+    ("fused", "+ fused AdamW", ["--adamw", "fused"]),
+]
+
+
+def row_args(name: str, buckets: str) -> List[str]:
+    """Cumulative switches up to `name` ('default' stands alone)."""
+    if name == "default":
+        return list(ROWS[0][2])
+    out: List[str] = []
+    for n, _, extra in ROWS[1:]:
+        extra = [a.replace("{buckets}", buckets) for a in extra]
+        if "--adamw" in extra and "--adamw" in out:  # a later AdamW choice replaces the earlier
+            i = out.index("--adamw")
+            del out[i:i + 2]
+        out += extra
+        if n == name:
+            return out
+    raise ValueError(f"unknown row {name!r}; rows: {[r[0] for r in ROWS]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--db", required=True)
+    p.add_argument("--config", default="n16")
+    p.add_argument("--batches", default="16,64")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rows", default=",".join(r[0] for r in ROWS))
+    p.add_argument("--buckets", default="64", help="token buckets of the static rows")
+    p.add_argument("--loader-threads", type=int, default=12)
+    p.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    p.add_argument("--extra", default="", help="more trainer arguments for every row")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    names = [n for n in a.rows.split(",") if n]
+    labels = {n: lab for n, lab, _ in ROWS}
+    results: Dict[str, Any] = {"config": a.config, "steps": a.steps, "warmup": a.warmup,
+                               "buckets": a.buckets, "runs": {}}
+    for bs in [int(x) for x in a.batches.split(",")]:
+        table = []
+        for name in names:
+            js = os.path.join(a.out, f"{name}_b{bs}.json")
+            cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
+                   "--mode", "loongforge", "--batch-size", str(bs), "--steps", str(a.steps),
+                   "--warmup", str(a.warmup), "--loader-threads", str(a.loader_threads),
+                   "--count-syncs", "--quiet", "--json-out", js,
+                   *row_args(name, a.buckets), *a.extra.split()]
+            t0 = time.time()
+            print(f"== b{bs} {name}: {' '.join(cmd[3:])}", flush=True)
+            try:
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                   timeout=a.timeout)
+                rc, err = r.returncode, r.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, err = 124, (e.stderr or b"").decode(errors="replace") if isinstance(
+                    e.stderr, bytes) else str(e.stderr or "")
+            with open(os.path.join(a.out, f"{name}_b{bs}.log"), "w") as f:
+                f.write(err)
+            if rc != 0:
+                print(f"   failed (rc {rc}): {err[-1500:]}", flush=True)
+                table.append((name, None))
+                results["runs"][f"{name}_b{bs}"] = {"error": err[-3000:], "rc": rc}
+                continue
+            s = json.load(open(js))
+            s["wall_s_process"] = time.time() - t0
+            results["runs"][f"{name}_b{bs}"] = s
+            table.append((name, s))
+            f = s["figures"]
+            print(f"   step p50 {f['step_ms_p50']:.1f} ms, tokens/GPU/s "
+                  f"{f['tokens_per_gpu_per_s']:.0f}, syncs/step {f.get('host_syncs_per_step')}, "
+                  f"{time.time() - t0:.0f} s", flush=True)
+        base = next((s for n, s in table if n == "eager" and s), None)
+        print(f"\n{a.config}, batch {bs} ({a.steps} steps, {a.warmup} warm-up):")
+        print("| row | step p50 | p95 | tokens/GPU/s | host syncs/step | graphs | peak reserved "
+              "| vs eager |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, s in table:
+            if s is None:
+                print(f"| {labels[name]} | failed | | | | | | |")
+                continue
+            f = s["figures"]
+            mem = f["memory"].get("peak_reserved_bytes") or 0
+            g = s.get("cuda_graph", {})
+            speed = (base["figures"]["step_ms_p50"] / f["step_ms_p50"]) if base else float("nan")
+            print(f"| {labels[name]} | {f['step_ms_p50']:.1f} ms | {f['step_ms_p95']:.1f} ms | "
+                  f"{f['tokens_per_gpu_per_s']:,.0f} | {f.get('host_syncs_per_step', float('nan')):.1f} | "
+                  f"{g.get('graphs', 0)} | {mem / 2**30:.1f} GiB | {speed:.2f}× |")
+        print(flush=True)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    bad = [k for k, v in results["runs"].items() if "error" in v]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

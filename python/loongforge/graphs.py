@@ -1,0 +1,344 @@
+"""Per-microbatch CUDA graphs, static batches and host-sync accounting for the training step.
+
+    step = GraphedStep(model, device, token_buckets=(32, 64, 128), warmup=3)
+    out = step(batch, generator, loss_scale=1 / accum)   # forward + backward, graphed when it can
+    # out["loss"] etc. are device tensors, valid until the next call
+
+* **Static batches.** Every batch is padded to a shape bucket (text length rounded up to the
+  smallest bucket that fits; cameras, image size and horizon are fixed by the dataset) and copied
+  into fixed device buffers, one set per bucket, so a captured graph always reads the same
+  addresses. Padded text positions are masked, so the losses do not depend on the bucket.
+* **Graphs.** After ``warmup`` eager microbatches of a bucket, the next one is captured: forward
+  (under bf16 autocast without its weight cache) and backward into gradients that live at fixed
+  addresses (NexusSync's flat buckets, or gradients allocated once here). Later microbatches of the
+  bucket are replays. Gradients accumulate in place, so the same graph serves every microbatch of
+  an accumulation window.
+* **Random numbers.** The flow-matching noise and time are drawn outside the graph, from the
+  trainer's generator, into static buffers (``Gr00tPolicy.draw_noise``): the same stream of
+  numbers as eager mode, new on every replay.
+* **Fallback.** A bucket that cannot be graphed runs eager, with one log line naming the reason:
+  text longer than the largest bucket, MoE routing (data-dependent shapes), DDP's reducer hooks,
+  no CUDA, or a capture that failed.
+* **Gradient sync.** Captured backward passes run inside ``NexusSync.no_sync()``: its hooks do
+  nothing during capture and never run during replay. The trainer's ``finish()`` after the last
+  microbatch then issues every bucket (at world size 1: nothing to send). At world size > 1 the
+  all-reduce is therefore not overlapped with the graphed backward (Note [Graphs and NexusSync]
+  in docs/trainer.md).
+* **Memory.** Captures use torch's private graph memory pool, shared by the buckets' graphs
+  (they replay one at a time on one stream, and each graph's outputs are consumed before the next
+  replay). Replays allocate nothing. MemSculptor, when on, serves persistent tensors through a
+  scoped pool (see train.py); it does not serve the captured region (Note [Graph capture] in
+  src/memory/torch_allocator.cpp says why).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["GraphedStep", "SyncCounter", "pad_to_bucket", "parse_buckets", "graph_unavailable"]
+
+# Batch fields a step reads; anything else in the loader's dict is passed through untouched.
+_STEP_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask")
+
+
+def parse_buckets(spec: str) -> Tuple[int, ...]:
+    """'32,64,128' -> (32, 64, 128); '' -> (). ValueError naming the bad item."""
+    if not spec:
+        return ()
+    out: List[int] = []
+    for item in spec.split(","):
+        try:
+            v = int(item)
+        except ValueError:
+            raise ValueError(f"token bucket {item!r} is not an integer (in {spec!r})") from None
+        if v <= 0:
+            raise ValueError(f"token bucket {v} must be positive (in {spec!r})")
+        out.append(v)
+    return tuple(sorted(set(out)))
+
+
+def bucket_of(length: int, buckets: Sequence[int]) -> Optional[int]:
+    """Smallest bucket >= length, or None when the length exceeds every bucket."""
+    for b in buckets:
+        if length <= b:
+            return b
+    return None
+
+
+def pad_to_bucket(batch: Mapping[str, torch.Tensor], buckets: Sequence[int]
+                  ) -> Tuple[Dict[str, torch.Tensor], Optional[int]]:
+    """Pads tokens/attention_mask to the bucket of their length (masked). Returns (batch, bucket);
+    bucket None (batch unchanged) when the text is longer than every bucket or buckets is empty."""
+    length = int(batch["tokens"].shape[1])
+    b = bucket_of(length, buckets)
+    if b is None or b == length:
+        return dict(batch), b
+    out = dict(batch)
+    pad = b - length
+    out["tokens"] = torch.nn.functional.pad(batch["tokens"], (0, pad))
+    out["attention_mask"] = torch.nn.functional.pad(batch["attention_mask"], (0, pad))
+    return out, b
+
+
+def graph_unavailable(model: torch.nn.Module, device: torch.device, sync_kind: str) -> Optional[str]:
+    """Why per-microbatch graphs cannot run at all here (None: they can)."""
+    if device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if not hasattr(torch.cuda, "graph"):
+        return f"torch {torch.__version__} has no torch.cuda.graph"
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and getattr(cfg, "moe_experts", 0):
+        return ("MoE routing has data-dependent shapes (tokens per expert) and host syncs, which "
+                "a CUDA graph cannot capture")
+    if sync_kind == "ddp":
+        return "DDP's reducer hooks cannot be captured (use NexusSync)"
+    return None
+
+
+class SyncCounter:
+    """Counts synchronizing CUDA calls (torch.cuda.set_sync_debug_mode) inside ``window()``.
+
+    torch flags the calls that block the host on the device (``.item()``, ``float(t)``, D2H
+    copies into pageable memory, ``torch.cuda.synchronize()``, ``nonzero``...). ``window()`` is
+    entered around each training step; ``counts`` holds one count per window."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and torch.cuda.is_available() and hasattr(
+            torch.cuda, "set_sync_debug_mode")
+        self.counts: List[int] = []
+        self.examples: Dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prev = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(1)
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+        n = 0
+        for w in caught:
+            msg = str(w.message)
+            if "synchroniz" in msg:
+                n += 1
+                where = f"{w.filename.rsplit('/', 1)[-1]}:{w.lineno}"
+                self.examples[where] = self.examples.get(where, 0) + 1
+            else:  # not ours: re-emit
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.counts.append(n)
+
+
+@dataclass
+class _Bucket:
+    key: Tuple[Any, ...]
+    eager_runs: int = 0
+    graph: Any = None
+    inputs: Dict[str, torch.Tensor] = field(default_factory=dict)
+    noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    outputs: Dict[str, torch.Tensor] = field(default_factory=dict)
+    eager_reason: str = ""
+    replays: int = 0
+    scale: float = 1.0
+
+
+class GraphedStep:
+    """Forward + backward of one microbatch, as a CUDA-graph replay where possible.
+
+    Args:
+      model: the policy (``draw_noise`` and the trainable parameters).
+      runner: what runs the forward (the model, or a compiled/wrapped one) with
+        ``runner(batch, noise=, time_u=)`` returning a loss dict; default: the model.
+      device: the training device.
+      token_buckets: text lengths batches are padded to (static shapes); () = no padding, one
+        graph per distinct length.
+      warmup: eager microbatches of a bucket before it is captured.
+      graphs: False = static batches only (eager).
+      sync: the trainer's SyncBackend (kind, nexus), for no_sync during capture.
+      autocast_dtype: bf16 on CUDA (None: no autocast).
+      max_graphs: buckets captured at most (the rest run eager).
+      log: one-line logger.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, *,
+                 runner: Optional[Callable[..., Dict[str, torch.Tensor]]] = None,
+                 token_buckets: Sequence[int] = (), warmup: int = 3, graphs: bool = True,
+                 sync: Any = None, autocast_dtype: Optional[torch.dtype] = torch.bfloat16,
+                 max_graphs: int = 8, log: Callable[[str], None] = print) -> None:
+        self.model, self.device = model, device
+        self.runner = runner if runner is not None else model
+        self.buckets = tuple(token_buckets)
+        self.warmup = max(1, int(warmup))
+        self.sync = sync
+        self.autocast_dtype = autocast_dtype if device.type == "cuda" else None
+        self.max_graphs = max_graphs
+        self.log = log
+        sync_kind = getattr(sync, "kind", "none")
+        self.disabled_reason = (graph_unavailable(model, device, sync_kind) if graphs
+                                else "--cuda-graph off")
+        self.graphs_on = graphs and self.disabled_reason is None
+        if graphs and not self.graphs_on:
+            log(f"[cuda-graph] per-microbatch graphs off: {self.disabled_reason}; running eager")
+        self._buckets: Dict[Tuple[Any, ...], _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self._side = torch.cuda.Stream(device) if self.graphs_on else None
+        self._grads_ready = False
+        self.captures = 0
+        self.capture_failures: List[str] = []
+
+    # ---- public -----------------------------------------------------------------------------
+
+    def __call__(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
+                 loss_scale: float = 1.0) -> Dict[str, torch.Tensor]:
+        padded, bucket_len = pad_to_bucket(batch, self.buckets)
+        key = self._key(padded)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = _Bucket(key)
+            b.eager_reason = self._eager_reason(batch, bucket_len)
+            if b.eager_reason and self.graphs_on:
+                self.log(f"[cuda-graph] bucket {self._describe(key)} runs eager: {b.eager_reason}")
+        if not self.graphs_on or b.eager_reason:
+            return self._eager(padded, generator, loss_scale)
+        if b.graph is not None and b.scale == loss_scale:
+            return self._replay(b, padded, generator)
+        if b.graph is not None:  # another accumulation factor than at capture: rare, stay correct
+            return self._eager(padded, generator, loss_scale)
+        if b.eager_runs < self.warmup:
+            b.eager_runs += 1
+            return self._eager(padded, generator, loss_scale, side_stream=True)
+        return self._capture(b, padded, generator, loss_scale)
+
+    def stats(self) -> Dict[str, Any]:
+        return {
+            "enabled": self.graphs_on,
+            "reason": self.disabled_reason or "",
+            "token_buckets": list(self.buckets),
+            "graphs": sum(1 for b in self._buckets.values() if b.graph is not None),
+            "captures": self.captures,
+            "capture_failures": list(self.capture_failures),
+            "replays": sum(b.replays for b in self._buckets.values()),
+            "eager_buckets": {self._describe(k): b.eager_reason
+                              for k, b in self._buckets.items() if b.eager_reason},
+        }
+
+    def static_inputs(self, batch: Mapping[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:
+        """The fixed buffers the graph of this batch's bucket reads (None: not graphed)."""
+        padded, _ = pad_to_bucket(batch, self.buckets)
+        b = self._buckets.get(self._key(padded))
+        return b.inputs if b is not None and b.graph is not None else None
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _key(self, batch: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
+        return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in _STEP_KEYS if k in batch)
+
+    @staticmethod
+    def _describe(key: Tuple[Any, ...]) -> str:
+        shapes = dict((k, s) for k, s, _ in key)
+        tok = shapes.get("tokens", (0, 0))
+        return f"B{tok[0]}xL{tok[1]}"
+
+    def _eager_reason(self, batch: Mapping[str, torch.Tensor], bucket_len: Optional[int]) -> str:
+        if self.buckets and bucket_len is None:
+            return (f"text length {int(batch['tokens'].shape[1])} exceeds the largest token "
+                    f"bucket {self.buckets[-1]}")
+        if sum(1 for b in self._buckets.values() if not b.eager_reason) > self.max_graphs:
+            return f"more than {self.max_graphs} shape buckets (raise --graph-max or set buckets)"
+        return ""
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        # The weight-cast cache must be off under capture (its tensors would leak out of the graph).
+        return torch.autocast("cuda", dtype=self.autocast_dtype, cache_enabled=False)
+
+    def _forward_backward(self, batch: Mapping[str, torch.Tensor],
+                          noise: Tuple[torch.Tensor, torch.Tensor],
+                          loss_scale: float) -> Dict[str, torch.Tensor]:
+        with self._autocast():
+            out = self.runner(batch, noise=noise[0], time_u=noise[1])
+        (out["loss"] * loss_scale).backward()
+        return {k: v.detach() for k, v in out.items()}
+
+    def _draw(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
+              out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
+        b, horizon = batch["action"].shape[:2]
+        return self.model.draw_noise(int(b), int(horizon), batch["action"].device, generator, out)
+
+    def _eager(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
+               loss_scale: float, side_stream: bool = False) -> Dict[str, torch.Tensor]:
+        noise = self._draw(batch, generator)
+        if not side_stream or self._side is None:
+            return self._forward_backward(batch, noise, loss_scale)
+        # Warm-up before capture runs on a side stream (lazy inits and workspace allocations
+        # then happen outside the ambient stream, as torch's CUDA-graph notes recommend).
+        cur = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(cur)
+        with torch.cuda.stream(self._side):
+            out = self._forward_backward(batch, noise, loss_scale)
+        cur.wait_stream(self._side)
+        return out
+
+    def _ensure_grads(self) -> None:
+        """Gradients must live at fixed addresses before capture: NexusSync's bucket views, or
+        zeros allocated once here (the trainer then zeroes them in place, never sets None)."""
+        if self._grads_ready:
+            return
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._grads_ready = True
+
+    def _copy_in(self, b: _Bucket, batch: Mapping[str, torch.Tensor]) -> None:
+        for k, dst in b.inputs.items():
+            dst.copy_(batch[k], non_blocking=True)
+
+    def _capture(self, b: _Bucket, batch: Mapping[str, torch.Tensor],
+                 generator: Optional[torch.Generator], loss_scale: float) -> Dict[str, torch.Tensor]:
+        self._ensure_grads()
+        b.inputs = {k: torch.empty_like(batch[k]) for k in _STEP_KEYS if k in batch}
+        self._copy_in(b, batch)
+        b.noise = self._draw(batch, generator)  # this microbatch's draws, in static buffers
+        nexus = getattr(self.sync, "nexus", None)
+        no_sync = nexus.no_sync() if nexus is not None else contextlib.nullcontext()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        try:
+            # thread_local: the loader's threads keep calling CUDA (decode, copies on their own
+            # streams) while this thread captures; only this thread's unsafe calls are refused.
+            with no_sync, torch.cuda.graph(graph, pool=self._pool,
+                                           capture_error_mode="thread_local"):
+                b.outputs = self._forward_backward(b.inputs, b.noise, loss_scale)
+        except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
+            b.eager_reason = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            b.inputs, b.outputs, b.noise = {}, {}, None
+            self.capture_failures.append(f"{self._describe(b.key)}: {b.eager_reason}")
+            self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {b.eager_reason}")
+            torch.cuda.synchronize(self.device)
+            return self._eager(batch, generator, loss_scale)
+        b.graph = graph
+        b.scale = loss_scale
+        self.captures += 1
+        self.log(f"[cuda-graph] captured bucket {self._describe(b.key)} after {b.eager_runs} "
+                 f"eager warm-up microbatches")
+        graph.replay()  # capture records the work; this runs it for the current microbatch
+        b.replays += 1
+        return b.outputs
+
+    def _replay(self, b: _Bucket, batch: Mapping[str, torch.Tensor],
+                generator: Optional[torch.Generator]) -> Dict[str, torch.Tensor]:
+        self._copy_in(b, batch)
+        self._draw(batch, generator, out=b.noise)
+        b.graph.replay()
+        b.replays += 1
+        return b.outputs
