@@ -545,6 +545,12 @@ class NexusSync:
         b.issued_at = time.perf_counter()
         b.done_at = 0.0
         b.tracked = False
+        if not b.sparse and not self._communicates():
+            # Nothing to send (world size 1): no stream hand-off either (one event record and
+            # wait per bucket would cost host time in every step for nothing).
+            self._stats.issue_order.append(b.index)
+            self._stats.issue_times[b.index] = b.issued_at
+            return
         stream_ctx = contextlib.nullcontext()
         if self._comm_stream is not None and b.device.type == "cuda":
             self._comm_stream.wait_stream(torch.cuda.current_stream(b.device))

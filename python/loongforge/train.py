@@ -576,8 +576,14 @@ class MemoryPlanner:
         if not self.scoped:
             return self.ms.persistent()
         stack = contextlib.ExitStack()
-        stack.enter_context(self.ms.pool())
-        stack.enter_context(self.ms.persistent())
+        try:
+            stack.enter_context(self.ms.pool())
+            stack.enter_context(self.ms.persistent())
+        except (RuntimeError, TypeError, AttributeError) as e:  # torch without a usable MemPool
+            stack.close()
+            self.status = f"off: scoped MemSculptor pool failed ({e})"
+            print(f"[memsculptor] {self.status}; tensors use torch's allocator", file=sys.stderr)
+            self.ms = None
         return stack
 
     def record(self, steps: int) -> None:
