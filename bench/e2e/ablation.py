@@ -4,7 +4,8 @@
     python bench/e2e/ablation.py --db DB --config n16 --batches 16,64 --steps 30 --warmup 10 \
         --out results/ablation [--rows eager,static,syncfree,graphs,compile,fused]
 
-Rows (each adds its switch to the row before; all in loongforge mode, counting host syncs):
+Rows (each adds its switch to the row before; all in loongforge mode, counting host syncs;
+the lean-step switches are forced off in the first rows, since loongforge mode turns them on):
   default   loongforge mode as in the end-to-end table (eager, fused AdamW)
   eager     eager step, foreach AdamW (the ablation's starting point)
   static    + static batches (--token-buckets)
@@ -28,11 +29,12 @@ from typing import Any, Dict, List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
+_OFF = ["--cuda-graph", "off", "--sync-free", "off", "--token-buckets", ""]
 ROWS: List[Tuple[str, str, List[str]]] = [
-    ("default", "loongforge eager, fused AdamW (issue 6 mode)", ["--adamw", "auto"]),
-    ("eager", "eager, foreach AdamW", ["--adamw", "foreach"]),
+    ("default", "loongforge eager, fused AdamW (issue 6 mode)", ["--adamw", "auto", *_OFF]),
+    ("eager", "eager, foreach AdamW", ["--adamw", "foreach", *_OFF]),
     ("static", "+ static batches", ["--token-buckets", "{buckets}"]),
-    ("syncfree", "+ no host syncs", ["--sync-free"]),
+    ("syncfree", "+ no host syncs", ["--sync-free", "on"]),
     ("graphs", "+ CUDA graphs", ["--cuda-graph", "per_microbatch"]),
     ("compile", "+ compile (frozen path)", ["--compile-frozen"]),
     ("fused", "+ fused AdamW", ["--adamw", "fused"]),
@@ -46,9 +48,12 @@ def row_args(name: str, buckets: str) -> List[str]:
     out: List[str] = []
     for n, _, extra in ROWS[1:]:
         extra = [a.replace("{buckets}", buckets) for a in extra]
-        if "--adamw" in extra and "--adamw" in out:  # a later AdamW choice replaces the earlier
-            i = out.index("--adamw")
-            del out[i:i + 2]
+        for i in range(0, len(extra), 2):  # a later choice of a flag replaces the earlier one
+            flag = extra[i]
+            if flag.startswith("--") and flag in out and i + 1 < len(extra) and \
+                    not extra[i + 1].startswith("--"):
+                j = out.index(flag)
+                del out[j:j + 2]
         out += extra
         if n == name:
             return out

@@ -100,41 +100,61 @@ def graph_unavailable(model: torch.nn.Module, device: torch.device, sync_kind: s
 
 
 class SyncCounter:
-    """Counts synchronizing CUDA calls (torch.cuda.set_sync_debug_mode) inside ``window()``.
+    """Counts host syncs per training step inside ``window()``.
 
-    torch flags the calls that block the host on the device (``.item()``, ``float(t)``, D2H
-    copies into pageable memory, ``torch.cuda.synchronize()``, ``nonzero``...). ``window()`` is
-    entered around each training step; ``counts`` holds one count per window."""
+    Two sources: torch's sync debug mode (``torch.cuda.set_sync_debug_mode``), which flags the
+    calls that make the host wait for the device (``.item()``, ``float(t)``, D2H copies into
+    pageable memory, ``nonzero``...), and the trainer's own device synchronizations, reported
+    through ``explicit()``. ``counts`` holds one count per window; ``examples`` maps each site
+    (the innermost frame outside torch) to how often it synchronized."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and torch.cuda.is_available() and hasattr(
             torch.cuda, "set_sync_debug_mode")
         self.counts: List[int] = []
         self.examples: Dict[str, int] = {}
+        self._cur: Optional[int] = None
+
+    def explicit(self, where: str) -> None:
+        if self._cur is not None:
+            self._cur += 1
+            self.examples[where] = self.examples.get(where, 0) + 1
+
+    def _site(self) -> str:
+        import traceback
+        frames = traceback.extract_stack()[:-3]  # drop this hook and the warnings machinery
+        for fr in reversed(frames):
+            fn = fr.filename.replace("\\", "/")
+            if "/torch/" not in fn and "/warnings.py" not in fn and "contextlib" not in fn:
+                return f"{fn.rsplit('/', 1)[-1]}:{fr.lineno} {fr.name}"
+        return "unknown"
 
     @contextlib.contextmanager
     def window(self) -> Iterator[None]:
         if not self.enabled:
             yield
             return
-        with warnings.catch_warnings(record=True) as caught:
+        self._cur = 0
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            orig = warnings.showwarning
+
+            def hook(message: Any, category: Any, filename: str, lineno: int,
+                     file: Any = None, line: Any = None) -> None:
+                if "synchroniz" in str(message) and self._cur is not None:
+                    self.explicit(self._site())
+                else:
+                    orig(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = hook
             prev = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(1)
             try:
                 yield
             finally:
                 torch.cuda.set_sync_debug_mode(prev)
-        n = 0
-        for w in caught:
-            msg = str(w.message)
-            if "synchroniz" in msg:
-                n += 1
-                where = f"{w.filename.rsplit('/', 1)[-1]}:{w.lineno}"
-                self.examples[where] = self.examples.get(where, 0) + 1
-            else:  # not ours: re-emit
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        self.counts.append(n)
+        self.counts.append(self._cur)
+        self._cur = None
 
 
 @dataclass

@@ -95,16 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--quiet", action="store_true")
     g = p.add_argument_group("step scheduling (docs/trainer.md, 'The lean step')")
-    g.add_argument("--cuda-graph", choices=("off", "per_microbatch"), default="off",
-                   help="capture forward+backward per microbatch, one graph per shape bucket")
+    g.add_argument("--cuda-graph", choices=("auto", "off", "per_microbatch"), default="auto",
+                   help="capture forward+backward per microbatch, one graph per shape bucket "
+                        "(auto: per_microbatch in loongforge mode on CUDA, else off)")
     g.add_argument("--graph-warmup", type=int, default=3,
                    help="eager microbatches of a shape bucket before it is captured")
     g.add_argument("--graph-max", type=int, default=8, help="shape buckets captured at most")
-    g.add_argument("--token-buckets", default="",
-                   help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128")
-    g.add_argument("--sync-free", action="store_true",
+    g.add_argument("--token-buckets", default="auto",
+                   help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128"
+                        " ('' = off; auto: with CUDA graphs, powers of two from 16 up to the "
+                        "dataset's longest text)")
+    g.add_argument("--sync-free", choices=("auto", "on", "off"), default="auto",
                    help="no host syncs in the step: losses, token counts and step times are read "
-                        "back two steps later through pinned memory and CUDA events")
+                        "back two steps later through pinned memory and CUDA events (auto: on "
+                        "in loongforge mode on CUDA)")
     g.add_argument("--count-syncs", action="store_true",
                    help="count synchronizing CUDA calls per step (torch sync debug mode)")
     g.add_argument("--act-ckpt", choices=("off", "dit", "llm", "all"), default="off",
@@ -264,6 +268,15 @@ class Readback:
         if moe:
             r["aux_loss"] = aux
         return r
+
+
+def auto_buckets(longest: int) -> tuple:
+    """Powers of two from 16 up to the first that holds `longest` tokens."""
+    out, b = [], 16
+    while b < longest:
+        out.append(b)
+        b *= 2
+    return tuple(out + [b])
 
 
 def compile_frozen(model: Gr00tPolicy) -> str:
@@ -704,7 +717,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     lf = args.mode == "loongforge"
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
-    graphs = args.cuda_graph == "per_microbatch"
+    auto_lean = lf and args.device != "cpu" and torch.cuda.is_available()
+    graphs = args.cuda_graph == "per_microbatch" or (args.cuda_graph == "auto" and auto_lean)
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
 
@@ -773,7 +787,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             start_step = int(st["step"])
 
     cuda = d.device.type == "cuda"
-    sync_dev = (lambda: torch.cuda.synchronize(d.device)) if cuda else (lambda: None)
+    counter = SyncCounter(args.count_syncs)
+
+    def sync_dev() -> None:
+        if cuda:
+            counter.explicit("train.py: torch.cuda.synchronize (step end / trace)")
+            torch.cuda.synchronize(d.device)
+
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
     if cuda:
         with contextlib.suppress(RuntimeError):  # unsupported under a pluggable allocator
@@ -784,10 +804,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     horizon = int(schema["action_horizon"])
 
     # The step runner: static batches (token buckets) and per-microbatch CUDA graphs.
-    try:
-        buckets = parse_buckets(args.token_buckets)
-    except ValueError as e:
-        raise TrainError(f"--token-buckets: {e}") from e
+    if args.token_buckets == "auto":
+        buckets = auto_buckets(int(schema.get("max_tokens", 0)) or 64) if graphs else ()
+    else:
+        try:
+            buckets = parse_buckets(args.token_buckets)
+        except ValueError as e:
+            raise TrainError(f"--token-buckets: {e}") from e
     stepper: Any = None
     if graphs or buckets:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
@@ -798,12 +821,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         status["cuda_graph"] = ("per_microbatch" if stepper.graphs_on else
                                 f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
-    sync_free = args.sync_free and cuda
-    if args.sync_free and not cuda:
+    want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and lf)
+    sync_free = want_sync_free and cuda
+    if args.sync_free == "on" and not cuda:
         status["sync_free"] = "off: needs CUDA (on the CPU every step is synchronous)"
     elif sync_free:
         status["sync_free"] = "on (figures read back 2 steps late)"
-    counter = SyncCounter(args.count_syncs)
     readback = Readback(d.device, lag=2 if sync_free else 0)
 
     def batches() -> Iterator[Dict[str, torch.Tensor]]:
@@ -921,7 +944,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         m = summary["figures"]["memory"]
         m["memsculptor"] = ms_stats
         pa, pr = ms_stats.get("peak_allocated_bytes"), ms_stats.get("peak_reserved_bytes")
-        if pa and pr:  # torch's counters do not see a pluggable allocator
+        if mem.scoped:
+            # Scoped (torch.cuda.MemPool): torch's caching allocator manages the pool's blocks
+            # too, so its counters cover MemSculptor's segments, the CUDA graphs' pool and the
+            # rest; MemSculptor's own figures (persistent tensors) stay under "memsculptor".
+            m["note"] = "torch's counters (they include the MemSculptor pool's segments)"
+        elif pa and pr:  # torch's counters do not see a pluggable allocator
             m.update(peak_allocated_bytes=pa, peak_reserved_bytes=pr, fragmentation=1 - pa / pr)
     if sync.kind == "ddp":
         summary["figures"]["comm_exposed_note"] = (

@@ -225,8 +225,9 @@ def test_trainer_graphs_sync_free(tmp_path):
     env["PYTHONPATH"] = os.path.join(os.path.dirname(train.__file__), "..") + os.pathsep + \
         env.get("PYTHONPATH", "")
     res = {}
-    for name, extra in (("eager", []), ("graph", ["--cuda-graph", "per_microbatch", "--sync-free",
-                                                  "--token-buckets", "32,64", "--count-syncs"])):
+    for name, extra in (("eager", ["--cuda-graph", "off", "--sync-free", "off",
+                                   "--token-buckets", ""]),
+                        ("graph", ["--count-syncs"])):  # loongforge mode's defaults on CUDA
         js = str(tmp_path / f"{name}.json")
         cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
                "--batch-size", "4", "--warmup", "4", "--steps", "10", "--device", "cuda",
@@ -237,6 +238,7 @@ def test_trainer_graphs_sync_free(tmp_path):
         res[name] = json.load(open(js))
     g = res["graph"]
     assert g["modules"]["cuda_graph"] == "per_microbatch", g["modules"]
+    assert g["modules"]["sync_free"].startswith("on") and g["cuda_graph"]["token_buckets"]
     assert g["cuda_graph"]["captures"] >= 1 and g["cuda_graph"]["replays"] >= 1, g["cuda_graph"]
     assert g["figures"]["host_syncs_per_step"] == 0, g["figures"].get("host_sync_sites")
     a = [r["loss"] for r in res["eager"]["loss_curve"]]
