@@ -60,6 +60,33 @@ def row_args(name: str, buckets: str) -> List[str]:
     raise ValueError(f"unknown row {name!r}; rows: {[r[0] for r in ROWS]}")
 
 
+def compare_losses(results: Dict[str, Any], bs: int) -> None:
+    """Loss curves of the eager row and the last lean row over their common steps."""
+    runs = results["runs"]
+    ref = runs.get(f"eager_b{bs}")
+    for other in ("fused", "compile", "graphs"):
+        cand = runs.get(f"{other}_b{bs}")
+        if cand and "error" not in cand and ref and "error" not in ref:
+            break
+    else:
+        return
+    a = [r["loss"] for r in ref["loss_curve"]]
+    b = [r["loss"] for r in cand["loss_curve"]]
+    n = min(len(a), len(b))
+    if n == 0:
+        return
+    rel = [abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a[:n], b[:n])]
+    tail = max(1, n // 4)
+    out = {"rows": ["eager", other], "steps": n, "max_rel_diff": max(rel),
+           "mean_rel_diff": sum(rel) / n,
+           "last_quarter_mean_loss": [sum(a[n - tail:n]) / tail, sum(b[n - tail:n]) / tail]}
+    results.setdefault("loss_compare", {})[f"b{bs}"] = out
+    print(f"loss curves eager vs {other}, batch {bs}, {n} steps: max rel diff "
+          f"{out['max_rel_diff']:.4%}, mean {out['mean_rel_diff']:.4%}, last-quarter mean loss "
+          f"{out['last_quarter_mean_loss'][0]:.4f} vs {out['last_quarter_mean_loss'][1]:.4f}",
+          flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--db", required=True)
@@ -68,6 +95,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rows", default=",".join(r[0] for r in ROWS))
+    p.add_argument("--steps-for", default="",
+                   help="ROW=STEPS,... longer runs for some rows (e.g. eager=200,fused=200 for "
+                        "the loss-curve comparison)")
+    p.add_argument("--batches-for", default="",
+                   help="ROW=B1/B2,... batch sizes a row runs at (default: all of --batches)")
     p.add_argument("--buckets", default="64", help="token buckets of the static rows")
     p.add_argument("--loader-threads", type=int, default=12)
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
@@ -81,12 +113,18 @@ def main() -> int:
     labels = {n: lab for n, lab, _ in ROWS}
     results: Dict[str, Any] = {"config": a.config, "steps": a.steps, "warmup": a.warmup,
                                "buckets": a.buckets, "runs": {}}
+    steps_for = {k: int(v) for k, v in (i.split("=") for i in a.steps_for.split(",") if i)}
+    batches_for = {k: [int(b) for b in v.split("/")]
+                   for k, v in (i.split("=") for i in a.batches_for.split(",") if i)}
     for bs in [int(x) for x in a.batches.split(",")]:
         table = []
         for name in names:
+            if name in batches_for and bs not in batches_for[name]:
+                continue
+            steps = steps_for.get(name, a.steps)
             js = os.path.join(a.out, f"{name}_b{bs}.json")
             cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
-                   "--mode", "loongforge", "--batch-size", str(bs), "--steps", str(a.steps),
+                   "--mode", "loongforge", "--batch-size", str(bs), "--steps", str(steps),
                    "--warmup", str(a.warmup), "--loader-threads", str(a.loader_threads),
                    "--count-syncs", "--quiet", "--json-out", js,
                    *row_args(name, a.buckets), *a.extra.split()]
@@ -131,6 +169,7 @@ def main() -> int:
                   f"{f['tokens_per_gpu_per_s']:,.0f} | {f.get('host_syncs_per_step', float('nan')):.1f} | "
                   f"{g.get('graphs', 0)} | {mem / 2**30:.1f} GiB | {speed:.2f}× |")
         print(flush=True)
+        compare_losses(results, bs)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     bad = [k for k, v in results["runs"].items() if "error" in v]

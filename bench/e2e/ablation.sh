@@ -13,4 +13,6 @@ if [ ! -f "$db/data.mdb" ]; then
 fi
 $PY bench/e2e/ablation.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATCHES:-16,64}" \
   --rows "${ROWS:-default,eager,static,syncfree,graphs,compile,fused}" --steps "${STEPS:-30}" \
-  --warmup "${WARMUP:-10}" --buckets "${BUCKETS:-64}" --out "$out/ablation" ${EXTRA:+--extra "$EXTRA"}
+  --warmup "${WARMUP:-10}" --buckets "${BUCKETS:-64}" --steps-for "${STEPS_FOR:-}" \
+  --batches-for "${BATCHES_FOR:-}" --timeout "${RUN_TIMEOUT:-240}" \
+  --out "$out/${NAME:-ablation}" ${EXTRA:+--extra "$EXTRA"}
