@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gr00t_workload import PYDIR, REPO, Gr00tWork, MoEWork, load_by_path  # noqa: E402

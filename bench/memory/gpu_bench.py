@@ -35,7 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gr00t_workload import PYDIR, Gr00tWork  # noqa: E402

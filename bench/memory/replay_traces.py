@@ -68,7 +68,7 @@ def replay_one(cli: str, path: str, segment_mb: int, timeout: int) -> Dict[str, 
     modes = {r["mode"]: r for r in replay["results"]}
     sigs = plan.get("signatures", [])
     worst_sig = max(sigs, key=lambda s: s["overhead_vs_steps"]) if sigs else None
-    planned, caching = modes.get("planned", {}), modes.get("caching", {})
+    planned = modes.get("planned", {})
     plan_overhead = worst_sig["overhead_vs_steps"] if worst_sig else 0.0
     frag = planned.get("fragmentation", 1.0)
     p50 = planned.get("alloc_latency_ns", {}).get("p50", float("inf"))
