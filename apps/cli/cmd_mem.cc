@@ -2,6 +2,7 @@
 // (the text format of mem::Trace::ToText, e.g. written by MemSculptor.record(trace_path=...)).
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -17,19 +18,12 @@ constexpr const char* kUsage =
     "  plan TRACE     plan every step: lower bound (max live bytes), peak, overhead, algorithm\n"
     "  replay TRACE   run the trace through MemSculptor's allocator over host memory and report\n"
     "                 peak allocated/reserved, fragmentation, planned hits/misses, latency;\n"
-    "                 --mode pool | planned | first_sight | all (default all, side by side)\n"
-    "TRACE lines: 'a ID SIZE STREAM TIME_NS', 'f ID STREAM TIME_NS', 's TIME_NS SIGNATURE'";
+    "                 --mode pool | planned | first_sight | caching | all (default all, side by\n"
+    "                 side; caching = a model of torch's caching allocator, the baseline)\n"
+    "TRACE lines: 'a ID SIZE STREAM TIME_NS', 'f ID STREAM TIME_NS', 's TIME_NS SIGNATURE';\n"
+    "the file may be zstd-compressed (e.g. bench/traces/*.trace.zst)";
 
-StatusOr<mem::Trace> LoadTrace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot open trace");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return InternalError(path + ": read failed");
-  StatusOr<mem::Trace> t = mem::Trace::FromText(ss.str());
-  if (!t.ok()) return t.status().WithContext(path);
-  return t;
-}
+StatusOr<mem::Trace> LoadTrace(const std::string& path) { return mem::Trace::Load(path); }
 
 int64_t Placed(const mem::Plan& p) {
   int64_t n = 0;
@@ -51,6 +45,22 @@ Status RunPlan(const Args& a, const std::string& path) {
     plans.push_back(std::move(p));
   }
   const double overhead = bound > 0 ? static_cast<double>(peak - bound) / bound : 0.0;
+  // The plans the allocator installs: one per signature, over the envelope of its steps.
+  std::map<std::string, std::vector<const mem::LifetimeTable*>> by_sig;
+  for (const auto& t : tables) by_sig[t.signature].push_back(&t);
+  std::vector<mem::SignaturePlan> sig_plans;
+  for (const auto& [sig, steps] : by_sig) {
+    mem::SignaturePlan sp = mem::PlanSignature(steps);
+    LF_RETURN_IF_ERROR_CTX(mem::CheckPlan(sp.envelope, sp.plan),
+                           path + ": signature '" + sig + "'");
+    sig_plans.push_back(std::move(sp));
+  }
+  auto vs_steps = [](const mem::SignaturePlan& sp) {
+    return sp.max_step_lower_bound_bytes > 0
+               ? static_cast<double>(sp.plan.peak_bytes - sp.max_step_lower_bound_bytes) /
+                     sp.max_step_lower_bound_bytes
+               : 0.0;
+  };
   if (a.Has("json")) {
     nlohmann::json j;
     j["trace"] = path;
@@ -71,6 +81,18 @@ Status RunPlan(const Args& a, const std::string& path) {
                             {"other_peak_bytes", p.other_peak_bytes},
                             {"overhead", p.overhead()}});
     }
+    j["signatures"] = nlohmann::json::array();
+    for (const auto& sp : sig_plans) {
+      j["signatures"].push_back({{"signature", sp.plan.signature},
+                                 {"steps", sp.total_steps},
+                                 {"merged_steps", sp.merged_steps},
+                                 {"algorithm", sp.plan.algorithm},
+                                 {"peak_bytes", sp.plan.peak_bytes},
+                                 {"lower_bound_bytes", sp.plan.lower_bound_bytes},
+                                 {"max_step_lower_bound_bytes", sp.max_step_lower_bound_bytes},
+                                 {"overhead", sp.plan.overhead()},
+                                 {"overhead_vs_steps", vs_steps(sp)}});
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return Status::Ok();
   }
@@ -87,6 +109,17 @@ Status RunPlan(const Args& a, const std::string& path) {
   }
   std::printf("largest step: lower bound %s, peak %s, overhead %.2f%%\n",
               mem::FormatBytes(bound).c_str(), mem::FormatBytes(peak).c_str(), 100 * overhead);
+  std::printf(
+      "\nper signature (the plan the allocator installs: envelope of same-structure steps)\n");
+  std::printf("%-16s %6s %7s %12s %12s %9s %14s %9s\n", "signature", "steps", "merged",
+              "lower bound", "peak", "overhead", "max step bound", "vs steps");
+  for (const auto& sp : sig_plans) {
+    std::printf("%-16s %6d %7d %12s %12s %8.2f%% %14s %8.2f%%\n",
+                sp.plan.signature.empty() ? "-" : sp.plan.signature.c_str(), sp.total_steps,
+                sp.merged_steps, mem::FormatBytes(sp.plan.lower_bound_bytes).c_str(),
+                mem::FormatBytes(sp.plan.peak_bytes).c_str(), 100 * sp.plan.overhead(),
+                mem::FormatBytes(sp.max_step_lower_bound_bytes).c_str(), 100 * vs_steps(sp));
+  }
   return Status::Ok();
 }
 
@@ -125,7 +158,7 @@ Status RunReplay(const Args& a, const std::string& path) {
   o.max_plans = static_cast<size_t>(max_plans);
   std::vector<std::string> modes;
   if (a.Get("mode") == "all") {
-    modes = {"pool", "planned", "first_sight"};
+    modes = {"pool", "planned", "first_sight", "caching"};
   } else {
     LF_RETURN_IF_ERROR(mem::ParseReplayMode(a.Get("mode")).status());
     modes = {a.Get("mode")};
@@ -168,7 +201,7 @@ Status RunReplay(const Args& a, const std::string& path) {
 int RunMem(int argc, char** argv) {
   Args args("mem", kUsage);
   args.Switch("json", "print JSON instead of a table");
-  args.Flag("mode", "all", "replay: pool, planned, first_sight or all");
+  args.Flag("mode", "all", "replay: pool, planned, first_sight, caching or all");
   args.Flag("segment-mb", "32", "replay: pool segment size in MiB");
   args.Flag("capacity-gb", "64", "replay: host range standing in for device memory, GiB");
   args.Flag("max-plans", "64", "replay: bound on cached plans (0 = none)");

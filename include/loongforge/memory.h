@@ -99,6 +99,15 @@ class Trace {
   std::string ToText() const;
   static StatusOr<Trace> FromText(const std::string& text);
 
+  // A trace file: the text form, plain or zstd-compressed (told apart by zstd's magic number, so
+  // the file name does not matter; ".trace.zst" by convention). Errors: NotFound (cannot open),
+  // DataLoss (a corrupt or truncated zstd frame), InvalidArgument (a bad line, named); each names
+  // the path.
+  static StatusOr<Trace> Load(const std::string& path);
+  // Writes the text form to `path`, zstd-compressed (level 19: traces are written once, read
+  // often) when `compress`, through a temporary file renamed into place. Internal on I/O errors.
+  Status Save(const std::string& path, bool compress) const;
+
  private:
   std::vector<TraceEvent> events_;
 };
@@ -144,6 +153,23 @@ Plan PlanGreedyByBreadth(const LifetimeTable& table);
 Status CheckPlan(const LifetimeTable& table, const Plan& plan);
 // Max over time of the sum of live rounded sizes of placed allocations.
 int64_t LowerBoundBytes(const LifetimeTable& table);
+
+// Envelope plans (Note [Envelope plans] in src/memory/planner.cc). Two steps have the same
+// structure when they have as many events and allocation k has the same lifetime [alloc_seq,
+// free_seq), freed_in_step and stream in both: only sizes differ (an MoE layer whose experts get
+// other token counts, a ragged batch under one padding bucket).
+bool SameStructure(const LifetimeTable& a, const LifetimeTable& b);
+struct SignaturePlan {
+  Plan plan;               // planned over `envelope`
+  LifetimeTable envelope;  // the last step, each size widened to the largest of the merged steps
+  int merged_steps = 0;    // steps covered (the last one and earlier ones of the same structure)
+  int total_steps = 0;     // steps given
+  int64_t max_step_lower_bound_bytes = 0;  // largest LowerBoundBytes among the merged steps
+};
+// The plan MemAllocator installs for one signature, from its recorded steps in order (at least
+// one): the last step, widened by every earlier step of the same structure. MemAllocator serves
+// an allocation from a plan when it is no larger than planned, so the plan serves all of them.
+SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps);
 
 // Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):
 // putting a new signature into a full cache evicts the least recently used one (Get and Put both
@@ -314,8 +340,8 @@ class MemAllocator {
   Trace StopRecording();
   bool recording() const;
 
-  // Plans the last recorded step of each signature in `trace` and installs the plans.
-  // Returns the plans installed.
+  // Plans each signature of `trace` (PlanSignature: its last recorded step, widened by earlier
+  // steps of the same structure) and installs the plans. Returns the plans installed.
   StatusOr<std::vector<Plan>> PlanFromTrace(const Trace& trace);
   Status InstallPlan(Plan plan);
   const PlanCache& plans() const { return plans_; }
@@ -345,17 +371,18 @@ struct ReplayOptions {
     kPool,        // no steps, no plans: the pool alone
     kPlanned,     // plan the last step of each signature from the whole trace first
     kFirstSight,  // no plans up front: each signature is planned from its first step (online)
+    kCaching,     // the baseline: a model of torch's caching allocator (src/memory/caching_model.h)
   };
   Mode mode = Mode::kPlanned;
   size_t capacity_bytes = size_t{1} << 36;  // the host range standing in for device memory
-  size_t segment_bytes = size_t{32} << 20;
+  size_t segment_bytes = size_t{32} << 20;  // MemAllocator's; the caching model has its own
   size_t max_plans = 64;
 };
 
 // Replays every event of `trace` (frees of ids allocated before the trace are skipped) and returns
 // the allocator's stats. Errors: the trace's own (Lifetimes), ResourceExhausted past the capacity.
 StatusOr<AllocatorStats> ReplayTrace(const Trace& trace, const ReplayOptions& options);
-// "pool", "planned", "first_sight"; InvalidArgument for anything else.
+// "pool", "planned", "first_sight", "caching"; InvalidArgument for anything else.
 StatusOr<ReplayOptions::Mode> ParseReplayMode(const std::string& name);
 
 // "1.5 GiB", "512 B"

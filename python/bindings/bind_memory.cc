@@ -80,6 +80,28 @@ void BindMemory(py::module_& m) {
       .def("to_text", &Trace::ToText)
       .def_static("from_text",
                   [](const std::string& s) { return ValueOrThrow(Trace::FromText(s)); })
+      .def_static(
+          "load",
+          [](const std::string& path) {
+            StatusOr<Trace> t = [&] {
+              py::gil_scoped_release nogil;
+              return Trace::Load(path);
+            }();
+            return ValueOrThrow(std::move(t));
+          },
+          py::arg("path"), "Reads a trace file: text, plain or zstd-compressed.")
+      .def(
+          "save",
+          [](const Trace& t, const std::string& path, bool compress) {
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = t.Save(path, compress);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("path"), py::arg("compress") = true,
+          "Writes the text form (zstd-compressed when compress) through a temp file + rename.")
       .def("lifetimes", [](const Trace& t) {
         auto tables = ValueOrThrow(t.Lifetimes());
         py::list out;

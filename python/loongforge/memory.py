@@ -22,6 +22,7 @@ import pickle
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from . import _C
+from . import _snapshot_import
 
 Trace = _C.MemTrace
 
@@ -45,56 +46,20 @@ def trace_from_snapshot(snapshot: Dict[str, Any], device: int = 0,
     began count as foreign frees.
 
     ``step_boundaries``: indices into that device trace where a new step begins (the whole trace is
-    one step when omitted); ``signatures``: one shape signature per step.
+    one step when omitted); ``signatures``: one shape signature per step. Times are nanoseconds
+    from the first timed entry. The same conversion without the compiled module:
+    ``loongforge._snapshot_import.snapshot_to_text``.
 
     Raises ValueError naming the entry for a malformed trace (missing key, unknown device).
     """
-    traces = snapshot.get("device_traces")
-    if not isinstance(traces, list):
-        raise ValueError("snapshot has no 'device_traces' list (record it with "
-                         "torch.cuda.memory._record_memory_history() before _snapshot())")
-    if device < 0 or device >= len(traces):
-        raise ValueError(f"snapshot has device traces for {len(traces)} devices, not device {device}")
-    entries = traces[device]
-    bounds = sorted(set(step_boundaries or []))
-    sigs = list(signatures or [])
     trace = Trace()
-    step = 0
-    trace.mark_step(sigs[0] if sigs else "", 0)
-    live: Dict[int, int] = {}
-    next_id = 1
-    b = 0
-    for i, e in enumerate(entries):
-        while b < len(bounds) and bounds[b] <= i:
-            if bounds[b] > 0:  # step 0 is already open
-                step += 1
-                trace.mark_step(sigs[step] if step < len(sigs) else "", 0)
-            b += 1
-        try:
-            action = e["action"]
-            if action not in ("alloc", "free_requested", "free_completed"):
-                continue
-            addr = int(e["addr"])
-            size = int(e["size"])
-            stream = int(e.get("stream", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"device_traces[{device}][{i}]: malformed entry ({exc!r}): {e!r}") from None
-        t_ns = int(float(e.get("time_us", 0)) * 1000)
-        if action == "alloc":
-            if addr in live:
-                raise ValueError(f"device_traces[{device}][{i}]: address {addr:#x} allocated "
-                                 "again while live")
-            live[addr] = next_id
-            trace.add_alloc(next_id, size, stream, t_ns)
-            next_id += 1
+    for ev in _snapshot_import.snapshot_events(snapshot, device, step_boundaries, signatures):
+        if ev[0] == "a":
+            trace.add_alloc(ev[1], ev[2], ev[3], ev[4])
+        elif ev[0] == "f":
+            trace.add_free(ev[1], ev[2], ev[3])
         else:
-            aid = live.pop(addr, None)
-            if aid is None:
-                if action == "free_requested":
-                    # Allocated before recording began: a foreign free (id 0 is never allocated).
-                    trace.add_free(0, stream, t_ns)
-                continue
-            trace.add_free(aid, stream, t_ns)
+            trace.mark_step(ev[2], ev[1])
     return trace
 
 

@@ -4,7 +4,8 @@
 // A plan is a recorded step's allocations with offsets in one arena. While a step matches its
 // plan, allocation k is served at arena + offset[k] in O(1). The live step may differ from the
 // recorded one in three ways, each detected before anything unsafe is handed out:
-//   - allocation k has another size or stream than recorded -> the step diverges;
+//   - allocation k is larger than planned or on another stream -> the step diverges (a smaller
+//     one is served from the planned bytes: Note [Envelope plans] in planner.cc);
 //   - an earlier planned allocation sharing k's bytes (plan.must_be_free[k]) is still live,
 //     because the live step freed it later than the recorded one -> the step diverges;
 //   - last step's planned allocations are still live at BeginStep -> this step is not planned.
@@ -450,7 +451,8 @@ struct MemAllocator::Impl {
     *pool_served = false;
     if (cursor >= p.sizes.size()) return Diverge();
     size_t k = cursor;
-    if (static_cast<size_t>(p.sizes[k]) != size || p.streams[k] != stream) return Diverge();
+    // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
+    if (static_cast<size_t>(p.sizes[k]) < size || p.streams[k] != stream) return Diverge();
     for (int32_t j : p.must_be_free[k]) {
       if (planned_live[j]) return Diverge();
     }
@@ -709,14 +711,15 @@ bool MemAllocator::recording() const {
 
 StatusOr<std::vector<Plan>> MemAllocator::PlanFromTrace(const Trace& trace) {
   LF_ASSIGN_OR_RETURN(std::vector<LifetimeTable> tables, trace.Lifetimes());
-  std::map<std::string, const LifetimeTable*> last;
-  for (const auto& t : tables) last[t.signature] = &t;
+  // Steps of each signature in order; each is planned as an envelope (Note [Envelope plans]).
+  std::map<std::string, std::vector<const LifetimeTable*>> by_sig;
+  for (const auto& t : tables) by_sig[t.signature].push_back(&t);
   std::vector<Plan> out;
-  for (const auto& [sig, t] : last) {
-    Plan p = PlanStep(*t, sig);
-    LF_RETURN_IF_ERROR_CTX(CheckPlan(*t, p), "plan for step '" + sig + "'");
-    out.push_back(p);
-    plans_.Put(std::move(p));
+  for (const auto& [sig, steps] : by_sig) {
+    SignaturePlan sp = PlanSignature(steps);
+    LF_RETURN_IF_ERROR_CTX(CheckPlan(sp.envelope, sp.plan), "plan for step '" + sig + "'");
+    out.push_back(sp.plan);
+    plans_.Put(std::move(sp.plan));
   }
   return out;
 }

@@ -577,3 +577,49 @@ TEST(MemAllocator, LentArenaKeptByLiveAllocation) {
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+// Guards Note [Envelope plans]: steps of one signature whose sizes differ but whose structure is
+// the same (an MoE layer's expert buffers) are served from one plan widened to the largest size
+// at each position; the patterns stay intact, and a step larger than every recorded one still
+// diverges safely.
+TEST(MemAllocator, EnvelopePlanServesSameStructureSteps) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  auto small = LayerStep(64), big = LayerStep(64);
+  for (auto& op : big) {
+    if (op.alloc && op.slot == 21) op.size *= 2;  // the MLP temp grew in the second step
+  }
+  auto other = small;
+  for (auto& op : other) {
+    if (op.alloc && op.slot == 30) op.size /= 2;  // the backward temp shrank
+  }
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), small, "moe"));
+  ASSERT_TRUE(RunStep(a.get(), big, "moe"));
+  auto plans = a->PlanFromTrace(a->StopRecording());
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 1u);
+  const int64_t n_allocs = CountAllocs(small);
+  AllocatorStats before = a->Stats();
+  ASSERT_TRUE(RunStep(a.get(), small, "moe"));
+  ASSERT_TRUE(RunStep(a.get(), big, "moe"));
+  ASSERT_TRUE(RunStep(a.get(), other, "moe"));
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_hits - before.planned_hits, 3 * n_allocs);
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.allocated_bytes, 0);
+  auto huge = big;
+  for (auto& op : huge) {
+    if (op.alloc && op.slot == 21) op.size *= 2;  // beyond anything recorded
+  }
+  ASSERT_TRUE(RunStep(a.get(), huge, "moe"));
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge

@@ -13,9 +13,22 @@
 // Neither dominates, so PlanStep runs both and keeps the smaller peak. Allocations on different
 // streams are made to conflict regardless of time: the arena is then reused only in stream order,
 // within a step and from one step to the next, with no events needed.
+//
+// Note [Envelope plans]
+// A signature (a padding bucket) fixes the order of a step's allocations but not always their
+// sizes: an MoE layer's per-expert buffers follow the router's token counts, which change every
+// step under the same total token count. A plan of one such step would diverge on the next at the
+// first expert buffer that grew. So PlanSignature takes every recorded step of the signature that
+// has the same structure as the last one (SameStructure: same events, same lifetimes, same
+// streams) and plans the last step with each size widened to the largest seen at that position.
+// MemAllocator serves allocation k from the plan when its size is at most the planned one (the
+// slack is reserved, not allocated, so it shows up as fragmentation, honestly). Lifetimes are the
+// same in every merged step, so a plan that is valid for the envelope (CheckPlan) is valid for each
+// of them: every pair that is live together in one is live together in the envelope.
 #include <algorithm>
 #include <numeric>
 
+#include "loongforge/logging.h"
 #include "loongforge/memory.h"
 
 namespace loongforge {
@@ -198,6 +211,37 @@ Plan PlanStep(const LifetimeTable& table, const std::string& signature) {
   best.other_peak_bytes = other.peak_bytes;
   if (!signature.empty()) best.signature = signature;
   return std::move(best);
+}
+
+bool SameStructure(const LifetimeTable& a, const LifetimeTable& b) {
+  if (a.num_events != b.num_events || a.allocs.size() != b.allocs.size()) return false;
+  for (size_t i = 0; i < a.allocs.size(); ++i) {
+    const Lifetime& x = a.allocs[i];
+    const Lifetime& y = b.allocs[i];
+    if (x.alloc_seq != y.alloc_seq || x.free_seq != y.free_seq ||
+        x.freed_in_step != y.freed_in_step || x.stream != y.stream) {
+      return false;
+    }
+  }
+  return true;
+}
+
+SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps) {
+  LF_CHECK(!steps.empty()) << "PlanSignature needs at least one step";
+  SignaturePlan sp;
+  const LifetimeTable& last = *steps.back();
+  sp.envelope = last;
+  sp.total_steps = static_cast<int>(steps.size());
+  for (const LifetimeTable* t : steps) {
+    if (t != &last && !SameStructure(*t, last)) continue;
+    ++sp.merged_steps;
+    sp.max_step_lower_bound_bytes = std::max(sp.max_step_lower_bound_bytes, LowerBoundBytes(*t));
+    for (size_t i = 0; i < t->allocs.size(); ++i) {
+      sp.envelope.allocs[i].size = std::max(sp.envelope.allocs[i].size, t->allocs[i].size);
+    }
+  }
+  sp.plan = PlanStep(sp.envelope, last.signature);
+  return sp;
 }
 
 Status CheckPlan(const LifetimeTable& t, const Plan& p) {

@@ -2,6 +2,8 @@
 // independent simulation on random traces, lower bounds, plan cache.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -257,6 +259,99 @@ TEST(MemPlanner, PlanCacheLru) {
   EXPECT_EQ(cache.MaxPeakBytes(), 25);
   EXPECT_EQ(held->peak_bytes, 30) << "an evicted plan stays valid while held";
   EXPECT_EQ(cache.evictions(), 2);
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+// Guards Trace::Save/Load: plain and zstd files give back the same events; the compressed file
+// is smaller; a corrupt frame is DataLoss and a missing file NotFound, both naming the path.
+TEST(MemTrace, SaveLoadPlainAndZstd) {
+  Trace t;
+  t.MarkStep("len64", 5);
+  for (uint64_t i = 1; i <= 200; ++i) t.AddAlloc(i, static_cast<int64_t>(i * 1000), 7, i * 10);
+  for (uint64_t i = 1; i <= 200; ++i) t.AddFree(i, 7, 5000 + i);
+  std::string dir = ::testing::TempDir();
+  std::string plain = dir + "/lf_trace_plain.trace", zst = dir + "/lf_trace.trace.zst";
+  ASSERT_TRUE(t.Save(plain, false).ok());
+  ASSERT_TRUE(t.Save(zst, true).ok());
+  auto a = Trace::Load(plain);
+  auto b = Trace::Load(zst);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->ToText(), t.ToText());
+  EXPECT_EQ(b->ToText(), t.ToText());
+  std::ifstream in(zst, std::ios::binary | std::ios::ate);
+  EXPECT_LT(static_cast<size_t>(in.tellg()), t.ToText().size() / 3);
+  // Corrupt the frame after the magic number.
+  {
+    std::fstream f(zst, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(6);
+    f.write("\xff\xff\xff\xff\xff\xff", 6);
+  }
+  auto c = Trace::Load(zst);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kDataLoss) << c.status();
+  EXPECT_NE(c.status().message().find("lf_trace.trace.zst"), std::string::npos);
+  auto d = Trace::Load(dir + "/lf_no_such.trace");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
+  std::remove(plain.c_str());
+  std::remove(zst.c_str());
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+// Guards PlanSignature (Note [Envelope plans]): same-structure steps merge with per-allocation
+// maximum sizes and the plan is valid for each of them; a step of another structure is left out.
+TEST(MemPlanner, EnvelopeOfSameStructureSteps) {
+  auto step = [](int64_t a_size, int64_t b_size, bool extra) {
+    Trace t;
+    t.MarkStep("moe");
+    t.AddAlloc(1, a_size, 0, 0);
+    t.AddAlloc(2, b_size, 0, 0);
+    t.AddFree(1, 0, 0);
+    t.AddAlloc(3, 4096, 0, 0);
+    t.AddFree(2, 0, 0);
+    t.AddFree(3, 0, 0);
+    if (extra) {
+      t.AddAlloc(4, 512, 0, 0);
+      t.AddFree(4, 0, 0);
+    }
+    return std::move(*t.Lifetimes())[0];
+  };
+  LifetimeTable s1 = step(100000, 8000, false), s2 = step(20000, 64000, false),
+                s3 = step(1 << 20, 1 << 20, true);
+  EXPECT_TRUE(SameStructure(s1, s2));
+  EXPECT_FALSE(SameStructure(s1, s3));
+  SignaturePlan sp = PlanSignature({&s3, &s1, &s2});
+  EXPECT_EQ(sp.total_steps, 3);
+  EXPECT_EQ(sp.merged_steps, 2);  // s3 differs in structure
+  EXPECT_EQ(sp.envelope.allocs[0].size, 100000);
+  EXPECT_EQ(sp.envelope.allocs[1].size, 64000);
+  EXPECT_EQ(sp.max_step_lower_bound_bytes, std::max(LowerBoundBytes(s1), LowerBoundBytes(s2)));
+  ASSERT_TRUE(CheckPlan(sp.envelope, sp.plan).ok());
+  // The envelope's plan, with each step's own sizes, never overlaps live allocations.
+  for (const LifetimeTable* t : {&s1, &s2}) {
+    Plan p = sp.plan;
+    for (size_t i = 0; i < p.sizes.size(); ++i) {
+      EXPECT_LE(static_cast<int64_t>(RoundUp(t->allocs[i].size)), p.sizes[i]);
+      p.sizes[i] = static_cast<int64_t>(RoundUp(t->allocs[i].size));
+    }
+    EXPECT_TRUE(CheckPlan(*t, p).ok()) << CheckPlan(*t, p);
+  }
+  EXPECT_GE(sp.plan.peak_bytes, sp.max_step_lower_bound_bytes);
 }
 
 }  // namespace

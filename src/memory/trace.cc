@@ -1,6 +1,9 @@
 // Alloc/free traces and per-step lifetime tables (include/loongforge/memory.h).
+#include <zstd.h>
+
 #include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <unordered_map>
 
@@ -160,6 +163,90 @@ StatusOr<Trace> Trace::FromText(const std::string& text) {
     }
   }
   return t;
+}
+
+namespace {
+
+constexpr uint32_t kZstdMagic = 0xFD2FB528u;  // little-endian, first four bytes of a frame
+
+bool IsZstd(const std::string& bytes) {
+  if (bytes.size() < 4) return false;
+  uint32_t m = static_cast<uint8_t>(bytes[0]) | static_cast<uint8_t>(bytes[1]) << 8 |
+               static_cast<uint8_t>(bytes[2]) << 16 |
+               static_cast<uint32_t>(static_cast<uint8_t>(bytes[3])) << 24;
+  return m == kZstdMagic;
+}
+
+// Streaming decompression: the frame may not record its content size.
+StatusOr<std::string> Unzstd(const std::string& in, const std::string& path) {
+  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  if (!dctx) return InternalError(path + ": cannot create a zstd context");
+  std::string out;
+  std::vector<char> buf(ZSTD_DStreamOutSize());
+  ZSTD_inBuffer ib{in.data(), in.size(), 0};
+  size_t last = 0;
+  while (ib.pos < ib.size) {
+    ZSTD_outBuffer ob{buf.data(), buf.size(), 0};
+    last = ZSTD_decompressStream(dctx.get(), &ob, &ib);
+    if (ZSTD_isError(last)) {
+      return DataLossError(path + ": corrupt zstd data: " + ZSTD_getErrorName(last));
+    }
+    out.append(buf.data(), ob.pos);
+  }
+  // Flush what the context still holds; last != 0 after the input ends means a truncated frame.
+  while (last != 0) {
+    ZSTD_outBuffer ob{buf.data(), buf.size(), 0};
+    last = ZSTD_decompressStream(dctx.get(), &ob, &ib);
+    if (ZSTD_isError(last)) {
+      return DataLossError(path + ": corrupt zstd data: " + ZSTD_getErrorName(last));
+    }
+    if (ob.pos == 0 && last != 0) return DataLossError(path + ": truncated zstd frame");
+    out.append(buf.data(), ob.pos);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<Trace> Trace::Load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + ": cannot open trace");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return InternalError(path + ": read failed");
+  std::string bytes = ss.str();
+  if (IsZstd(bytes)) {
+    LF_ASSIGN_OR_RETURN(bytes, Unzstd(bytes, path));
+  }
+  StatusOr<Trace> t = FromText(bytes);
+  if (!t.ok()) return t.status().WithContext(path);
+  return t;
+}
+
+Status Trace::Save(const std::string& path, bool compress) const {
+  std::string text = ToText();
+  std::string data;
+  if (compress) {
+    data.resize(ZSTD_compressBound(text.size()));
+    size_t z = ZSTD_compress(data.data(), data.size(), text.data(), text.size(), 19);
+    if (ZSTD_isError(z)) return InternalError(path + ": zstd: " + ZSTD_getErrorName(z));
+    data.resize(z);
+  } else {
+    data = std::move(text);
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return InternalError(tmp + ": cannot open for writing");
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    out.flush();
+    if (!out) return InternalError(tmp + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return InternalError(path + ": rename from " + tmp + " failed");
+  }
+  return Status::Ok();
 }
 
 std::string FormatBytes(int64_t bytes) {

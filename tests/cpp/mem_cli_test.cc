@@ -115,7 +115,7 @@ TEST_F(MemCli, ReplayModes) {
   CliResult r = RunCli("mem replay " + path + " --json --segment-mb 4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j["results"].size(), 3u);
+  ASSERT_EQ(j["results"].size(), 4u);
   std::map<std::string, nlohmann::json> by;
   for (const auto& e : j["results"]) by[e["mode"]] = e;
   EXPECT_EQ(by["pool"]["planned_hits"], 0);
@@ -124,10 +124,41 @@ TEST_F(MemCli, ReplayModes) {
   EXPECT_EQ(by["first_sight"]["first_sight_plans"], 2);
   EXPECT_EQ(by["planned"]["peak_allocated_bytes"], 3 << 20);
   for (const auto& [m, e] : by) EXPECT_EQ(e["num_allocs"], 8) << m;
+  // The baseline row: torch's caching allocator model sees the same live bytes, plans nothing.
+  EXPECT_EQ(by["caching"]["planned_hits"], 0);
+  EXPECT_EQ(by["caching"]["peak_allocated_bytes"], 3 << 20);
+  EXPECT_GE(by["caching"]["peak_reserved_bytes"], by["caching"]["peak_allocated_bytes"]);
+  EXPECT_EQ(by["caching"]["alloc_latency_ns"]["count"], 8);
   // One mode only.
   r = RunCli("mem replay " + path + " --json --mode pool");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(r.output)["results"].size(), 1u);
+}
+
+// Guards zstd-compressed traces (bench/traces/*.trace.zst): the CLI reads them like plain text,
+// and a truncated frame is an error naming the file.
+TEST_F(MemCli, ReadsZstdTraces) {
+  Trace t = MakeTrace();
+  std::string plain = Write("t.trace", t.ToText());
+  std::string zst = (dir_ / "t.trace.zst").string();
+  ASSERT_TRUE(t.Save(zst, /*compress=*/true).ok());
+  CliResult a = RunCli("mem plan " + plain + " --json");
+  CliResult b = RunCli("mem plan " + zst + " --json");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto ja = nlohmann::json::parse(a.output), jb = nlohmann::json::parse(b.output);
+  EXPECT_EQ(ja["steps"], jb["steps"]);
+  EXPECT_EQ(ja["events"], jb["events"]);
+  // Truncate the compressed file: the error names it.
+  std::string bytes;
+  {
+    std::ifstream in(zst, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string cut = Write("cut.trace.zst", bytes.substr(0, bytes.size() / 2));
+  CliResult c = RunCli("mem replay " + cut);
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_NE(c.output.find("cut.trace.zst"), std::string::npos) << c.output;
 }
 
 // Guards the CLI's error edge: exit code by Status code and one line naming the file or line.

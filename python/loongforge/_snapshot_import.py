@@ -1,0 +1,91 @@
+"""torch memory snapshot -> MemSculptor trace events, in plain Python (no torch, no loongforge._C).
+
+Kept free of the compiled module on purpose: bench/memory/capture_traces.py loads this file by path
+on the GPU machine, so a trace can be written even where ``loongforge._C`` failed to build.
+``loongforge.memory.trace_from_snapshot`` builds its ``Trace`` from the same events.
+
+Events (the text format of ``mem::Trace::ToText``, include/loongforge/memory.h)::
+
+    ("s", time_ns, signature)          -> "s TIME_NS SIGNATURE"
+    ("a", id, size, stream, time_ns)   -> "a ID SIZE STREAM TIME_NS"
+    ("f", id, stream, time_ns)         -> "f ID STREAM TIME_NS"
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+Event = Tuple[Any, ...]
+
+
+def snapshot_events(snapshot: Dict[str, Any], device: int = 0,
+                    step_boundaries: Optional[Sequence[int]] = None,
+                    signatures: Optional[Sequence[str]] = None) -> Iterator[Event]:
+    """Events of ``snapshot["device_traces"][device]`` (see loongforge.memory.trace_from_snapshot
+    for the rules). Times are nanoseconds relative to the first timed entry. Raises ValueError
+    naming the entry for a malformed trace."""
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list):
+        raise ValueError("snapshot has no 'device_traces' list (record it with "
+                         "torch.cuda.memory._record_memory_history() before _snapshot())")
+    if device < 0 or device >= len(traces):
+        raise ValueError(f"snapshot has device traces for {len(traces)} devices, not device {device}")
+    entries = traces[device]
+    bounds = sorted(set(step_boundaries or []))
+    sigs: List[str] = list(signatures or [])
+    step = 0
+    yield ("s", 0, sigs[0] if sigs else "")
+    live: Dict[int, int] = {}
+    next_id = 1
+    b = 0
+    t0: Optional[float] = None
+    for i, e in enumerate(entries):
+        while b < len(bounds) and bounds[b] <= i:
+            if bounds[b] > 0:  # step 0 is already open
+                step += 1
+                yield ("s", 0, sigs[step] if step < len(sigs) else "")
+            b += 1
+        try:
+            action = e["action"]
+            if action not in ("alloc", "free_requested", "free_completed"):
+                continue
+            addr = int(e["addr"])
+            size = int(e["size"])
+            stream = int(e.get("stream", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"device_traces[{device}][{i}]: malformed entry ({exc!r}): {e!r}") from None
+        t_us = float(e.get("time_us", 0) or 0)
+        if t0 is None and t_us:
+            t0 = t_us
+        t_ns = int((t_us - (t0 or 0.0)) * 1000) if t_us else 0
+        if action == "alloc":
+            if addr in live:
+                raise ValueError(f"device_traces[{device}][{i}]: address {addr:#x} allocated "
+                                 "again while live")
+            live[addr] = next_id
+            yield ("a", next_id, size, stream, t_ns)
+            next_id += 1
+        else:
+            aid = live.pop(addr, None)
+            if aid is None:
+                if action == "free_requested":
+                    # Allocated before recording began: a foreign free (id 0 is never allocated).
+                    yield ("f", 0, stream, t_ns)
+                continue
+            yield ("f", aid, stream, t_ns)
+
+
+def event_line(ev: Event) -> str:
+    """One line of the text trace format (no newline)."""
+    if ev[0] == "s":
+        return f"s {ev[1]} {ev[2]}"
+    if ev[0] == "a":
+        return f"a {ev[1]} {ev[2]} {ev[3]} {ev[4]}"
+    return f"f {ev[1]} {ev[2]} {ev[3]}"
+
+
+def snapshot_to_text(snapshot: Dict[str, Any], device: int = 0,
+                     step_boundaries: Optional[Sequence[int]] = None,
+                     signatures: Optional[Sequence[str]] = None) -> str:
+    """The trace in the text format read by ``loongforge mem plan|replay``."""
+    return "".join(event_line(ev) + "\n"
+                   for ev in snapshot_events(snapshot, device, step_boundaries, signatures))
