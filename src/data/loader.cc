@@ -389,6 +389,7 @@ struct Stage3Plan {
 // of these names (unknown names are an error at Create). Defaults are all on.
 struct TuningSwitches {
   bool stage3_device = true;  // stage 3 by the CUDA kernel (off: host twin + copy of the arrays)
+  bool prefault = true;       // lf-fetch touches the batch's JPEG pages before nvJPEG reads them
 };
 
 StatusOr<TuningSwitches> ReadTuningSwitches() {
@@ -403,9 +404,11 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
     std::string name = list.substr(pos, end - pos);
     if (name == "stage3_device")
       t.stage3_device = false;
+    else if (name == "prefault")
+      t.prefault = false;
     else if (!name.empty())
       return InvalidArgumentError("LOONGFORGE_LOADER_DISABLE: unknown switch '" + name +
-                                  "' (known: stage3_device)");
+                                  "' (known: stage3_device, prefault)");
     pos = end + 1;
   }
   return t;
@@ -425,6 +428,7 @@ struct DataLoader::Impl {
   std::vector<float> norm_stats;  // staged with every batch: mean_s, std_s, mean_a, std_a
   internal::Stage3Layout s3;
   TuningSwitches tuning;
+  std::atomic<uint32_t> prefault_sink{0};
   std::vector<std::string> camera_modality;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
@@ -467,6 +471,7 @@ struct DataLoader::Impl {
   void CollateLoop(int64_t ep, int64_t start);
   void DecodeImage(const WorkPtr& w, int sample, int camera);
   void PackStage3(Work& w);
+  void Prefault(const Work& w);
   Status PlanStage3(Work& w, Stage3Plan* p);
   internal::Stage3Dims Dims(const Stage3Plan& p) const;
   Status Collate(Work& w, std::shared_ptr<Batch>* out);
@@ -565,6 +570,7 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
       }
       c_bytes->fetch_add(bytes);
       PackStage3(*w);
+      if (gpu && tuning.prefault) Prefault(*w);
       timer.reset();
       int tasks = 0;
       for (size_t i = 0; i < n && !gpu; ++i)
@@ -628,6 +634,23 @@ void DataLoader::Impl::PackStage3(Work& w) {
   off[w.samples.size()] = total;
   if (!norm_stats.empty())
     std::memcpy(raw + L.off_norm, norm_stats.data(), sizeof(float) * norm_stats.size());
+}
+
+// Reads one byte of every page of the batch's JPEG bytes, so the page faults of LMDB's map (read
+// ahead is off: MDB_NORDAHEAD) are taken here, ahead of time, and not inside nvJPEG's copy of
+// the bitstreams on the GPU stage's thread, which feeds the JPEG engine.
+void DataLoader::Impl::Prefault(const Work& w) {
+  uint32_t sink = 0;
+  const size_t cams = camera_modality.size();
+  for (size_t i = 0; i < w.samples.size(); ++i) {
+    if (!w.sample_status[i].ok()) continue;
+    for (size_t c = 0; c < cams; ++c) {
+      const std::string_view v = w.jpeg[i * cams + c];
+      for (size_t o = 0; o < v.size(); o += 4096) sink += static_cast<uint8_t>(v[o]);
+      if (!v.empty()) sink += static_cast<uint8_t>(v.back());
+    }
+  }
+  prefault_sink.fetch_add(sink, std::memory_order_relaxed);  // keeps the reads
 }
 
 // ---------------------------------------------------------------------------------------------
