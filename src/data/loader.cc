@@ -31,7 +31,7 @@
 // batch. Samples dropped as corrupt leave padding rows at the end (zero images/arrays, masks off,
 // sample_index -1), so `size` counts the real ones. Camera count, horizon and image size are
 // fixed by the schema and options. Batch::token_bucket says which bucket; the buffers are the
-// slot pool's recycled ones (a fixed set after warm-up).
+// slot pool's preallocated ones (a fixed set after warm-up, allocated at Create on the GPU).
 // An instruction longer than the largest bucket is not corruption (the data is fine, the
 // configuration is not): it stops the loader with InvalidArgument naming the record whatever
 // the corrupt policy, unless truncate_tokens cuts it; Create already refuses when the schema's
@@ -171,6 +171,21 @@ class SlotPool {
     all_.push_back(*slot);
     return *slot;
   }
+  // Allocates slots up front (the pool still grows on demand past `n`), so the first batches of a
+  // run do not pay for cudaMalloc/cudaHostAlloc on the pipeline's threads.
+  Status Reserve(int n) {
+    std::vector<Slot*> got;
+    for (int i = 0; i < n; ++i) {
+      auto slot = Acquire();
+      if (!slot.ok()) {
+        for (Slot* s : got) ReturnUnused(s);
+        return slot.status();
+      }
+      got.push_back(*slot);
+    }
+    for (Slot* s : got) ReturnUnused(s);
+    return Status::Ok();
+  }
   void Release(Slot* s) {
 #ifdef LOONGFORGE_WITH_CUDA
     if (s->released) {  // Note [GPU loader]: reuse waits for the consumer's queued work
@@ -185,6 +200,11 @@ class SlotPool {
     free_.push_back(s);
   }
   void SetConsumerStream(void* stream) { consumer_stream_ = stream; }
+  // A slot that never held a published batch (no consumer event to record).
+  void ReturnUnused(Slot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
   size_t allocated_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     size_t n = 0;
@@ -390,6 +410,7 @@ struct Stage3Plan {
 struct TuningSwitches {
   bool stage3_device = true;  // stage 3 by the CUDA kernel (off: host twin + copy of the arrays)
   bool prefault = true;       // lf-fetch touches the batch's JPEG pages before nvJPEG reads them
+  bool reserve = true;        // GPU slots allocated at Create instead of by the first batches
 };
 
 StatusOr<TuningSwitches> ReadTuningSwitches() {
@@ -406,9 +427,11 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
       t.stage3_device = false;
     else if (name == "prefault")
       t.prefault = false;
+    else if (name == "reserve")
+      t.reserve = false;
     else if (!name.empty())
       return InvalidArgumentError("LOONGFORGE_LOADER_DISABLE: unknown switch '" + name +
-                                  "' (known: stage3_device, prefault)");
+                                  "' (known: stage3_device, prefault, reserve)");
     pos = end + 1;
   }
   return t;
@@ -1186,6 +1209,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.timeout_ms = o.timeout_ms;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
+    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's, out_q and
+    // two held by the consumer. More are allocated on demand.
+    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 4));
     impl->h_gpu_decode = impl->metrics.GetHistogram("gpu_decode_submit_ms");
     impl->h_gpu_submit = impl->metrics.GetHistogram("gpu_kernel_submit_ms");
   }
