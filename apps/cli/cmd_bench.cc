@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -41,6 +42,9 @@ int RunBenchLoader(int argc, char** argv) {
       .Flag("max-batches", "0", "stop each epoch after this many batches (0 = all)")
       .Flag("warmup", "3", "batches excluded from the timing")
       .Flag("device", "cpu", "cpu | cuda (nvJPEG + fused kernel; needs a build with nvJPEG)")
+      .Flag("token-buckets", "", "static batches: token lengths, e.g. 32,64,128")
+      .Switch("static-shapes", "static batches (one bucket unless --token-buckets)")
+      .Switch("truncate-tokens", "cut instructions longer than the largest bucket")
       .Switch("jitter", "colour jitter on")
       .Switch("no-dct", "disable DCT-domain scaling")
       .Switch("json", "print one JSON object");
@@ -67,6 +71,21 @@ int RunBenchLoader(int argc, char** argv) {
                            {"warmup", &warmup}})
     if (Status s = geti(name, dst); !s.ok()) return Fail("bench loader", s);
   o.color_jitter = a.Has("jitter");
+  o.static_shapes = a.Has("static-shapes");
+  o.truncate_tokens = a.Has("truncate-tokens");
+  const std::string bucket_list = a.Get("token-buckets");
+  for (size_t pos = 0; pos < bucket_list.size();) {
+    size_t end = bucket_list.find(',', pos);
+    if (end == std::string::npos) end = bucket_list.size();
+    const std::string item = bucket_list.substr(pos, end - pos);
+    char* stop = nullptr;
+    const long v = std::strtol(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0' || v <= 0 || v > (1 << 20))
+      return Fail("bench loader",
+                  InvalidArgumentError("--token-buckets: '" + item + "' is not a positive length"));
+    o.token_buckets.push_back(static_cast<int>(v));
+    pos = end + 1;
+  }
   o.dct_scaling = !a.Has("no-dct");
   if (a.Get("device") == "cuda")
     o.device = LoaderDevice::kCuda;
@@ -130,6 +149,11 @@ int RunBenchLoader(int argc, char** argv) {
                 iv.p99, iv.std, iv.mean > 0 ? 100 * iv.std / iv.mean : 0);
     std::printf("  pipeline latency   p50 %.2f ms  p99 %.2f ms\n", lat.p50, lat.p99);
     std::printf("  CPU per image      %.3f ms\n", cpu_ms_per_image);
+    if (!(*dl)->token_buckets().empty()) {
+      std::printf("  static shapes      token buckets");
+      for (int b : (*dl)->token_buckets()) std::printf(" %d", b);
+      std::printf("\n");
+    }
     LoaderDeviceInfo di = (*dl)->device_info();
     std::printf("  decode             %s (hw_decode %s): %s\n", di.decode_backend.c_str(),
                 di.hw_decode ? "yes" : "no", di.reason.c_str());

@@ -2,8 +2,11 @@
 """GPU loader benchmark (issue 7), one process, on the GPU machine.
 
 640x480 q90 frames (1 camera, so img/s = samples/s), batch 256, out 224, in the same run:
-  1. DataFusionLoader(device='cuda'): nvJPEG (auto hw/cuda split) + fused kernel -> model-ready
-     CUDA batches; also hardware-only, and bf16/NHWC output;
+  1. DataFusionLoader(device='cuda'): nvJPEG (hardware engine, the default) + fused kernel +
+     device stage 3 -> model-ready CUDA batches (one row); static batches (token buckets);
+     bf16/NHWC output; A/B rows with one throughput switch off each
+     (LOONGFORGE_LOADER_DISABLE=prefault|reserve|stage3_device) and the default again last, to
+     show run-to-run noise;
   2. nvJPEG decode only (_C.NvJpegDecoder): hardware backend at batch 64 and 256, CUDA backend,
      auto split;
   3. torchvision.io.decode_jpeg(device='cuda') batched + crop + F.interpolate + normalize;
@@ -158,14 +161,32 @@ def main() -> None:
     results["meta"]["samples"] = samples
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
-    def ours(**kw):
+    def ours(disable="", **kw):
         def go():
-            ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4, **kw)
+            # A/B switches are read when the loader is created (src/data/loader.cc).
+            old = os.environ.pop("LOONGFORGE_LOADER_DISABLE", None)
+            if disable:
+                os.environ["LOONGFORGE_LOADER_DISABLE"] = disable
+            try:
+                ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4,
+                                                 **kw)
+            finally:
+                os.environ.pop("LOONGFORGE_LOADER_DISABLE", None)
+                if old is not None:
+                    os.environ["LOONGFORGE_LOADER_DISABLE"] = old
             r = timed(loop_epochs(ld), args.batches, args.warmup, n_img)
             m = ld.metrics()
+            hist = m["histograms"]
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
-                     reason=m["reason"], device=m["device"],
-                     pipeline_latency_ms=m["histograms"].get("batch_latency_ms"))
+                     reason=m["reason"], device=m["device"], disabled=disable,
+                     pipeline_latency_ms=hist.get("batch_latency_ms"),
+                     # Host time per batch on the pipeline threads: if gpu_decode_submit_ms is
+                     # close to the batch interval, nvJPEG's call holds lf-collate for the whole
+                     # decode and anything else on that thread is serial with the engine.
+                     host_p50_ms={k: hist[k]["p50"] for k in (
+                         "fetch_ms", "gpu_decode_submit_ms", "gpu_kernel_submit_ms",
+                         "collate_ms") if k in hist})
+            ld.close()
             del ld
             return r
         return go
@@ -194,10 +215,16 @@ def main() -> None:
               args.baseline_batches * 2, 2, n_img)))
 
     if cuda and gpu_ok:
+        # The default (hardware engine only, hw_decode_ratio=1.0) is one row.
         run("datafusion_gpu", results, ours(device="cuda"))
-        run("datafusion_gpu_hw_only", results, ours(device="cuda", hw_decode_ratio=1.0))
+        # Static batches (issue 9): fixed rows, tokens padded to a bucket (synth: 2..6 tokens).
+        run("datafusion_gpu_static_buckets", results,
+            ours(device="cuda", token_buckets=[4, 8]))
         run("datafusion_gpu_bf16_nhwc", results,
             ours(device="cuda", dtype=torch.bfloat16, layout="NHWC"))
+        for switch in ("prefault", "reserve", "stage3_device"):
+            run(f"datafusion_gpu_no_{switch}", results, ours(disable=switch, device="cuda"))
+        run("datafusion_gpu_again", results, ours(device="cuda"))
 
         def nvjpeg_only(batch, **kw):
             def go():
@@ -275,6 +302,10 @@ def main() -> None:
         print(f"{k:32s} {r['img_per_s']:9.0f} {r['interval_p50_ms']:8.2f} "
               f"{r['interval_p99_ms']:8.2f} {r['p99_over_p50'] or 0:7.2f} "
               f"{r['cores_busy_process']:11.2f} {r['cores_busy_machine']:10.2f}")
+    for k, r in results.items():
+        if isinstance(r, dict) and r.get("host_p50_ms"):
+            print(f"  {k:30s} host p50 ms: " +
+                  " ".join(f"{n}={v:.2f}" for n, v in r["host_p50_ms"].items()))
     if "datafusion_gpu" in results and "decode_backend" in results["datafusion_gpu"]:
         d = results["datafusion_gpu"]
         print(f"decode: {d['decode_backend']} hw_decode={d['hw_decode']} ({d['reason']}); "

@@ -80,6 +80,16 @@ struct LoaderOptions {
   int threads = 2;    // decode workers
   int prefetch = 4;   // batches in flight (pipeline depth)
   int token_pad = 0;  // 0: pad to the batch max; >0: fixed length (longer is an error)
+  // Static batches (Note [Static batches] in src/data/loader.cc). Non-empty token_buckets turns
+  // static_shapes on: every batch has batch_size rows (samples skipped as corrupt leave zero
+  // rows with masks off and sample_index -1) and its tokens are padded to the smallest bucket
+  // >= the batch's longest instruction. static_shapes alone: one bucket, token_pad or the
+  // dataset's max_tokens. Instructions longer than the largest bucket are an error naming the
+  // record (InvalidArgument at Create when the schema already says so), or are cut to it with
+  // truncate_tokens (which also lets token_pad be shorter than the dataset's longest).
+  std::vector<int> token_buckets;  // sorted and deduplicated by Create; exclusive with token_pad
+  bool static_shapes = false;
+  bool truncate_tokens = false;
   CorruptPolicy on_corrupt = CorruptPolicy::kSkip;
   bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
   int64_t timeout_ms = 60000;  // every wait inside the pipeline
@@ -101,15 +111,18 @@ struct LoaderOptions {
 struct Batch {
   int64_t epoch = 0, index = 0;  // index within the epoch
   int size = 0;                  // valid samples (< batch_size only when corrupt ones were skipped)
+  int rows = 0;  // rows of every array: == size, or batch_size with static shapes (rows >= size
+                 // are padding: zero, masks off, sample_index -1)
+  int token_bucket = -1;  // static shapes: index into token_buckets (tokens_len == that bucket)
   int cameras = 0, height = 0, width = 0;
   int tokens_len = 0, state_dim = 0, action_dim = 0, horizon = 0;
-  float* images = nullptr;            // [size, cameras, 3, height, width]
-  int64_t* tokens = nullptr;          // [size, tokens_len], 0-padded
-  uint8_t* attention_mask = nullptr;  // [size, tokens_len]
-  float* state = nullptr;             // [size, state_dim]
-  float* action = nullptr;            // [size, horizon, action_dim]
-  uint8_t* action_mask = nullptr;     // [size, horizon]
-  int64_t* sample_index = nullptr;    // [size]
+  float* images = nullptr;            // [rows, cameras, 3, height, width]
+  int64_t* tokens = nullptr;          // [rows, tokens_len], 0-padded
+  uint8_t* attention_mask = nullptr;  // [rows, tokens_len]
+  float* state = nullptr;             // [rows, state_dim]
+  float* action = nullptr;            // [rows, horizon, action_dim]
+  uint8_t* action_mask = nullptr;     // [rows, horizon]
+  int64_t* sample_index = nullptr;    // [rows]
   bool pinned = false;
   double latency_ms = 0;    // stage-1 start to publication
   int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
@@ -131,6 +144,7 @@ struct LoaderDeviceInfo {
   std::string reason;
   float hw_ratio = 0.f;
   bool ratio_measured = false;
+  bool stage3_on_device = false;  // GPU loader: stage 3 by the CUDA kernel (else host + copy)
   int64_t images_hw = 0, images_cuda = 0, images_cpu = 0;
 };
 
@@ -152,6 +166,9 @@ class DataLoader {
   // Resumable position: the next batch Next() would return.
   int64_t epoch() const;
   int64_t next_batch() const;
+  // Static shapes: the token buckets in use (sorted), empty otherwise. Batch::token_bucket indexes
+  // this list; a trainer keys CUDA graphs / memory plans on (token_bucket) or tokens_len.
+  const std::vector<int>& token_buckets() const;
 
   MetricsRegistry& metrics();
   int64_t corrupt_skipped() const;

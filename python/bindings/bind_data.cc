@@ -69,6 +69,12 @@ LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
       o.prefetch = v.cast<int>();
     else if (k == "token_pad")
       o.token_pad = v.cast<int>();
+    else if (k == "token_buckets")
+      o.token_buckets = v.cast<std::vector<int>>();
+    else if (k == "static_shapes")
+      o.static_shapes = v.cast<bool>();
+    else if (k == "truncate_tokens")
+      o.truncate_tokens = v.cast<bool>();
     else if (k == "pin_memory")
       o.pin_memory = v.cast<bool>();
     else if (k == "timeout_ms")
@@ -126,7 +132,7 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   auto cap = [&](void* p, std::vector<int64_t> shape, dlpack::DLDataType t) {
     return dlpack::MakeCapsule(owner, p, std::move(shape), t, dev, dev_id);
   };
-  const int64_t n = b->size;
+  const int64_t n = b->rows;  // == size unless static shapes pad the batch
   py::dict d;
   const bool nhwc = b->image_layout == ImageLayout::kNHWC;
   d["images"] = cap(b->images,
@@ -143,6 +149,10 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   d["device_type"] = dev;
   d["epoch"] = b->epoch;
   d["index"] = b->index;
+  d["size"] = b->size;
+  d["rows"] = b->rows;
+  d["bucket"] = b->token_bucket;
+  d["tokens_len"] = b->tokens_len;
   d["pinned"] = b->pinned;
   d["latency_ms"] = b->latency_ms;
   return d;
@@ -159,6 +169,7 @@ py::dict DeviceInfoDict(const LoaderDeviceInfo& i) {
   d["images_hw"] = i.images_hw;
   d["images_cuda"] = i.images_cuda;
   d["images_cpu"] = i.images_cpu;
+  d["stage3_on_device"] = i.stage3_on_device;
   return d;
 }
 
@@ -240,6 +251,7 @@ void BindData(py::module_& m) {
       .def_property_readonly("epoch", &DataLoader::epoch)
       .def_property_readonly("next_batch", &DataLoader::next_batch)
       .def_property_readonly("corrupt_skipped", &DataLoader::corrupt_skipped)
+      .def_property_readonly("token_buckets", &DataLoader::token_buckets)
       .def_property_readonly("schema_json", [](DataLoader& d) { return d.schema().ToJson(); })
       .def("metrics",
            [](DataLoader& d) {

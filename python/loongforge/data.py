@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.dlpack import from_dlpack
@@ -23,6 +23,26 @@ from . import _C
 
 _BOOL_KEYS = ("attention_mask", "action_mask")
 _TENSOR_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask", "sample_index")
+
+
+class DataFusionBatch(dict):
+    """A batch: a dict of tensors (keys as before), plus what a trainer keys CUDA graphs and
+    memory plans on.
+
+    Attributes:
+        bucket: index into the loader's ``token_buckets`` (static shapes), else -1.
+        shape_key: ``(rows, cameras, tokens_len, horizon)``; with static shapes one of the
+            loader's ``shape_keys``.
+        size: real samples; rows ``size..rows-1`` are padding (static shapes, corrupt samples
+            skipped): zero, masks off, ``sample_index`` -1.
+        epoch, index: the batch's position.
+    """
+
+    bucket: int = -1
+    shape_key: Tuple[int, int, int, int] = (0, 0, 0, 0)
+    size: int = 0
+    epoch: int = 0
+    index: int = 0
 
 
 class DataFusionLoader:
@@ -39,6 +59,14 @@ class DataFusionLoader:
             of batches and the order depends only on (seed, epoch, rank, world_size).
         threads: decode threads. prefetch: batches in flight.
         token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
+        token_buckets: static batches (issue 9): token lengths, e.g. [32, 64, 128]. Every batch
+            has ``batch_size`` rows and its tokens padded to the smallest bucket >= its longest
+            instruction; batches carry ``.bucket`` / ``.shape_key``. An instruction longer than
+            the largest bucket raises ValueError naming the record (or at construction when the
+            dataset's schema says so), unless ``truncate_tokens``.
+        static_shapes: static batches with one bucket (``token_pad`` or the dataset's longest
+            instruction) when ``token_buckets`` is not given.
+        truncate_tokens: cut instructions longer than the largest bucket / ``token_pad``.
         on_corrupt: 'skip' (count, log, drop the sample) or 'error' (raise naming the record).
         device: 'cpu' or 'cuda[:N]'. CUDA: the GPU loader when the build has nvJPEG (see
             gpu_decode), else the CPU loader and a non_blocking copy from pinned buffers.
@@ -73,6 +101,9 @@ class DataFusionLoader:
         threads: int = 2,
         prefetch: int = 4,
         token_pad: Union[str, int] = "batch_max",
+        token_buckets: Optional[Sequence[int]] = None,
+        static_shapes: bool = False,
+        truncate_tokens: bool = False,
         on_corrupt: str = "skip",
         device: Union[str, torch.device] = "cpu",
         pin_memory: Optional[bool] = None,
@@ -127,10 +158,13 @@ class DataFusionLoader:
             pad = token_pad
         else:
             raise ValueError(f"token_pad must be 'batch_max' or a positive int, got {token_pad!r}")
+        buckets = [int(b) for b in token_buckets] if token_buckets else []
         self._impl = _C.DataLoader(
             str(db_path), batch_size=batch_size, image_size=image_size, crop_fraction=crop_fraction,
             color_jitter=color_jitter, train=train, seed=seed, rank=rank, world_size=world_size,
             shuffle=shuffle, drop_last=drop_last, threads=threads, prefetch=prefetch, token_pad=pad,
+            token_buckets=buckets, static_shapes=bool(static_shapes),
+            truncate_tokens=bool(truncate_tokens),
             on_corrupt=on_corrupt, pin_memory=bool(pin_memory), normalize_state=normalize_state,
             mean=list(mean), std=list(std), timeout_ms=int(timeout_s * 1000),
             dct_scaling=dct_scaling, **gpu_kwargs)
@@ -138,6 +172,8 @@ class DataFusionLoader:
         self.batch_size = batch_size
         self.seed = seed
         self.schema: Dict[str, Any] = json.loads(self._impl.schema_json)
+        self._cameras = len(self.schema.get("cameras", []))
+        self._horizon = int(self.schema.get("action_horizon", 0))
         self._epoch = 0
         self._start_batch = 0
         self._yielded = 0  # batches handed out in the current epoch (resume position)
@@ -173,13 +209,14 @@ class DataFusionLoader:
                 if raw is None:
                     completed = True
                     break
-                batch = {k: from_dlpack(raw[k]) for k in _TENSOR_KEYS}
+                batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
                 # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
                 for k in _BOOL_KEYS:
                     batch[k] = batch[k].view(torch.bool)
                 if self.device.type == "cuda" and not self._gpu:
                     host = batch
-                    batch = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+                    batch = DataFusionBatch(
+                        (k, v.to(self.device, non_blocking=True)) for k, v in host.items())
                     event = torch.cuda.Event()
                     event.record()
                     in_flight = (host, event)
@@ -191,6 +228,10 @@ class DataFusionLoader:
                     batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
                 if self.device.type == "cpu" and self.dtype != torch.float32:
                     batch["images"] = batch["images"].to(self.dtype)
+                batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
+                batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
+                batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
+                                   self._horizon)
                 self._yielded = int(raw["index"]) + 1
                 self._start_batch = self._yielded
                 yield batch
@@ -236,6 +277,17 @@ class DataFusionLoader:
         m["decode_backend"] = str(dev.get("decode_backend", "libjpeg-turbo"))
         m["reason"] = str(dev.get("reason", ""))
         return m
+
+    @property
+    def token_buckets(self) -> List[int]:
+        """Token lengths of the static shapes (sorted), or [] without static shapes."""
+        return list(self._impl.token_buckets)
+
+    @property
+    def shape_keys(self) -> List[Tuple[int, int, int, int]]:
+        """Every ``shape_key`` a batch can have with static shapes (one per bucket, in bucket
+        order), so a trainer can capture its graphs up front; [] without static shapes."""
+        return [(self.batch_size, self._cameras, b, self._horizon) for b in self.token_buckets]
 
     @property
     def gpu_pipeline(self) -> bool:

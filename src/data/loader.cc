@@ -23,6 +23,20 @@
 // `skip` the sample is dropped (the batch is compacted) and counted; under `error` the pipeline
 // stops and Next() returns that Status, which names the record key.
 //
+// Note [Static batches]
+// ---------------------
+// For CUDA graphs and planned memory (issue 9) a trainer wants few distinct shapes. With
+// static_shapes (or token_buckets), every batch has batch_size rows and tokens padded to one of
+// a small sorted set of lengths: the smallest bucket >= the longest instruction kept in the
+// batch. Samples dropped as corrupt leave padding rows at the end (zero images/arrays, masks off,
+// sample_index -1), so `size` counts the real ones. Camera count, horizon and image size are
+// fixed by the schema and options. Batch::token_bucket says which bucket; the buffers are the
+// slot pool's preallocated ones (a fixed set after warm-up, allocated at Create on the GPU).
+// An instruction longer than the largest bucket is not corruption (the data is fine, the
+// configuration is not): it stops the loader with InvalidArgument naming the record whatever
+// the corrupt policy, unless truncate_tokens cuts it; Create already refuses when the schema's
+// max_tokens says some instruction is too long.
+//
 // Note [GPU loader]
 // -----------------
 // With device = kCuda, stage 1 is unchanged (no decode tasks are queued) and lf-collate becomes
@@ -33,9 +47,12 @@
 //       then one fused kernel per batch crops/resizes/jitters/normalizes every kept image straight
 //       into the slot's device image buffer, at its compacted index; the decoder's buffer set is
 //       released after that kernel (event).
-//   3.  stage 3 (tokens, masks, state/action, compaction, corrupt policy) runs on the host into the
-//       slot's pinned staging, then one async copy moves it to the slot's device arrays; the
-//       slot's `ready` event is recorded after it.
+//   3.  stage 3 on the transform stream: lf-fetch already packed the batch's raw records into the
+//       slot's pinned staging (Note [Stage 3 staging] in stage3.h); lf-collate adds which samples
+//       survived, one async copy moves the raw ids/lengths/records to the device, and one kernel
+//       pads tokens, builds the masks and normalizes state/action into the slot's device arrays
+//       (static shapes: padding rows zeroed too); the slot's `ready` event is recorded after it.
+//       (LOONGFORGE_LOADER_DISABLE=stage3_device runs the CPU twin and copies the arrays.)
 // Next() waits (with the timeout) for `ready` before handing the batch out, so a consumer on any
 // stream sees complete data. When the consumer drops the batch, the slot's `released` event is
 // recorded on the consumer's stream (SetConsumerStream; torch's current stream in Python), and the
@@ -45,6 +62,7 @@
 // then its decode has finished (the decoder reuses a buffer set only after its consumer ran).
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -57,6 +75,7 @@
 #include "loongforge/logging.h"
 #include "loongforge/queue.h"
 #include "loongforge/thread_pool.h"
+#include "stage3.h"
 
 #ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -102,7 +121,8 @@ struct Slot {
   size_t bytes = 0;
   uint8_t* base = nullptr;
   bool pinned = false;
-  Batch batch;  // pointers into base
+  Batch batch;             // pointers into base
+  uint8_t* raw = nullptr;  // stage 3 staging (Note [Stage 3 staging]); pinned on the GPU path
 #ifdef LOONGFORGE_WITH_CUDA
   // GPU loader: `base` (pinned) holds stage 3's host staging and the kernel's task list; the
   // batch itself lives at dev_base. The non-image arrays have the same layout in both.
@@ -111,6 +131,7 @@ struct Slot {
   uint8_t *host_tail = nullptr, *dev_tail = nullptr;
   size_t tail_bytes = 0;
   internal::GpuImageTask *host_tasks = nullptr, *dev_tasks = nullptr;
+  uint8_t* dev_raw = nullptr;  // device copy of `raw`, read by the stage-3 kernel
   cudaEvent_t ready = nullptr, released = nullptr;
 #endif
 };
@@ -118,7 +139,8 @@ struct Slot {
 class SlotPool {
  public:
   SlotPool(int batch_size, int cameras, int image_size, int max_tokens, int state_dim,
-           int action_dim, int horizon, bool pin, bool gpu = false, size_t image_elem_bytes = 4)
+           int action_dim, int horizon, bool pin, bool gpu, size_t image_elem_bytes,
+           size_t raw_bytes)
       : b_(batch_size),
         k_(cameras),
         hw_(image_size),
@@ -128,7 +150,8 @@ class SlotPool {
         h_(horizon),
         pin_(pin),
         gpu_(gpu),
-        image_elem_(image_elem_bytes) {}
+        image_elem_(image_elem_bytes),
+        raw_(Align(raw_bytes)) {}
   ~SlotPool() {
     for (Slot* s : all_) {
       Free(s);
@@ -148,6 +171,21 @@ class SlotPool {
     all_.push_back(*slot);
     return *slot;
   }
+  // Allocates slots up front (the pool still grows on demand past `n`), so the first batches of a
+  // run do not pay for cudaMalloc/cudaHostAlloc on the pipeline's threads.
+  Status Reserve(int n) {
+    std::vector<Slot*> got;
+    for (int i = 0; i < n; ++i) {
+      auto slot = Acquire();
+      if (!slot.ok()) {
+        for (Slot* s : got) ReturnUnused(s);
+        return slot.status();
+      }
+      got.push_back(*slot);
+    }
+    for (Slot* s : got) ReturnUnused(s);
+    return Status::Ok();
+  }
   void Release(Slot* s) {
 #ifdef LOONGFORGE_WITH_CUDA
     if (s->released) {  // Note [GPU loader]: reuse waits for the consumer's queued work
@@ -162,6 +200,11 @@ class SlotPool {
     free_.push_back(s);
   }
   void SetConsumerStream(void* stream) { consumer_stream_ = stream; }
+  // A slot that never held a published batch (no consumer event to record).
+  void ReturnUnused(Slot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
   size_t allocated_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     size_t n = 0;
@@ -201,13 +244,14 @@ class SlotPool {
     const size_t img = Align(image_elem_ * b_ * k_ * 3 * hw_ * hw_);
     const size_t tail = TailBytes();
     const size_t tasks = Align(sizeof(internal::GpuImageTask) * b_ * k_);
+    const size_t raw = raw_;
     auto* slot = new Slot();
     auto fail = [&](Status s) {
       Free(slot);
       delete slot;
       return s.WithContext("loader: allocating a GPU batch buffer");
     };
-    slot->bytes = tail + tasks;
+    slot->bytes = tail + tasks + raw;
     void* h = nullptr;
     cudaError_t e = cudaHostAlloc(&h, slot->bytes, cudaHostAllocDefault);
     if (e != cudaSuccess)
@@ -215,7 +259,7 @@ class SlotPool {
     slot->base = static_cast<uint8_t*>(h);
     slot->pinned = true;
     void* d = nullptr;
-    e = cudaMalloc(&d, img + tail + tasks);
+    e = cudaMalloc(&d, img + tail + tasks + raw);
     if (e != cudaSuccess)
       return fail(internal::CudaErrorToStatus(e, "cudaMalloc", __FILE__, __LINE__));
     slot->dev_base = static_cast<uint8_t*>(d);
@@ -233,6 +277,8 @@ class SlotPool {
     slot->dev_tail = slot->dev_base + img;
     slot->tail_bytes = tail;
     slot->dev_tasks = reinterpret_cast<internal::GpuImageTask*>(slot->dev_base + img + tail);
+    slot->raw = slot->base + tail + tasks;
+    slot->dev_raw = slot->dev_base + img + tail + tasks;
     return slot;
   }
 #endif
@@ -249,7 +295,7 @@ class SlotPool {
     size_t amk = Align(static_cast<size_t>(b_) * h_);
     size_t idx = Align(sizeof(int64_t) * b_);
     auto* slot = new Slot();
-    slot->bytes = img + tok + am + st + ac + amk + idx;
+    slot->bytes = img + tok + am + st + ac + amk + idx + raw_;
 #ifdef LOONGFORGE_WITH_CUDA
     if (pin_) {
       void* p = nullptr;
@@ -289,6 +335,8 @@ class SlotPool {
     b.action_mask = p;
     p += amk;
     b.sample_index = reinterpret_cast<int64_t*>(p);
+    p += idx;
+    slot->raw = p;
     b.pinned = slot->pinned;
     return slot;
   }
@@ -308,7 +356,7 @@ class SlotPool {
 
   const int b_, k_, hw_, l_, s_, a_, h_;
   const bool pin_, gpu_;
-  const size_t image_elem_;
+  const size_t image_elem_, raw_;
   std::atomic<void*> consumer_stream_{nullptr};
   mutable std::mutex mu_;
   std::vector<Slot*> all_, free_;
@@ -325,6 +373,8 @@ struct Work {
   std::vector<std::string_view> tokens, state, action, amask;
   std::vector<std::string_view> jpeg;  // [sample * cameras + camera]
   std::vector<Status> sample_status;   // first error of each sample
+  Status fatal;  // stops the pipeline whatever the corrupt policy (an instruction too long for
+                 // the largest token bucket)
   std::mutex mu;
   std::condition_variable done_cv;
   int pending = 0;
@@ -348,13 +398,60 @@ struct Work {
 using WorkPtr = std::shared_ptr<Work>;
 using Output = StatusOr<std::shared_ptr<Batch>>;
 
+// What stage 3 does with one batch.
+struct Stage3Plan {
+  std::vector<int> keep;  // raw rows kept, in order (output row o <- keep[o])
+  int dropped = 0, n = 0, rows = 0, len = 1, bucket = -1;
+  int64_t total_tokens = 0;  // staged token ids of the whole batch
+};
+
+// Throughput switches for A/B runs on the GPU machine: LOONGFORGE_LOADER_DISABLE is a comma list
+// of these names (unknown names are an error at Create). Defaults are all on.
+struct TuningSwitches {
+  bool stage3_device = true;  // stage 3 by the CUDA kernel (off: host twin + copy of the arrays)
+  bool prefault = true;       // lf-fetch touches the batch's JPEG pages before nvJPEG reads them
+  bool reserve = true;        // GPU slots allocated at Create instead of by the first batches
+};
+
+StatusOr<TuningSwitches> ReadTuningSwitches() {
+  TuningSwitches t;
+  const char* env = std::getenv("LOONGFORGE_LOADER_DISABLE");
+  if (!env) return t;
+  std::string list(env);
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string name = list.substr(pos, end - pos);
+    if (name == "stage3_device")
+      t.stage3_device = false;
+    else if (name == "prefault")
+      t.prefault = false;
+    else if (name == "reserve")
+      t.reserve = false;
+    else if (!name.empty())
+      return InvalidArgumentError("LOONGFORGE_LOADER_DISABLE: unknown switch '" + name +
+                                  "' (known: stage3_device, prefault, reserve)");
+    pos = end + 1;
+  }
+  return t;
+}
+
 }  // namespace
 
 struct DataLoader::Impl {
   LoaderOptions opts;
   std::unique_ptr<RecordReader> reader;
   std::optional<Sampler> sampler;
-  int max_tokens = 0;
+  int max_tokens = 0;  // token capacity of a row: token_pad, the largest bucket or the schema's
+  std::vector<int> buckets;  // Note [Static batches]
+  bool static_shapes = false;
+  bool truncate_ok = false;       // longer instructions are cut to max_tokens
+  bool normalize = false;         // state/action normalized (option on and statistics present)
+  std::vector<float> norm_stats;  // staged with every batch: mean_s, std_s, mean_a, std_a
+  internal::Stage3Layout s3;
+  TuningSwitches tuning;
+  std::atomic<uint32_t> prefault_sink{0};
   std::vector<std::string> camera_modality;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
@@ -396,7 +493,12 @@ struct DataLoader::Impl {
   void FetchLoop(int64_t ep, int64_t start);
   void CollateLoop(int64_t ep, int64_t start);
   void DecodeImage(const WorkPtr& w, int sample, int camera);
+  void PackStage3(Work& w);
+  void Prefault(const Work& w);
+  Status PlanStage3(Work& w, Stage3Plan* p);
+  internal::Stage3Dims Dims(const Stage3Plan& p) const;
   Status Collate(Work& w, std::shared_ptr<Batch>* out);
+  void Publish(Work& w, const Stage3Plan& p, std::shared_ptr<Batch>* out);
   void StopThreads();
   void SyncDevice();
 };
@@ -461,7 +563,18 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
                                                 std::to_string(expect_bytes) + " (truncated?)");
             return;
           }
-          if (modality == "tokens" && (r->size() % 4 != 0 || r->size() / 4 > size_t(max_tokens))) {
+          const size_t ntok = r->size() / 4;
+          if (modality == "tokens" &&
+              (r->size() % 4 != 0 || (ntok > static_cast<size_t>(max_tokens) && !truncate_ok))) {
+            if (r->size() % 4 == 0 && static_shapes) {  // Note [Static batches]: not corruption
+              if (w->fatal.ok())
+                w->fatal = InvalidArgumentError(
+                    reader->path() + ": record '" + key + "' has " + std::to_string(ntok) +
+                    " tokens, more than the largest token bucket (" + std::to_string(max_tokens) +
+                    "): add a bucket of at least " + std::to_string(ntok) +
+                    " or set truncate_tokens");
+              return;
+            }
             w->sample_status[i] = DataLossError(reader->path() + ": record '" + key + "' has " +
                                                 std::to_string(r->size()) +
                                                 " bytes: not a token "
@@ -479,6 +592,8 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
         for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
       }
       c_bytes->fetch_add(bytes);
+      PackStage3(*w);
+      if (gpu && tuning.prefault) Prefault(*w);
       timer.reset();
       int tasks = 0;
       for (size_t i = 0; i < n && !gpu; ++i)
@@ -512,6 +627,53 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
     marker->epoch_end = true;
     if (!work_q->Push(std::move(marker), std::chrono::hours(24 * 365)).ok()) return;
   }
+}
+
+// Note [Stage 3 staging]: the batch's raw non-image records into the slot's staging buffer.
+void DataLoader::Impl::PackStage3(Work& w) {
+  const internal::Stage3Layout& L = s3;
+  uint8_t* raw = w.slot->raw;
+  auto* off = reinterpret_cast<int32_t*>(raw + L.off_token_offset);
+  auto* sidx = reinterpret_cast<int64_t*>(raw + L.off_sample_index);
+  auto* st = reinterpret_cast<float*>(raw + L.off_state);
+  auto* ac = reinterpret_cast<float*>(raw + L.off_action);
+  uint8_t* am = raw + L.off_amask;
+  auto* ids = reinterpret_cast<int32_t*>(raw + L.off_tokens);
+  const size_t S = L.state_dim, HA = static_cast<size_t>(L.horizon) * L.action_dim;
+  const size_t H = L.horizon;
+  int32_t total = 0;
+  for (size_t i = 0; i < w.samples.size(); ++i) {
+    off[i] = total;
+    sidx[i] = w.samples[i];
+    if (!w.sample_status[i].ok()) continue;  // never a src_row
+    // Sizes were validated by the lookups; ids beyond the capacity are cut (truncate_tokens).
+    const int nt = static_cast<int>(std::min<size_t>(w.tokens[i].size() / 4, L.max_tokens));
+    std::memcpy(ids + total, w.tokens[i].data(), sizeof(int32_t) * nt);  // LMDB: maybe unaligned
+    total += nt;
+    std::memcpy(st + i * S, w.state[i].data(), sizeof(float) * S);
+    std::memcpy(ac + i * HA, w.action[i].data(), sizeof(float) * HA);
+    std::memcpy(am + i * H, w.amask[i].data(), H);
+  }
+  off[w.samples.size()] = total;
+  if (!norm_stats.empty())
+    std::memcpy(raw + L.off_norm, norm_stats.data(), sizeof(float) * norm_stats.size());
+}
+
+// Reads one byte of every page of the batch's JPEG bytes, so the page faults of LMDB's map (read
+// ahead is off: MDB_NORDAHEAD) are taken here, ahead of time, and not inside nvJPEG's copy of
+// the bitstreams on the GPU stage's thread, which feeds the JPEG engine.
+void DataLoader::Impl::Prefault(const Work& w) {
+  uint32_t sink = 0;
+  const size_t cams = camera_modality.size();
+  for (size_t i = 0; i < w.samples.size(); ++i) {
+    if (!w.sample_status[i].ok()) continue;
+    for (size_t c = 0; c < cams; ++c) {
+      const std::string_view v = w.jpeg[i * cams + c];
+      for (size_t o = 0; o < v.size(); o += 4096) sink += static_cast<uint8_t>(v[o]);
+      if (!v.empty()) sink += static_cast<uint8_t>(v.back());
+    }
+  }
+  prefault_sink.fetch_add(sink, std::memory_order_relaxed);  // keeps the reads
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -569,82 +731,102 @@ void DataLoader::Impl::DecodeImage(const WorkPtr& w, int sample, int camera) {
 // ---------------------------------------------------------------------------------------------
 // Stage 3
 
-Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
-  const Schema& sc = reader->schema();
-  const int cams = static_cast<int>(sc.cameras.size());
-  const size_t img_elems = static_cast<size_t>(3) * opts.image_size * opts.image_size;
-  Batch& b = w.slot->batch;
+// Which samples a batch keeps, its shape, and stage 3's src_row (Note [Stage 3 staging]).
+Status DataLoader::Impl::PlanStage3(Work& w, Stage3Plan* p) {
+  if (!w.fatal.ok()) return w.fatal;
   // Compact away corrupt samples (skip policy) or stop on the first (error policy).
-  std::vector<size_t> keep;
-  int dropped = 0;  // counted when the batch is handed out (Next), not when prefetched
+  p->keep.clear();
+  p->dropped = 0;  // counted when the batch is handed out (Next), not when prefetched
   for (size_t i = 0; i < w.samples.size(); ++i) {
     if (w.sample_status[i].ok()) {
-      keep.push_back(i);
+      p->keep.push_back(static_cast<int>(i));
       continue;
     }
     if (opts.on_corrupt == CorruptPolicy::kError) return w.sample_status[i];
-    ++dropped;
+    ++p->dropped;
     int64_t suppressed = 0;
     if (corrupt_log.Allow(&suppressed))
       LF_LOG(WARNING) << "skipping corrupt sample " << w.samples[i] << ": "
                       << w.sample_status[i].message()
                       << (suppressed ? " (" + std::to_string(suppressed) + " more not shown)" : "");
   }
-  const int n = static_cast<int>(keep.size());
-  int len = opts.token_pad;
-  if (len <= 0) {
-    len = 1;
-    for (size_t i : keep) len = std::max<int>(len, static_cast<int>(w.tokens[i].size() / 4));
+  uint8_t* raw = w.slot->raw;
+  const auto* off = reinterpret_cast<const int32_t*>(raw + s3.off_token_offset);
+  auto* src_row = reinterpret_cast<int32_t*>(raw + s3.off_src_row);
+  p->n = static_cast<int>(p->keep.size());
+  int longest = 1;
+  for (int o = 0; o < p->n; ++o) {
+    const int i = p->keep[o];
+    src_row[o] = i;
+    longest = std::max(longest, off[i + 1] - off[i]);
   }
-  const float* smean =
-      sc.state_mean.size() == size_t(sc.state_dim) ? sc.state_mean.data() : nullptr;
-  const float* sstd = sc.state_std.size() == size_t(sc.state_dim) ? sc.state_std.data() : nullptr;
-  const float* amean =
-      sc.action_mean.size() == size_t(sc.action_dim) ? sc.action_mean.data() : nullptr;
-  const float* astd =
-      sc.action_std.size() == size_t(sc.action_dim) ? sc.action_std.data() : nullptr;
-  const bool norm = opts.normalize_state && smean && sstd && amean && astd;
-  for (int o = 0; o < n; ++o) {
-    const size_t i = keep[o];
-    // Move decoded images down over a skipped sample (the GPU kernel wrote them compacted).
-    if (static_cast<size_t>(o) != i && !gpu)
+  p->total_tokens = off[w.samples.size()];
+  p->bucket = -1;
+  if (static_shapes) {
+    // Note [Static batches]: the smallest bucket that holds the longest kept instruction.
+    auto it = std::lower_bound(buckets.begin(), buckets.end(), longest);
+    LF_CHECK(it != buckets.end());  // fetch cut or rejected anything longer than the last one
+    p->bucket = static_cast<int>(it - buckets.begin());
+    p->len = *it;
+    p->rows = opts.batch_size;
+  } else {
+    p->len = opts.token_pad > 0 ? opts.token_pad : longest;
+    p->rows = p->n;
+  }
+  return Status::Ok();
+}
+
+internal::Stage3Dims DataLoader::Impl::Dims(const Stage3Plan& p) const {
+  internal::Stage3Dims d;
+  d.n = p.n;
+  d.rows = p.rows;
+  d.len = p.len;
+  d.normalize = normalize;
+  return d;
+}
+
+// Stage 3 of the CPU loader: compaction, padding rows, the stage-3 CPU twin, publication.
+Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
+  const Schema& sc = reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const size_t img_elems = static_cast<size_t>(3) * opts.image_size * opts.image_size;
+  Batch& b = w.slot->batch;
+  Stage3Plan p;
+  LF_RETURN_IF_ERROR(PlanStage3(w, &p));
+  for (int o = 0; o < p.n; ++o) {
+    const size_t i = static_cast<size_t>(p.keep[o]);
+    // Move decoded images down over a skipped sample.
+    if (static_cast<size_t>(o) != i)
       std::memmove(b.images + static_cast<size_t>(o) * cams * img_elems,
                    b.images + i * cams * img_elems, sizeof(float) * cams * img_elems);
-    const int nt = static_cast<int>(w.tokens[i].size() / 4);
-    int64_t* tok = b.tokens + static_cast<size_t>(o) * len;
-    uint8_t* am = b.attention_mask + static_cast<size_t>(o) * len;
-    const char* tp = w.tokens[i].data();
-    for (int t = 0; t < len; ++t) {
-      int32_t v = 0;
-      if (t < nt) std::memcpy(&v, tp + 4 * t, 4);
-      tok[t] = v;
-      am[t] = t < nt;
-    }
-    float* st = b.state + static_cast<size_t>(o) * sc.state_dim;
-    std::memcpy(st, w.state[i].data(), sizeof(float) * sc.state_dim);
-    float* ac = b.action + static_cast<size_t>(o) * sc.action_horizon * sc.action_dim;
-    std::memcpy(ac, w.action[i].data(), sizeof(float) * sc.action_horizon * sc.action_dim);
-    if (norm) {
-      // std of a constant dimension is 0: leave it centred instead of dividing by zero.
-      for (int d = 0; d < sc.state_dim; ++d)
-        st[d] = (st[d] - smean[d]) / (sstd[d] > 1e-6f ? sstd[d] : 1.f);
-      for (int h = 0; h < sc.action_horizon; ++h)
-        for (int d = 0; d < sc.action_dim; ++d) {
-          float& x = ac[h * sc.action_dim + d];
-          x = (x - amean[d]) / (astd[d] > 1e-6f ? astd[d] : 1.f);
-        }
-    }
-    std::memcpy(b.action_mask + static_cast<size_t>(o) * sc.action_horizon, w.amask[i].data(),
-                sc.action_horizon);
-    b.sample_index[o] = w.samples[i];
   }
+  if (p.rows > p.n)  // static shapes: padding rows are zero
+    std::memset(b.images + static_cast<size_t>(p.n) * cams * img_elems, 0,
+                sizeof(float) * (p.rows - p.n) * cams * img_elems);
+  internal::Stage3Out o3;
+  o3.tokens = b.tokens;
+  o3.attention_mask = b.attention_mask;
+  o3.state = b.state;
+  o3.action = b.action;
+  o3.action_mask = b.action_mask;
+  o3.sample_index = b.sample_index;
+  internal::Stage3Reference(s3, w.slot->raw, Dims(p), o3);
+  Publish(w, p, out);
+  return Status::Ok();
+}
+
+void DataLoader::Impl::Publish(Work& w, const Stage3Plan& p, std::shared_ptr<Batch>* out) {
+  const Schema& sc = reader->schema();
+  Batch& b = w.slot->batch;
   b.epoch = w.epoch;
   b.index = w.index;
-  b.size = n;
-  b.corrupt_skipped = dropped;
-  b.cameras = cams;
+  b.size = p.n;
+  b.rows = p.rows;
+  b.token_bucket = p.bucket;
+  b.corrupt_skipped = p.dropped;
+  b.cameras = static_cast<int>(sc.cameras.size());
   b.height = b.width = opts.image_size;
-  b.tokens_len = len;
+  b.tokens_len = p.len;
   b.state_dim = sc.state_dim;
   b.action_dim = sc.action_dim;
   b.horizon = sc.action_horizon;
@@ -676,7 +858,6 @@ Status DataLoader::Impl::Collate(Work& w, std::shared_ptr<Batch>* out) {
   }
 #endif
   *out = std::shared_ptr<Batch>(pub, [pool, slot](Batch*) { pool->Release(slot); });
-  return Status::Ok();
 }
 
 void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
@@ -799,11 +980,12 @@ Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
   }
   for (size_t k = 0; k < views.size(); ++k)
     if (!dstatus[k].ok()) w.SetError(static_cast<size_t>(who[k].first), std::move(dstatus[k]));
-  // Compacted output index of each sample still OK, as Collate() compacts.
+  // Which samples stay (corrupt policy), the batch's shape, and the compacted output index of
+  // each kept sample.
+  Stage3Plan plan;
+  LF_RETURN_IF_ERROR(PlanStage3(w, &plan));
   std::vector<int> rank(n, -1);
-  int kept = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (w.sample_status[i].ok()) rank[i] = kept++;
+  for (int o = 0; o < plan.n; ++o) rank[plan.keep[o]] = o;
   Slot* slot = w.slot;
   internal::GpuImageTask* tasks = slot->host_tasks;  // pinned: the task copy is truly async
   int nt = 0;
@@ -852,11 +1034,43 @@ Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
                                                            slot->dev_batch.images, xform));
     LF_RETURN_IF_ERROR(decoder->ReleaseAfter(xform));
   }
-  // Stage 3 on the host (compaction, corrupt policy, padding, masks), then one copy.
-  LF_RETURN_IF_ERROR(Collate(w, out));
-  LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot->dev_tail, slot->host_tail, slot->tail_bytes,
-                                          cudaMemcpyHostToDevice, xform));
+  // Static shapes: rows past the kept samples are zero images.
+  if (plan.rows > plan.n) {
+    const size_t img_bytes = static_cast<size_t>(cams) * 3 * opts.image_size * opts.image_size *
+                             (opts.dtype == ImageDType::kBFloat16 ? 2 : 4);
+    LF_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(reinterpret_cast<uint8_t*>(slot->dev_batch.images) + plan.n * img_bytes, 0,
+                        (plan.rows - plan.n) * img_bytes, xform));
+  }
+  // Stage 3 (Note [Stage 3 staging]), ordered after the slot's `released` wait above.
+  if (tuning.stage3_device) {
+    // Raw ids, lengths and records only; the kernel pads, masks and normalizes on the device.
+    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot->dev_raw, slot->raw, s3.Bytes(plan.total_tokens),
+                                            cudaMemcpyHostToDevice, xform));
+    internal::Stage3Out o3;
+    o3.tokens = slot->dev_batch.tokens;
+    o3.attention_mask = slot->dev_batch.attention_mask;
+    o3.state = slot->dev_batch.state;
+    o3.action = slot->dev_batch.action;
+    o3.action_mask = slot->dev_batch.action_mask;
+    o3.sample_index = slot->dev_batch.sample_index;
+    LF_RETURN_IF_ERROR(internal::LaunchStage3(s3, slot->dev_raw, Dims(plan), o3, xform));
+  } else {
+    // A/B switch off: the CPU twin into the pinned staging of the arrays, then one copy.
+    internal::Stage3Out o3;
+    const Batch& hb = slot->batch;
+    o3.tokens = hb.tokens;
+    o3.attention_mask = hb.attention_mask;
+    o3.state = hb.state;
+    o3.action = hb.action;
+    o3.action_mask = hb.action_mask;
+    o3.sample_index = hb.sample_index;
+    internal::Stage3Reference(s3, slot->raw, Dims(plan), o3);
+    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot->dev_tail, slot->host_tail, slot->tail_bytes,
+                                            cudaMemcpyHostToDevice, xform));
+  }
   LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->ready, xform));
+  Publish(w, plan, out);
   return Status::Ok();
 }
 #endif  // LOONGFORGE_WITH_NVJPEG
@@ -900,6 +1114,16 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   for (int c = 0; c < 3; ++c)
     if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
   if (!(o.hw_decode_ratio <= 1.f)) return InvalidArgumentError("hw_decode_ratio must be <= 1");
+  if (o.token_pad < 0) return InvalidArgumentError("token_pad must be >= 0");
+  std::vector<int> buckets = o.token_buckets;
+  std::sort(buckets.begin(), buckets.end());
+  buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+  if (!buckets.empty() && buckets.front() <= 0)
+    return InvalidArgumentError("token_buckets must be positive lengths");
+  if (!buckets.empty() && o.token_pad > 0)
+    return InvalidArgumentError(
+        "token_pad and token_buckets are exclusive (token_pad=N is token_buckets=[N])");
+  LF_ASSIGN_OR_RETURN(TuningSwitches tuning, ReadTuningSwitches());
   const bool gpu = o.device == LoaderDevice::kCuda;
   if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != ImageDType::kFloat32 || o.antialias))
     return InvalidArgumentError(
@@ -926,14 +1150,38 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   auto sampler = Sampler::Create(so);
   if (!sampler.ok()) return sampler.status().WithContext(o.db_path);
   impl->sampler.emplace(std::move(sampler).value());
+  impl->tuning = tuning;
+  // Note [Static batches]
+  impl->static_shapes = o.static_shapes || !buckets.empty();
+  if (impl->static_shapes && buckets.empty())
+    buckets.push_back(o.token_pad > 0 ? o.token_pad : std::max(1, sc.max_tokens));
+  impl->buckets = buckets;
   impl->max_tokens = std::max(1, sc.max_tokens);
-  if (o.token_pad > 0) {
-    if (o.token_pad < sc.max_tokens)
-      return InvalidArgumentError("token_pad " + std::to_string(o.token_pad) +
-                                  " is shorter than the longest instruction in " + o.db_path +
-                                  " (" + std::to_string(sc.max_tokens) + " tokens)");
-    impl->max_tokens = o.token_pad;
+  if (o.token_pad > 0) impl->max_tokens = o.token_pad;
+  if (impl->static_shapes) impl->max_tokens = buckets.back();
+  impl->truncate_ok = o.truncate_tokens && (impl->static_shapes || o.token_pad > 0);
+  if ((impl->static_shapes || o.token_pad > 0) && sc.max_tokens > impl->max_tokens &&
+      !o.truncate_tokens)
+    return InvalidArgumentError(
+        std::string(impl->static_shapes ? "largest token bucket " : "token_pad ") +
+        std::to_string(impl->max_tokens) + " is shorter than the longest instruction in " +
+        o.db_path + " (" + std::to_string(sc.max_tokens) +
+        " tokens): add a longer bucket or set truncate_tokens");
+  // State/action statistics, staged with every batch (std ~0: leave the dimension centred).
+  impl->normalize = o.normalize_state && sc.state_mean.size() == size_t(sc.state_dim) &&
+                    sc.state_std.size() == size_t(sc.state_dim) &&
+                    sc.action_mean.size() == size_t(sc.action_dim) &&
+                    sc.action_std.size() == size_t(sc.action_dim);
+  if (impl->normalize) {
+    auto& ns = impl->norm_stats;
+    auto eff = [](float s) { return s > 1e-6f ? s : 1.f; };
+    ns.insert(ns.end(), sc.state_mean.begin(), sc.state_mean.end());
+    for (float s : sc.state_std) ns.push_back(eff(s));
+    ns.insert(ns.end(), sc.action_mean.begin(), sc.action_mean.end());
+    for (float s : sc.action_std) ns.push_back(eff(s));
   }
+  impl->s3 = internal::Stage3Layout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
+                                          sc.action_dim, sc.action_horizon);
   for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));
   bool pin = o.pin_memory;
 #ifndef LOONGFORGE_WITH_CUDA
@@ -941,10 +1189,10 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   pin = false;
 #endif
   impl->gpu = gpu;
-  impl->pool =
-      std::make_shared<SlotPool>(o.batch_size, static_cast<int>(sc.cameras.size()), o.image_size,
-                                 impl->max_tokens, sc.state_dim, sc.action_dim, sc.action_horizon,
-                                 pin && !gpu, gpu, o.dtype == ImageDType::kBFloat16 ? 2 : 4);
+  impl->pool = std::make_shared<SlotPool>(
+      o.batch_size, static_cast<int>(sc.cameras.size()), o.image_size, impl->max_tokens,
+      sc.state_dim, sc.action_dim, sc.action_horizon, pin && !gpu, gpu,
+      o.dtype == ImageDType::kBFloat16 ? 2 : 4, impl->s3.capacity_bytes);
   // Enough queued decode tasks to keep every worker busy across two batches. (GPU: the pool only
   // decodes the images nvJPEG cannot.)
   size_t task_cap = static_cast<size_t>(o.batch_size) * sc.cameras.size() * 2;
@@ -961,6 +1209,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.timeout_ms = o.timeout_ms;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
+    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's, out_q and
+    // two held by the consumer. More are allocated on demand.
+    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 4));
     impl->h_gpu_decode = impl->metrics.GetHistogram("gpu_decode_submit_ms");
     impl->h_gpu_submit = impl->metrics.GetHistogram("gpu_kernel_submit_ms");
   }
@@ -989,6 +1240,7 @@ const Schema& DataLoader::schema() const { return impl_->reader->schema(); }
 int64_t DataLoader::batches_per_epoch() const { return impl_->sampler->batches_per_epoch(); }
 int64_t DataLoader::epoch() const { return impl_->epoch; }
 int64_t DataLoader::next_batch() const { return impl_->next_batch; }
+const std::vector<int>& DataLoader::token_buckets() const { return impl_->buckets; }
 MetricsRegistry& DataLoader::metrics() { return impl_->metrics; }
 int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
 
@@ -1076,6 +1328,7 @@ LoaderDeviceInfo DataLoader::device_info() const {
     info.images_hw = d.images_hw;
     info.images_cuda = d.images_cuda;
     info.images_cpu = d.images_cpu;
+    info.stage3_on_device = impl_->tuning.stage3_device;
   }
 #endif
   return info;

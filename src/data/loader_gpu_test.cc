@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -38,7 +39,7 @@ class GpuLoaderTest : public testing::TestDbFixture {
 // A batch copied to host memory (from either loader), images as float32 NCHW.
 struct HostBatch {
   int64_t index = 0;
-  int size = 0, tokens_len = 0;
+  int size = 0, rows = 0, tokens_len = 0, bucket = -1;
   std::vector<float> images, state, action;
   std::vector<int64_t> tokens, sample_index;
   std::vector<uint8_t> attention_mask, action_mask;
@@ -70,8 +71,10 @@ HostBatch ToHost(const Batch& b) {
   HostBatch h;
   h.index = b.index;
   h.size = b.size;
+  h.rows = b.rows;
+  h.bucket = b.token_bucket;
   h.tokens_len = b.tokens_len;
-  const size_t n = b.size, hw = static_cast<size_t>(b.height) * b.width;
+  const size_t n = b.rows, hw = static_cast<size_t>(b.height) * b.width;
   const size_t nimg = n * b.cameras;
   std::vector<float> raw;
   if (b.image_dtype == ImageDType::kBFloat16) {
@@ -120,6 +123,9 @@ void ExpectSameBatches(const std::vector<HostBatch>& a, const std::vector<HostBa
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t k = 0; k < a.size(); ++k) {
     EXPECT_EQ(a[k].sample_index, b[k].sample_index) << what << " batch " << k;
+    EXPECT_EQ(a[k].size, b[k].size) << what;
+    EXPECT_EQ(a[k].rows, b[k].rows) << what;
+    EXPECT_EQ(a[k].bucket, b[k].bucket) << what;
     EXPECT_EQ(a[k].tokens, b[k].tokens) << what;
     EXPECT_EQ(a[k].attention_mask, b[k].attention_mask) << what;
     EXPECT_EQ(a[k].state, b[k].state) << what;
@@ -233,6 +239,46 @@ TEST_F(GpuLoaderTest, CorruptPolicySameAsCpu) {
   EXPECT_EQ(err.code(), StatusCode::kDataLoss) << err;
   EXPECT_NE(err.message().find("00000003_cam_cam"), std::string::npos) << err;
   EXPECT_EQ(got.size(), 0u);  // sample 3 is in batch 0
+}
+
+// Guards device stage 3 and static batches on the GPU: token buckets, padding rows of skipped
+// samples (zero images too) and masks equal the CPU loader's, with the stage-3 kernel and with
+// the host twin (LOONGFORGE_LOADER_DISABLE=stage3_device), and the two GPU variants agree bit
+// for bit on everything but decode noise.
+TEST_F(GpuLoaderTest, StaticBucketsDeviceStage3MatchCpu) {
+  std::string why;
+  if (Skip(&why)) GTEST_SKIP() << why;
+  testing::TestDbOptions to;
+  to.corrupt_jpeg = {3};
+  to.truncated_state = {17};
+  std::string db = Db(to);
+  LoaderOptions oc = Opts(db, false), og = Opts(db, true);
+  oc.token_buckets = og.token_buckets = {3, 6, 8};
+  auto cpu = DataLoader::Create(oc);
+  auto gpu = DataLoader::Create(og);
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status();
+  EXPECT_TRUE((*gpu)->device_info().stage3_on_device);
+  auto a = RunEpoch(**cpu, 2), b = RunEpoch(**gpu, 2);
+  ExpectSameBatches(a, b, 0.04, 0.8, "static buckets");
+  int padded = 0;
+  for (const HostBatch& h : b) {
+    EXPECT_EQ(h.rows, 4);
+    padded += h.rows - h.size;
+  }
+  EXPECT_EQ(padded, 2);  // samples 3 and 17
+  ::setenv("LOONGFORGE_LOADER_DISABLE", "stage3_device", 1);
+  auto host3 = DataLoader::Create(og);
+  ::unsetenv("LOONGFORGE_LOADER_DISABLE");
+  ASSERT_TRUE(host3.ok()) << host3.status();
+  EXPECT_FALSE((*host3)->device_info().stage3_on_device);
+  ExpectSameBatches(b, RunEpoch(**host3, 2), 0.04, 0.8, "host stage 3");
+  // Dynamic shapes through the kernel too (batch max, compacted rows).
+  oc.token_buckets.clear();
+  og.token_buckets.clear();
+  auto cpu2 = DataLoader::Create(oc);
+  auto gpu2 = DataLoader::Create(og);
+  ASSERT_TRUE(cpu2.ok() && gpu2.ok());
+  ExpectSameBatches(RunEpoch(**cpu2, 1), RunEpoch(**gpu2, 1), 0.04, 0.8, "dynamic");
 }
 
 #ifdef LOONGFORGE_WITH_CUDA

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "image_ops.h"
 #include "loongforge/loader.h"
@@ -340,6 +341,154 @@ TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
     EXPECT_NE(err.message().find(c.key), std::string::npos) << err;
     EXPECT_EQ(got.size(), 1u);  // batch 0 (samples 0..3) arrives before the bad one
   }
+}
+
+// Reads a batch's arrays (CPU loader) into checks of the static-shape contract: `rows` rows,
+// tokens padded to the smallest bucket holding the longest real row, masks exactly over each
+// sample's (i % 7) + 2 tokens, padding rows zero with sample_index -1.
+void CheckStaticBatch(const Batch& x, int batch_size, const std::vector<int>& buckets,
+                      const std::set<int64_t>& long_tokens = {}, int cap = 0) {
+  ASSERT_EQ(x.rows, batch_size);
+  ASSERT_GE(x.token_bucket, 0);
+  ASSERT_LT(x.token_bucket, static_cast<int>(buckets.size()));
+  EXPECT_EQ(x.tokens_len, buckets[x.token_bucket]);
+  int longest = 1;
+  for (int r = 0; r < x.size; ++r) {
+    const int64_t i = x.sample_index[r];
+    int nt = long_tokens.count(i) ? 12 : static_cast<int>(i % 7) + 2;
+    if (cap > 0) nt = std::min(nt, cap);
+    longest = std::max(longest, nt);
+    for (int t = 0; t < x.tokens_len; ++t) {
+      EXPECT_EQ(x.attention_mask[r * x.tokens_len + t], t < nt) << "sample " << i << " t " << t;
+      EXPECT_EQ(x.tokens[r * x.tokens_len + t], t < nt ? 3 + i + t : 0) << "sample " << i;
+    }
+  }
+  // The smallest bucket that fits.
+  EXPECT_GE(x.tokens_len, longest);
+  if (x.token_bucket > 0) EXPECT_LT(buckets[x.token_bucket - 1], longest);
+  const size_t img = static_cast<size_t>(x.cameras) * 3 * x.height * x.width;
+  for (int r = x.size; r < x.rows; ++r) {
+    EXPECT_EQ(x.sample_index[r], -1);
+    for (int t = 0; t < x.tokens_len; ++t) {
+      EXPECT_EQ(x.tokens[r * x.tokens_len + t], 0);
+      EXPECT_EQ(x.attention_mask[r * x.tokens_len + t], 0);
+    }
+    for (int h = 0; h < x.horizon; ++h) EXPECT_EQ(x.action_mask[r * x.horizon + h], 0);
+    for (int d = 0; d < x.state_dim; ++d) EXPECT_EQ(x.state[r * x.state_dim + d], 0.f);
+    for (size_t k = 0; k < img; ++k) ASSERT_EQ(x.images[r * img + k], 0.f) << "row " << r;
+  }
+}
+
+// Guards static batches: every batch has batch_size rows and one of the bucket lengths (the
+// smallest that fits), masks and tokens are right, and every bucket actually occurs.
+TEST_F(LoaderTest, StaticBucketsShapesAndMasks) {
+  std::string db = Db({});
+  const std::vector<int> buckets = {3, 6, 8};
+  for (bool shuffle : {false, true}) {
+    LoaderOptions o = Opts(db);
+    o.batch_size = 2;
+    o.shuffle = shuffle;
+    o.token_buckets = {8, 3, 6, 3};  // unsorted, duplicated: Create normalizes
+    auto dl = DataLoader::Create(o);
+    ASSERT_TRUE(dl.ok()) << dl.status();
+    EXPECT_EQ((*dl)->token_buckets(), buckets);
+    ASSERT_TRUE((*dl)->Start(0).ok());
+    std::set<int> seen;
+    for (;;) {
+      auto b = (*dl)->Next();
+      if (!b.ok()) {
+        EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
+        break;
+      }
+      CheckStaticBatch(**b, 2, buckets);
+      seen.insert((*b)->token_bucket);
+    }
+    if (!shuffle) EXPECT_EQ(seen.size(), 3u);  // max lengths 3, 5, 7, 8, ... cover all buckets
+  }
+}
+
+// Guards padding rows: with static_shapes, a batch that lost a corrupt sample keeps batch_size
+// rows; the missing row is zero with masks off and sample_index -1, and the real rows match
+// the dynamic-shape loader's.
+TEST_F(LoaderTest, StaticShapesPadSkippedSamples) {
+  testing::TestDbOptions to;
+  to.corrupt_jpeg = {1};
+  std::string db = Db(to);
+  LoaderOptions o = Opts(db);
+  o.shuffle = false;
+  o.static_shapes = true;  // one bucket: the schema's max_tokens (8)
+  auto st = DataLoader::Create(o);
+  o.static_shapes = false;
+  auto dyn = DataLoader::Create(o);
+  ASSERT_TRUE(st.ok() && dyn.ok()) << st.status();
+  EXPECT_EQ((*st)->token_buckets(), std::vector<int>{8});
+  ASSERT_TRUE((*st)->Start(0).ok() && (*dyn)->Start(0).ok());
+  auto a = (*st)->Next(), b = (*dyn)->Next();
+  ASSERT_TRUE(a.ok() && b.ok());
+  const Batch &x = **a, &y = **b;
+  EXPECT_EQ(x.size, 3);
+  EXPECT_EQ(y.rows, 3);
+  EXPECT_EQ(x.tokens_len, 8);
+  CheckStaticBatch(x, 4, {8});
+  const size_t img = static_cast<size_t>(x.cameras) * 3 * x.height * x.width;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(x.sample_index[r], y.sample_index[r]);
+    for (size_t k = 0; k < img; k += 7) ASSERT_EQ(x.images[r * img + k], y.images[r * img + k]);
+    for (int d = 0; d < x.state_dim; ++d)
+      EXPECT_EQ(x.state[r * x.state_dim + d], y.state[r * y.state_dim + d]);
+  }
+}
+
+// Guards the too-long contract: an instruction longer than the largest bucket stops the loader
+// with InvalidArgument naming the record, even under the skip policy; truncate_tokens cuts it
+// instead; Create refuses buckets the schema already says are too short, and bad bucket lists.
+TEST_F(LoaderTest, StaticBucketsTooLongInstruction) {
+  testing::TestDbOptions to;
+  to.long_tokens = {6};
+  std::string db = Db(to);
+  LoaderOptions o = Opts(db);
+  o.shuffle = false;
+  o.token_buckets = {4, 8};
+  auto dl = DataLoader::Create(o);
+  ASSERT_TRUE(dl.ok()) << dl.status();
+  ASSERT_TRUE((*dl)->Start(0).ok());
+  ASSERT_TRUE((*dl)->Next().ok());  // samples 0..3
+  auto bad = (*dl)->Next();         // samples 4..7: sample 6 has 12 tokens
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("00000006_tokens"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("truncate_tokens"), std::string::npos) << bad.status();
+  EXPECT_EQ((*dl)->corrupt_skipped(), 0);
+
+  o.truncate_tokens = true;
+  auto cut = DataLoader::Create(o);
+  ASSERT_TRUE(cut.ok());
+  ASSERT_TRUE((*cut)->Start(0).ok());
+  int batches = 0;
+  for (auto b = (*cut)->Next(); b.ok(); b = (*cut)->Next(), ++batches)
+    CheckStaticBatch(**b, 4, {4, 8}, to.long_tokens, 8);
+  EXPECT_EQ(batches, 10);
+
+  o = Opts(db);
+  o.token_buckets = {4, 6};  // schema max_tokens 8
+  auto early = DataLoader::Create(o);
+  EXPECT_EQ(early.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(early.status().message().find("truncate_tokens"), std::string::npos);
+  o.token_buckets = {0, 8};
+  EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.token_buckets = {8};
+  o.token_pad = 8;
+  EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
+  // Without static shapes nothing changes: a batch-max loader pads to the batch's longest.
+  o = Opts(db);
+  o.shuffle = false;
+  auto plain = DataLoader::Create(o);
+  ASSERT_TRUE((*plain)->Start(0).ok());
+  auto b0 = (*plain)->Next();
+  ASSERT_TRUE(b0.ok());
+  EXPECT_EQ((*b0)->rows, 4);
+  EXPECT_EQ((*b0)->tokens_len, 5);
+  EXPECT_EQ((*b0)->token_bucket, -1);
 }
 
 TEST_F(LoaderTest, OpenErrorsAreClear) {

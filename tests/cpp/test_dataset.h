@@ -58,6 +58,9 @@ struct TestDbOptions {
   int samples = 40, cameras = 2, width = 96, height = 72;
   int state_dim = 6, action_dim = 4, horizon = 3;
   std::set<int64_t> corrupt_jpeg, truncated_jpeg, truncated_state, missing_tokens;
+  // These samples get 12 tokens while the schema keeps saying max_tokens 8 (an instruction the
+  // schema's statistics missed).
+  std::set<int64_t> long_tokens;
 };
 
 inline std::string TempDir(const std::string& name) {
@@ -68,7 +71,8 @@ inline std::string TempDir(const std::string& name) {
   return p.string();
 }
 
-// Writes a DB at `path`; instruction of sample i has (i % 7) + 2 tokens; state[d] = i + d.
+// Writes a DB at `path`; instruction of sample i has (i % 7) + 2 tokens (ids 3 + i + t);
+// state[d] = i + d.
 inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
   LF_ASSIGN_OR_RETURN(auto w, RecordWriter::Create(path, true));
   Schema s;
@@ -93,7 +97,7 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
       if (o.truncated_jpeg.count(i)) jpg.resize(jpg.size() / 2);
       LF_RETURN_IF_ERROR(w->Put(SampleKey(i, CameraModality(s.cameras[c])), jpg));
     }
-    std::vector<int32_t> tok((i % 7) + 2);
+    std::vector<int32_t> tok(o.long_tokens.count(i) ? 12 : (i % 7) + 2);
     for (size_t t = 0; t < tok.size(); ++t) tok[t] = static_cast<int32_t>(3 + i + t);
     if (!o.missing_tokens.count(i))
       LF_RETURN_IF_ERROR(

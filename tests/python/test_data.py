@@ -131,3 +131,55 @@ def test_matches_pil_torchvision_baseline(db):
         assert b["tokens"][row, :n].tolist() == ref["tokens"].tolist()
         mae = (b["images"][row] - ref["images"]).abs().mean().item()
         assert mae < 0.05, f"sample {idx}: mean abs diff {mae:.4f} vs PIL"
+
+
+# Guards static batches from Python: every batch has batch_size rows and a tokens length from
+# the bucket set (the smallest that fits), .bucket/.shape_key agree with the tensors and with
+# shape_keys, masks cover exactly each sample's (i % 5) + 2 tokens, and the dict holds tensors only.
+def test_token_buckets_shapes_and_masks(db):
+    ld = loongforge.DataFusionLoader(db, 2, seed=3, image_size=32, threads=2,
+                                     token_buckets=[6, 3], shuffle=False)
+    assert ld.token_buckets == [3, 6]
+    assert ld.shape_keys == [(2, 2, 3, 3), (2, 2, 6, 3)]
+    seen = set()
+    for b in ld:
+        assert all(isinstance(v, torch.Tensor) for v in b.values())
+        rows, length = b["tokens"].shape
+        assert rows == 2 and b.size == 2 and length == ld.token_buckets[b.bucket]
+        assert b.shape_key == (rows, 2, length, 3) and b.shape_key in ld.shape_keys
+        lens = torch.tensor([(i % 5) + 2 for i in b["sample_index"].tolist()])
+        assert length >= lens.max() and (b.bucket == 0 or ld.token_buckets[b.bucket - 1] < lens.max())
+        want = torch.arange(length)[None, :] < lens[:, None]
+        assert torch.equal(b["attention_mask"], want)
+        assert torch.equal(b["tokens"] != 0, want)
+        seen.add(b.bucket)
+    assert seen == {0, 1}
+    # Without buckets the batch still says where it is, with bucket -1.
+    b = next(iter(_loader(db)))
+    assert b.bucket == -1 and b.shape_key[0] == 4
+
+
+# Guards the too-long contract in Python: an instruction longer than the largest bucket raises
+# ValueError naming the record (skip policy or not); truncate_tokens cuts it; buckets shorter than
+# the schema's max_tokens are refused at construction.
+def test_token_buckets_too_long(tmp_path):
+    from loongforge import _C, _synth
+    path = str(tmp_path / "long")
+    w = _C.RecordWriter(path, True)
+    frame = _synth.jpeg(_synth.frame(64, 48, 1), 90)
+    for i in range(8):
+        w.put(f"{i:08d}_cam_cam0", frame)
+        _synth.write_arrays(w, i, 6, 4, 3)
+    w.put("00000005_tokens", bytes(range(40)))  # 10 tokens; the schema says at most 6
+    _synth.commit_schema(w, 8, ["cam0"], 64, 48, 6, 4, 3, "test_token_buckets_too_long")
+    ld = loongforge.DataFusionLoader(path, 4, image_size=16, token_buckets=[4, 6], shuffle=False)
+    with pytest.raises(ValueError, match="00000005_tokens"):
+        for _ in ld:
+            pass
+    ld = loongforge.DataFusionLoader(path, 4, image_size=16, token_buckets=[4, 6], shuffle=False,
+                                     truncate_tokens=True)
+    batches = list(ld)
+    assert [tuple(b["tokens"].shape) for b in batches] == [(4, 6), (4, 6)]
+    assert batches[1]["attention_mask"][1].all()  # sample 5, cut to 6
+    with pytest.raises(ValueError, match="truncate_tokens"):
+        loongforge.DataFusionLoader(path, 4, token_buckets=[4, 5])

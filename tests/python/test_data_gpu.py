@@ -101,3 +101,21 @@ def test_gpu_fallback_reports_reason(db):
     m = ld.metrics()
     assert m["hw_decode"] is False and "non_blocking" in m["decode_backend"]
     assert "gpu_decode=False" in m["reason"]
+
+
+# Guards static batches on the GPU through DLPack: token buckets, padding rows (a corrupt and a
+# progressive sample are in the DB) and device stage 3 equal the CPU loader's.
+@needs_gpu
+def test_gpu_static_buckets_match_cpu(db):
+    cpu = _loader(db, dct_scaling=False, token_buckets=[4, 6])
+    gpu = _loader(db, device="cuda", token_buckets=[4, 6])
+    assert gpu.metrics()["device"]["stage3_on_device"]
+    a, b = list(cpu), list(gpu)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert y.shape_key == x.shape_key and y.bucket == x.bucket and y.size == x.size
+        assert y["tokens"].is_cuda and y["tokens"].shape[0] == 8
+        for k in ("sample_index", "tokens", "attention_mask", "state", "action", "action_mask"):
+            assert torch.equal(x[k], y[k].cpu()), k
+        assert (x["images"] - y["images"].cpu()).abs().mean().item() < 0.04
+    assert sum(8 - x.size for x in a) == 1  # sample 7 is corrupt
