@@ -322,7 +322,8 @@ def _missing(module: str, flag: str, err: BaseException) -> TrainError:
                       f"({type(err).__name__}: {err}); run with --no-{flag} to switch it off")
 
 
-def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool) -> Any:
+def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
+                token_buckets: Sequence[int] = ()) -> Any:
     common = dict(image_size=args.image_size, crop_fraction=args.crop_fraction,
                   color_jitter=args.color_jitter, train=not args.no_augment, seed=args.seed,
                   rank=d.rank, world_size=d.world, shuffle=True, drop_last=True)
@@ -334,6 +335,8 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool) -> Any:
         gpu: Dict[str, Any] = {}
         if d.device.type == "cuda" and args.gpu_decode != "auto":
             gpu["gpu_decode"] = args.gpu_decode == "on"
+        if token_buckets:
+            gpu["token_buckets"] = list(token_buckets)
         return DataFusionLoader(args.data, args.batch_size, threads=args.loader_threads, **gpu,
                                 prefetch=args.prefetch,
                                 token_pad=args.token_pad if args.token_pad else "batch_max",
@@ -739,7 +742,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     with mem.persistent():  # parameters live apart from the planned activation arena
         model.to(d.device).train()
 
-    loader = make_loader(args, d, on["datafusion"])
+    # Static batches: token buckets (DataFusion pads to them in its stage 3 when every record
+    # fits the largest bucket; otherwise the step runner pads, and longer batches run eager).
+    if args.token_buckets == "auto":
+        buckets = auto_buckets(int(schema.get("max_tokens", 0)) or 64) if graphs else ()
+    else:
+        try:
+            buckets = parse_buckets(args.token_buckets)
+        except ValueError as e:
+            raise TrainError(f"--token-buckets: {e}") from e
+    longest = int(schema.get("max_tokens", 0))
+    loader_buckets = buckets if buckets and longest and longest <= buckets[-1] else ()
+    loader = make_loader(args, d, on["datafusion"], loader_buckets)
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
     if on["datafusion"] and d.device.type == "cuda":
         backend = _safe_metrics(loader).get("decode_backend")
@@ -804,13 +818,6 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     horizon = int(schema["action_horizon"])
 
     # The step runner: static batches (token buckets) and per-microbatch CUDA graphs.
-    if args.token_buckets == "auto":
-        buckets = auto_buckets(int(schema.get("max_tokens", 0)) or 64) if graphs else ()
-    else:
-        try:
-            buckets = parse_buckets(args.token_buckets)
-        except ValueError as e:
-            raise TrainError(f"--token-buckets: {e}") from e
     stepper: Any = None
     if graphs or buckets:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
