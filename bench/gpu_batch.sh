@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Batches of GPU work sized for one device call each (10 minutes), as run for docs/BENCHMARKS.md:
+#   bash bench/gpu_batch.sh build      configure + build build-gpu (skipped when built)
+#   bash bench/gpu_batch.sh A          build, every C++ test, GPU pytest of the trainer/loader/
+#                                      memory, then the loader bench
+#   bash bench/gpu_batch.sh B          build, memory traces + bench, checkpoint tests + bench
+#   bash bench/gpu_batch.sh C          build, the issue-9 ablation (ROWS/BATCHES/... env)
+# Output under $OUT (default results/gpu).
+set -uo pipefail
+OUT=${OUT:-results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null 2>&1
+export PATH=/usr/local/cuda/bin:$PATH PYTHONPATH=$PWD/python BUILD=build-gpu LF_SUITE=1
+PY=$(command -v python3)
+t0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - t0 )) s] $*"; }
+build() {
+  if [ ! -x build-gpu/loongforge_tests ] || [ "${REBUILD:-1}" = 1 ]; then
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$PY" \
+      -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >"$OUT/configure.log" 2>&1 ||
+      { tail -30 "$OUT/configure.log"; exit 1; }
+    grep -E "LoongForge:" "$OUT/configure.log" | head -5
+    cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 ||
+      { grep -B3 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; }
+  fi
+  el "built"
+}
+case "${1:-A}" in
+  build) build ;;
+  A)
+    build
+    (cd build-gpu && timeout 240 ctest -j 4 --timeout 200 --output-on-failure) >"$OUT/ctest.log" 2>&1
+    grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/ctest.log" | head -30; el "ctest"
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py \
+      tests/python/test_train.py tests/python/test_data_gpu.py tests/python/test_data.py \
+      tests/python/test_memory.py tests/python/test_replay_traces.py >"$OUT/pytest.log" 2>&1
+    tail -25 "$OUT/pytest.log"; el "pytest"
+    timeout 200 "$PY" bench/loader/gpu_bench.py --out "$OUT" >"$OUT/loader_bench.log" 2>&1
+    tail -40 "$OUT/loader_bench.log"; el "loader bench"
+    ;;
+  B)
+    build
+    timeout 330 bash bench/memory/gpu_run.sh "$OUT/memory" 2>&1 | tail -60; el "memory"
+    timeout 200 bash bench/ckpt/gpu_run.sh "$OUT/ckpt" 2>&1 | tail -40; el "ckpt"
+    ;;
+  C)
+    build
+    timeout "${C_T:-540}" bash bench/e2e/ablation.sh "$OUT" 2>&1 | grep -v "^pack:" | tail -60
+    el "ablation"
+    ;;
+esac
