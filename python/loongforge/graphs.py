@@ -149,6 +149,9 @@ class SyncCounter:
             warnings.showwarning = hook
             prev = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(1)
+            # A warning surfacing from the mode switch itself is not a sync of this step (torch
+            # reports its first enabling once); every real sync surfaces from the call that made it.
+            self._cur = 0
             try:
                 yield
             finally:
