@@ -1,5 +1,6 @@
 """CheckpointVault on a GPU: save() blocking time of a device-resident fp32 state vs torch.save and
-vs torch.distributed.checkpoint.async_save, a fine-tune-like incremental save, and restore.
+vs torch.distributed.checkpoint.async_save, a fine-tune-like incremental save, and restore, for
+both snapshot paths side by side (device_staging=on: device arena; off: pinned host staging).
 
 Default state: 100 CUDA tensors x 16M fp32 = 1.6B parameters (6.4 GB). Every figure comes from this
 one run on the same state and disk. Prints a table, writes JSON.
@@ -71,6 +72,55 @@ def dcp_async_save(state, path, res):
         res["dcp_error"] = f"{type(e).__name__}: {e}"[:500]
 
 
+def run_vault(mode, state, names, k, a, r):
+    """One vault with device_staging=`mode`: first save, a fine-tune-like save (the last k tensors
+    updated on the current stream right before save(), no host sync), a full rewrite with warm
+    staging if the time budget allows, and load to CUDA with an exactness check."""
+    vdir = os.path.join(a.dir, f"vault_{mode}")
+    v = CheckpointVault(vdir, device_staging=mode)
+    r["first_save_blocking_s"], _ = timed(lambda: v.save(1, state))
+    t0 = time.perf_counter()
+    v.wait()
+    r["first_save_total_s"] = r["first_save_blocking_s"] + time.perf_counter() - t0
+    full = v.stats()
+    r["first_save_stats"] = full
+    r["full_bytes_written"] = full["bytes_written"]
+    r["snapshot_path"] = full["snapshot_path"]
+    r["snapshot_reason"] = full["snapshot_reason"]
+    for n in names[a.tensors - k:]:
+        state[n].add_(1e-3)
+    t0 = time.perf_counter()
+    v.save(2, state)
+    r["finetune_blocking_s"] = time.perf_counter() - t0
+    torch.cuda.synchronize()  # the current stream waited for the snapshot copy (device staging)
+    r["finetune_stream_done_s"] = time.perf_counter() - t0
+    v.wait()
+    ft = v.stats()
+    r["finetune_stats"] = ft
+    r["finetune_snapshot_s"] = ft["snapshot_s"]
+    r["finetune_write_s"] = ft["write_s"]
+    r["finetune_staged_hash_s"] = ft["staged_hash_s"]
+    r["finetune_d2h_s"] = ft["d2h_s"]
+    r["finetune_bytes_written"] = ft["bytes_written"]
+    r["ratio_finetune_bytes_vs_full"] = ft["bytes_written"] / max(1, full["bytes_written"])
+    last = 2
+    if time.perf_counter() - T_START < a.budget_s:
+        for t in state.values():
+            t.add_(1e-3)
+        t0 = time.perf_counter()
+        v.save(3, state)
+        r["full_warm_blocking_s"] = time.perf_counter() - t0
+        v.wait()
+        r["full_warm_stats"] = v.stats()
+        last = 3
+    r["load_cuda_s"], out = timed(lambda: v.load(last))
+    torch.cuda.synchronize()
+    r["restore_exact"] = all(torch.equal(out[n], state[n]) for n in names)
+    del out
+    v.close()
+    shutil.rmtree(vdir, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/lf_ckpt_gpu")
@@ -79,8 +129,11 @@ def main():
     ap.add_argument("--changed", type=float, default=0.60, help="share of tensors changed by fine-tuning")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--budget-s", type=float, default=100.0,
-                    help="skip the optional full-rewrite save when this much time has passed")
+                    help="skip the optional full-rewrite saves once this much time has passed")
     ap.add_argument("--out", default="results/gpu/bench_ckpt_gpu.json")
+    ap.add_argument("--modes", default="on,off",
+                    help="device_staging values to run, comma-separated (on = device arena, "
+                    "off = pinned host staging)")
     a = ap.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA device"
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -111,55 +164,21 @@ def main():
         shutil.rmtree(dcp_dir, ignore_errors=True)
         dump()
 
-    vdir = os.path.join(a.dir, "vault")
-    v = CheckpointVault(vdir)
-    res["vault_first_save_blocking_s"], _ = timed(lambda: v.save(1, state))
-    t0 = time.perf_counter()
-    v.wait()
-    res["vault_first_save_total_s"] = res["vault_first_save_blocking_s"] + time.perf_counter() - t0
-    full = v.stats()
-    res["vault_full_bytes_written"] = full["bytes_written"]
-    res["vault_first_save_stats"] = full
-    dump()
-
-    # Fine-tune-like: the first 40% of tensors frozen, the rest updated by the "optimizer" on the
-    # current stream right before save() (no host sync: the vault orders after that stream).
-    k = int(round(a.changed * a.tensors))
     names = list(state)
-    inc = []
-    for step in (2,):
-        for n in names[a.tensors - k:]:
-            state[n].add_(1e-3)
-        t0 = time.perf_counter()
-        v.save(step, state)
-        blk = time.perf_counter() - t0
-        v.wait()
-        inc.append((blk, v.stats()))
-    res["vault_finetune_blocking_s"] = inc[-1][0]
-    res["vault_finetune_stats"] = inc[-1][1]
-    res["vault_finetune_bytes_written"] = inc[-1][1]["bytes_written"]
-    res["ratio_finetune_bytes_vs_full"] = res["vault_finetune_bytes_written"] / res["vault_full_bytes_written"]
+    k = int(round(a.changed * a.tensors))
     res["changed_tensors"] = k
-    dump()
-
-    # Full rewrite with a warm (recycled) pinned staging pool, if the time budget allows (the
-    # script must stay under ~3.5 minutes even on a slow disk).
-    last = 2
-    if time.perf_counter() - T_START < a.budget_s:
-        for t in state.values():
-            t.add_(1e-3)
-        t0 = time.perf_counter()
-        v.save(3, state)
-        res["vault_full_warm_blocking_s"] = time.perf_counter() - t0
-        v.wait()
-        last = 3
-
-    res["vault_load_cuda_s"], out = timed(lambda: v.load(last))
-    torch.cuda.synchronize()
-    ok = all(torch.equal(out[n], state[n]) for n in names)
-    res["restore_exact"] = ok
-    del out
-    v.close()
+    # Both snapshot paths on the same state, device staging first (it is the default).
+    for mode in a.modes.split(","):
+        r = res.setdefault("vault", {}).setdefault(mode, {})
+        run_vault(mode, state, names, k, a, r)
+        dump()
+    dev = res["vault"].get("on") or res["vault"].get("auto") or next(iter(res["vault"].values()))
+    for key in ("first_save_blocking_s", "first_save_total_s", "finetune_blocking_s",
+                "full_warm_blocking_s", "full_bytes_written", "finetune_bytes_written",
+                "ratio_finetune_bytes_vs_full", "load_cuda_s", "restore_exact", "snapshot_path"):
+        if key in dev:
+            res[f"vault_{key}"] = dev[key]
+    ok = all(r.get("restore_exact", False) for r in res["vault"].values())
 
     if "torch_save_s" in res:
         for key in ("vault_first_save_blocking_s", "vault_full_warm_blocking_s"):
@@ -179,6 +198,19 @@ def main():
             print(f"{key:52s} {val:10.3f}")
         elif not isinstance(val, dict):
             print(f"{key:52s} {val}")
+    rows = ("snapshot_path", "first_save_blocking_s", "first_save_total_s", "finetune_blocking_s",
+            "finetune_snapshot_s", "finetune_write_s", "finetune_staged_hash_s", "finetune_d2h_s",
+            "ratio_finetune_bytes_vs_full", "full_warm_blocking_s", "load_cuda_s", "restore_exact")
+    modes = list(res["vault"])
+    print(f"{'vault, device_staging=':36s}" + "".join(f"{m:>14s}" for m in modes))
+    for row in rows:
+        cells = []
+        for m in modes:
+            v = res["vault"][m].get(row, "-")
+            cells.append(f"{v:14.3f}" if isinstance(v, float) else f"{str(v):>14s}")
+        print(f"{row:36s}" + "".join(cells))
+    for m in modes:
+        print(f"snapshot_reason[{m}]: {res['vault'][m].get('snapshot_reason', '-')}")
     dump()
     shutil.rmtree(a.dir, ignore_errors=True)
     if not ok:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CheckpointVault on the GPU machine: the CUDA ckpt tests (C++ and Python) and the GPU benchmark
 # (bench/ckpt/gpu_bench.py: 1.6B fp32 params on the device; vault save() blocking vs torch.save vs
-# DCP async_save; fine-tune-like save with 40% frozen / 60% changed; restore). At most 4 minutes
+# DCP async_save; fine-tune-like save with 40% frozen / 60% changed; restore; device_staging on and
+# off side by side). At most 4 minutes
 # (timeouts 45 + 45 + 150 s).
 # Run from the repo root after bench/gpu_suite.sh built $BUILD (default build-gpu):
 #   bash bench/ckpt/gpu_run.sh OUTDIR
@@ -19,6 +20,6 @@ echo "== test_ckpt.py -k cuda"
 timeout 45 $PY -m pytest -q -p no:cacheprovider tests/python/test_ckpt.py -k cuda 2>&1 \
   | tee "$OUT/ckpt_pytest.log" | tail -n 5 || rc=1
 echo "== gpu_bench.py"
-timeout 150 $PY bench/ckpt/gpu_bench.py --budget-s 70 --dir "${CKPT_BENCH_DIR:-/tmp/lf_ckpt_gpu}" \
+timeout 150 $PY bench/ckpt/gpu_bench.py --budget-s 90 --dir "${CKPT_BENCH_DIR:-/tmp/lf_ckpt_gpu}" \
   --out "$OUT/bench_ckpt_gpu.json" 2>&1 | tee "$OUT/bench_ckpt_gpu.log" || rc=1
 exit $rc

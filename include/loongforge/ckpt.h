@@ -6,7 +6,7 @@
 // location). See Note [Vault layout] in src/ckpt/vault.cc for the on-disk format.
 //
 //   auto vault = CheckpointVault::Open(dir, opts);            // StatusOr<unique_ptr<...>>
-//   (*vault)->Save(step, tensors);   // snapshots (hash + copy of changed chunks) and returns
+//   (*vault)->Save(step, tensors);   // snapshots (copy to staging) and returns
 //   (*vault)->Wait();                // waits for the background writer; returns its error, if any
 //   (*vault)->RestoreInto(step, targets);
 //
@@ -55,7 +55,9 @@ Hash128 HashBytes(const void* data, size_t len);
 // (device = -1) or on CUDA device `device` (only in CUDA builds). It must stay unchanged until
 // Save() returns, not longer. `stream` (device tensors only) is the cudaStream_t on which the work
 // producing `data` was queued: the snapshot is ordered after everything queued on it so far (an
-// event, no host sync); null = the legacy default stream.
+// event, no host sync), and with device staging work queued on it after Save() returns waits for
+// the snapshot's copy; null = the legacy default stream. Work on other streams must not write the
+// tensor before that copy is done (e.g. make such a stream wait on this one).
 struct TensorRef {
   std::string name;
   std::string dtype;
@@ -110,6 +112,15 @@ class Env {
   static std::shared_ptr<Env> Posix();
 };
 
+// Where Save() stages device tensors (Note [Device staging] in src/ckpt/vault.cc).
+//   kAuto: a device arena when cudaMemGetInfo shows room for it with a margin (max(1 GiB, 10% of
+//          the device)) and it is within device_staging_max_bytes; else pinned host staging.
+//   kOn:   a device arena always; Save() returns ResourceExhausted when it cannot have one.
+//   kOff:  pinned host staging (Save() hashes on the device and copies changed chunks to the host
+//          before it returns).
+enum class DeviceStaging { kAuto, kOn, kOff };
+StatusOr<DeviceStaging> ParseDeviceStaging(const std::string& name);  // "auto" | "on" | "off"
+
 struct VaultOptions {
   int64_t chunk_bytes = int64_t{4} << 20;  // chunk size; >= 4 KiB, a multiple of 64
   bool compress = false;                   // zstd per chunk, kept only when it pays
@@ -125,7 +136,11 @@ struct VaultOptions {
   int io_threads = 0;      // threads that read/verify chunks on restore and verify, and hash/copy
                            // chunks in a snapshot (0 = min(4, hardware threads))
   int64_t wait_timeout_ms = 30 * 60 * 1000;  // bound on every wait for the writer
-  std::shared_ptr<Env> env;                  // null = Env::Posix()
+  DeviceStaging device_staging = DeviceStaging::kAuto;
+  int64_t device_staging_max_bytes = 0;          // cap on one device's staging arena (0 = no cap)
+  int64_t d2h_buffer_bytes = int64_t{64} << 20;  // each of the writer's two pinned buffers per
+                                                 // device for device-staged chunks (>= chunk_bytes)
+  std::shared_ptr<Env> env;                      // null = Env::Posix()
 };
 
 // Figures of one save.
@@ -145,6 +160,15 @@ struct SaveStats {
   int64_t chunks_skipped = 0;  // unchanged (or duplicate) chunks referenced, not written
   int64_t chunks_compressed = 0;
   int64_t chunks_delta = 0;
+  // Snapshot path: "host" (CPU tensors and, without device staging, device tensors hashed on the
+  // device and their changed chunks copied to host staging before Save() returns) or "device"
+  // (device tensors copied into a device arena; hashing and device-to-host copies happen in the
+  // background). `snapshot_reason` says why (e.g. the cap or free device memory).
+  std::string snapshot_path;
+  std::string snapshot_reason;
+  double staged_hash_s = 0;  // background: hashing the device-staged copy
+  double d2h_s = 0;          // background: waiting for device-staging -> host transfers
+  int64_t bytes_d2h = 0;     // background: bytes moved from device staging to the host
 };
 
 struct CheckpointSummary {
@@ -176,9 +200,14 @@ class CheckpointVault {
   CheckpointVault(const CheckpointVault&) = delete;
   CheckpointVault& operator=(const CheckpointVault&) = delete;
 
-  // Snapshots `tensors` (hash every chunk; copy changed chunks to staging) and queues them for the
-  // background writer. Blocks while max_inflight saves are pending. `step` must be greater than
-  // every step saved before. Returns a pending writer error first (the save is then not queued).
+  // Snapshots `tensors` and queues them for the background writer: CPU tensors are hashed and their
+  // changed chunks copied to host staging; device tensors are copied into a device arena (device
+  // staging) or hashed on the device with changed chunks copied to pinned host staging (Note
+  // [Device staging]). With device staging, each TensorRef::stream is made to wait (on the GPU, not
+  // the host) until the copy is done, so kernels the caller queues on it after Save() returns
+  // cannot overwrite a tensor before the snapshot read it. Blocks while max_inflight saves are
+  // pending. `step` must be greater than every step saved before. Returns a pending writer error
+  // first (the save is then not queued).
   Status Save(int64_t step, const std::vector<TensorRef>& tensors);
   // Waits until every queued save is committed; returns the first writer error since the last call.
   Status Wait();

@@ -28,6 +28,11 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["chunks_skipped"] = s.chunks_skipped;
   d["chunks_compressed"] = s.chunks_compressed;
   d["chunks_delta"] = s.chunks_delta;
+  d["snapshot_path"] = s.snapshot_path;
+  d["snapshot_reason"] = s.snapshot_reason;
+  d["staged_hash_s"] = s.staged_hash_s;
+  d["d2h_s"] = s.d2h_s;
+  d["bytes_d2h"] = s.bytes_d2h;
   return d;
 }
 
@@ -36,7 +41,8 @@ void BindCkpt(py::module_& m) {
                               "Incremental, asynchronous, crash-consistent checkpoints (C++ core).")
       .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
                        bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
-                       bool read_only, int io_threads) {
+                       bool read_only, int io_threads, const std::string& device_staging,
+                       int64_t device_staging_max_bytes, int64_t d2h_buffer_bytes) {
              ckpt::VaultOptions o;
              o.chunk_bytes = chunk_bytes;
              o.compress = compress;
@@ -48,6 +54,9 @@ void BindCkpt(py::module_& m) {
              o.fsync = fsync;
              o.read_only = read_only;
              o.io_threads = io_threads;
+             o.device_staging = ValueOrThrow(ckpt::ParseDeviceStaging(device_staging));
+             o.device_staging_max_bytes = device_staging_max_bytes;
+             o.d2h_buffer_bytes = d2h_buffer_bytes;
              StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
                py::gil_scoped_release nogil;
                return CheckpointVault::Open(dir, o);
@@ -57,7 +66,9 @@ void BindCkpt(py::module_& m) {
            py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
            py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
            py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
-           py::arg("read_only") = false, py::arg("io_threads") = 0)
+           py::arg("read_only") = false, py::arg("io_threads") = 0,
+           py::arg("device_staging") = "auto", py::arg("device_staging_max_bytes") = 0,
+           py::arg("d2h_buffer_bytes") = int64_t{64} << 20)
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {

@@ -107,6 +107,14 @@ class CheckpointVault:
         fsync: make every checkpoint durable (turn off only for benchmarks).
         io_threads: threads hashing/copying in save() and reading/verifying in load()
             (0 = min(4, hardware threads)).
+        device_staging: "auto" | "on" | "off": where save() snapshots CUDA tensors. With a
+            device arena ("auto" when it fits with a margin, or "on") save() only queues a
+            device-to-device copy on the current stream's behalf and returns; the current stream
+            waits on the GPU for that copy, and hashing plus device-to-host copies of changed
+            chunks happen in the background. "off": hash on the GPU and copy changed chunks to
+            pinned host memory before save() returns. stats() has snapshot_path/snapshot_reason.
+        device_staging_max_bytes: cap on one device's arena (0 = none; above it: host staging).
+        d2h_buffer_bytes: size of each of the writer's two pinned buffers per device.
 
     Errors from the background writer are raised by the next save()/wait()/close().
     loongforge.DataLossError: corrupted data or manifest; loongforge.ResourceExhaustedError: disk full.
@@ -115,13 +123,17 @@ class CheckpointVault:
     def __init__(self, dir: str, chunk_bytes: int = 4 << 20, compress: bool = False,
                  xor_delta: bool = False, keep_last: int = 0, keep_every: int = 0,
                  max_inflight: int = 1, fsync: bool = True, read_only: bool = False,
-                 io_threads: int = 0) -> None:
+                 io_threads: int = 0, device_staging: str = "auto",
+                 device_staging_max_bytes: int = 0, d2h_buffer_bytes: int = 64 << 20) -> None:
         self.dir = str(dir)
         self._read_only = read_only
         self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
                                      xor_delta=xor_delta, keep_last=keep_last,
                                      keep_every=keep_every, max_inflight=max_inflight,
-                                     fsync=fsync, read_only=read_only, io_threads=io_threads)
+                                     fsync=fsync, read_only=read_only, io_threads=io_threads,
+                                     device_staging=device_staging,
+                                     device_staging_max_bytes=device_staging_max_bytes,
+                                     d2h_buffer_bytes=d2h_buffer_bytes)
 
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:
@@ -144,7 +156,8 @@ class CheckpointVault:
                 if _CUDA_COMPILED:
                     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
                     # The snapshot is ordered after the work queued so far on the stream that
-                    # produced the tensor (the current stream); no host synchronization.
+                    # produced the tensor (the current stream); no host synchronization. With
+                    # device staging, later work on this stream waits (on the GPU) for the copy.
                     stream = torch.cuda.current_stream(device).cuda_stream
                 else:
                     t = t.cpu()

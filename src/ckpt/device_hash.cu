@@ -1,19 +1,25 @@
 // XXH3-128 of fixed-size chunks of device memory, bit-identical to the CPU's XXH3_128bits, the
-// batched asynchronous device snapshot (Note [Device snapshot] in device.h), and the host<->device
-// copies CheckpointVault uses for restores into device tensors.
+// batched asynchronous device snapshot (Note [Device snapshot] in device.h), device staging arenas
+// and their background reader, and the host<->device copies CheckpointVault uses for restores
+// into device tensors.
 //
 // Kernel shape: 8 threads per chunk, one per XXH3 accumulator lane (Note [Lane decomposition] in
-// xxh3_lanes.h); the 8 lanes meet through warp shuffles and lane 0 writes the 128-bit result.
-// Chunks of <= 240 bytes (XXH3's short paths) are copied to the host and hashed there.
+// xxh3_lanes.h), one launch for every chunk of a batch (a descriptor per chunk); the 8 lanes meet
+// through warp shuffles and lane 0 writes the 128-bit result. Chunks of <= 240 bytes (XXH3's short
+// paths) are copied to the host and hashed there.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <thread>
 
 #include "ckpt/device.h"
 #include "ckpt/xxh3_lanes.h"
 #include "loongforge/cuda_check.h"
+#include "loongforge/metrics.h"
 
 namespace loongforge {
 namespace ckpt {
@@ -22,20 +28,35 @@ namespace {
 
 __constant__ uint8_t kSecretDev[xxh3::kSecretSize] = LF_XXH3_SECRET_BYTES;
 
-constexpr int kThreadsPerBlock = 128;  // 16 chunks per block
+constexpr int kThreadsPerBlock = 64;  // 8 chunks per block: many blocks spread over all SMs
 
-__global__ void HashChunksKernel(const uint8_t* data, int64_t nbytes, int64_t chunk_bytes,
-                                 int64_t num_long_chunks, uint64_t* out /* 2 per chunk */) {
+// One chunk of a hash batch: `len` > 240 bytes at `data`, result into table slot `slot`.
+struct ChunkDesc {
+  const uint8_t* data;
+  int64_t len;
+  int64_t slot;
+};
+
+__global__ void HashChunksKernel(const ChunkDesc* desc, int64_t num_chunks,
+                                 uint64_t* out /* 2 per slot */) {
+  // The secret in shared memory: the 8 lanes of a chunk read 8 different words of it per stripe,
+  // which constant memory would serialize.
+  __shared__ __align__(16) uint8_t secret[xxh3::kSecretSize];
+  for (int i = threadIdx.x; i < static_cast<int>(xxh3::kSecretSize); i += blockDim.x)
+    secret[i] = kSecretDev[i];
+  __syncthreads();
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t chunk = tid / 8;
   const int lane = static_cast<int>(tid % 8);
-  const bool active = chunk < num_long_chunks;
+  const bool active = chunk < num_chunks;
   uint64_t acc = 0;
   size_t len = 0;
+  int64_t slot = 0;
   if (active) {
-    const int64_t begin = chunk * chunk_bytes;
-    len = static_cast<size_t>(min(chunk_bytes, nbytes - begin));
-    acc = xxh3::LongLoopLane(data + begin, len, kSecretDev, lane);
+    const ChunkDesc d = desc[chunk];
+    len = static_cast<size_t>(d.len);
+    slot = d.slot;
+    acc = xxh3::LongLoopLane(d.data, len, secret, lane);
   }
   // Gather the 8 lanes of this chunk (lanes of one chunk are 8 consecutive threads of a warp).
   uint64_t accs[8];
@@ -44,24 +65,157 @@ __global__ void HashChunksKernel(const uint8_t* data, int64_t nbytes, int64_t ch
   for (int i = 0; i < 8; ++i) accs[i] = __shfl_sync(mask, acc, i, 8);
   if (active && lane == 0) {
     uint64_t lo, hi;
-    xxh3::Finalize128(accs, len, kSecretDev, &lo, &hi);
-    out[2 * chunk] = lo;
-    out[2 * chunk + 1] = hi;
+    xxh3::Finalize128(accs, len, secret, &lo, &hi);
+    out[2 * slot] = lo;
+    out[2 * slot + 1] = hi;
   }
 }
 
-Status LaunchHashChunks(const uint8_t* data, int64_t nbytes, int64_t chunk_bytes,
-                        int64_t num_long_chunks, uint64_t* out, cudaStream_t stream) {
-  if (num_long_chunks <= 0) return Status::Ok();
-  if (chunk_bytes <= static_cast<int64_t>(xxh3::kMidSizeMax))
-    return InvalidArgumentError("DeviceHashChunks: chunk_bytes must exceed 240");
-  const int64_t threads = num_long_chunks * 8;
-  const int64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  HashChunksKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-      data, nbytes, chunk_bytes, num_long_chunks, out);
-  LF_CUDA_CHECK_LAUNCH();
-  return Status::Ok();
+// Waits for `ev` by polling (cudaEventSynchronize has no timeout).
+Status WaitEvent(cudaEvent_t ev, int64_t timeout_ms, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady)
+      return ::loongforge::internal::CudaErrorToStatus(e, what, __FILE__, __LINE__);
+    if (std::chrono::steady_clock::now() > deadline)
+      return DeadlineExceededError(std::string(what) + " did not complete within " +
+                                   std::to_string(timeout_ms) + " ms");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
+
+// Chunk hashes of many device ranges with one kernel launch: descriptors go to the device in one
+// transfer, the table comes back in one; chunks of <= 240 bytes (XXH3's short paths) are copied
+// to the host and hashed there. Owned by one stream's user; not thread-safe.
+class HashBatch {
+ public:
+  ~HashBatch() {
+    if (desc_copied_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(desc_copied_));
+    if (fetched_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(fetched_));
+    if (d_desc_) LF_CUDA_WARN_IF_ERROR(cudaFree(d_desc_));
+    if (h_desc_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_desc_));
+    if (d_table_) LF_CUDA_WARN_IF_ERROR(cudaFree(d_table_));
+    if (h_table_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_table_));
+    if (h_tails_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_tails_));
+  }
+
+  Status Init() {
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&desc_copied_, cudaEventDisableTiming));
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&fetched_, cudaEventDisableTiming));
+    return Status::Ok();
+  }
+
+  // Starts a batch of `num_slots` chunks in at most `max_ranges` ranges. Call on the device.
+  Status Reset(int64_t num_slots, int64_t max_ranges) {
+    if (num_slots > slots_cap_) {
+      // A previous launch may still read h_desc_; the tables are only reused after Fetch.
+      LF_RETURN_IF_ERROR(WaitEvent(desc_copied_, kDrainTimeoutMs, "hash descriptor upload"));
+      if (d_table_) LF_CUDA_RETURN_IF_ERROR(cudaFree(d_table_));
+      if (h_table_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_table_));
+      if (d_desc_) LF_CUDA_RETURN_IF_ERROR(cudaFree(d_desc_));
+      if (h_desc_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_desc_));
+      d_table_ = h_table_ = nullptr;
+      d_desc_ = h_desc_ = nullptr;
+      slots_cap_ = 0;
+      const size_t n = static_cast<size_t>(num_slots);
+      LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_table_, n * 16));
+      LF_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_table_, n * 16));
+      LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_desc_, n * sizeof(ChunkDesc)));
+      LF_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_desc_, n * sizeof(ChunkDesc)));
+      slots_cap_ = num_slots;
+    }
+    if (max_ranges > tails_cap_) {
+      if (h_tails_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_tails_));
+      h_tails_ = nullptr;
+      tails_cap_ = 0;
+      LF_CUDA_RETURN_IF_ERROR(
+          cudaMallocHost(&h_tails_, static_cast<size_t>(max_ranges) * xxh3::kMidSizeMax));
+      tails_cap_ = max_ranges;
+    }
+    num_slots_ = num_slots;
+    descs_.clear();
+    tails_.clear();
+    return Status::Ok();
+  }
+
+  // Adds the chunks of [data, data + nbytes) as slots [first_slot, ...). A short last chunk is
+  // copied to the host on `stream` right away.
+  Status Add(const uint8_t* data, int64_t nbytes, int64_t chunk_bytes, int64_t first_slot,
+             cudaStream_t stream) {
+    if (nbytes <= 0) return Status::Ok();
+    if (chunk_bytes <= static_cast<int64_t>(xxh3::kMidSizeMax))
+      return InvalidArgumentError("device chunk hashing: chunk_bytes must exceed 240");
+    const int64_t num_chunks = (nbytes + chunk_bytes - 1) / chunk_bytes;
+    if (first_slot < 0 || first_slot + num_chunks > num_slots_)
+      return InternalError("device chunk hashing: slots out of range");
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int64_t len = std::min(chunk_bytes, nbytes - c * chunk_bytes);
+      if (len > static_cast<int64_t>(xxh3::kMidSizeMax)) {
+        descs_.push_back({data + c * chunk_bytes, len, first_slot + c});
+        continue;
+      }
+      if (static_cast<int64_t>(tails_.size()) >= tails_cap_)
+        return InternalError("device chunk hashing: more short chunks than ranges");
+      uint8_t* dst = h_tails_ + tails_.size() * xxh3::kMidSizeMax;
+      LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, data + c * chunk_bytes, static_cast<size_t>(len),
+                                              cudaMemcpyDeviceToHost, stream));
+      tails_.push_back({first_slot + c, len});
+    }
+    return Status::Ok();
+  }
+
+  // Uploads the descriptors and launches one kernel for every chunk added since Reset.
+  Status Launch(cudaStream_t stream) {
+    if (descs_.empty()) return Status::Ok();
+    LF_RETURN_IF_ERROR(WaitEvent(desc_copied_, kDrainTimeoutMs, "hash descriptor upload"));
+    std::memcpy(h_desc_, descs_.data(), descs_.size() * sizeof(ChunkDesc));
+    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_desc_, h_desc_, descs_.size() * sizeof(ChunkDesc),
+                                            cudaMemcpyHostToDevice, stream));
+    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(desc_copied_, stream));
+    const int64_t n = static_cast<int64_t>(descs_.size());
+    const int64_t blocks = (n * 8 + kThreadsPerBlock - 1) / kThreadsPerBlock;
+    HashChunksKernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(d_desc_, n,
+                                                                                     d_table_);
+    LF_CUDA_CHECK_LAUNCH();
+    return Status::Ok();
+  }
+
+  // Copies the table back in one transfer, waits (bounded) and fills out[slot].
+  Status Fetch(cudaStream_t stream, int64_t timeout_ms, std::vector<Hash128>* out) {
+    out->assign(static_cast<size_t>(num_slots_), Hash128{});
+    if (num_slots_ == 0) return Status::Ok();
+    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        h_table_, d_table_, static_cast<size_t>(num_slots_) * 16, cudaMemcpyDeviceToHost, stream));
+    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(fetched_, stream));
+    LF_RETURN_IF_ERROR(WaitEvent(fetched_, timeout_ms, "device chunk hashing"));
+    for (const ChunkDesc& d : descs_) {
+      const size_t i = static_cast<size_t>(d.slot);
+      (*out)[i].lo = h_table_[2 * i];
+      (*out)[i].hi = h_table_[2 * i + 1];
+    }
+    for (size_t k = 0; k < tails_.size(); ++k)
+      (*out)[static_cast<size_t>(tails_[k].slot)] =
+          HashBytes(h_tails_ + k * xxh3::kMidSizeMax, static_cast<size_t>(tails_[k].len));
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr int64_t kDrainTimeoutMs = 60 * 1000;
+  struct Tail {
+    int64_t slot, len;
+  };
+  cudaEvent_t desc_copied_ = nullptr, fetched_ = nullptr;
+  ChunkDesc* d_desc_ = nullptr;
+  ChunkDesc* h_desc_ = nullptr;  // pinned
+  uint64_t* d_table_ = nullptr;  // 2 words per slot
+  uint64_t* h_table_ = nullptr;  // pinned mirror
+  uint8_t* h_tails_ = nullptr;   // pinned, kMidSizeMax bytes per short chunk
+  int64_t slots_cap_ = 0, tails_cap_ = 0, num_slots_ = 0;
+  std::vector<ChunkDesc> descs_;
+  std::vector<Tail> tails_;
+};
 
 }  // namespace
 
@@ -71,41 +225,14 @@ Status DeviceHashChunks(const void* dptr, int64_t nbytes, int64_t chunk_bytes, i
                         std::vector<Hash128>* out) {
   out->clear();
   if (nbytes <= 0) return Status::Ok();
-  const int64_t num_chunks = (nbytes + chunk_bytes - 1) / chunk_bytes;
-  const int64_t tail = nbytes - (num_chunks - 1) * chunk_bytes;
-  // The last chunk takes the short path on the host when it is <= 240 bytes.
-  const bool short_tail = tail <= static_cast<int64_t>(xxh3::kMidSizeMax);
-  const int64_t num_long = short_tail ? num_chunks - 1 : num_chunks;
   LF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  out->resize(static_cast<size_t>(num_chunks));
-  if (num_long > 0) {
-    uint64_t* d_out = nullptr;
-    LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, static_cast<size_t>(num_long) * 16));
-    Status st = LaunchHashChunks(static_cast<const uint8_t*>(dptr), nbytes, chunk_bytes, num_long,
-                                 d_out, /*stream=*/0);
-    std::vector<uint64_t> host(static_cast<size_t>(num_long) * 2);
-    if (st.ok()) {
-      cudaError_t e = cudaMemcpy(host.data(), d_out, host.size() * 8, cudaMemcpyDeviceToHost);
-      if (e != cudaSuccess) {
-        Status copy_error =
-            ::loongforge::internal::CudaErrorToStatus(e, "cudaMemcpy(hashes)", __FILE__, __LINE__);
-        st = copy_error;
-      }
-    }
-    LF_CUDA_WARN_IF_ERROR(cudaFree(d_out));
-    if (!st.ok()) return st;
-    for (int64_t i = 0; i < num_long; ++i) {
-      (*out)[i].lo = host[2 * i];
-      (*out)[i].hi = host[2 * i + 1];
-    }
-  }
-  if (short_tail) {
-    uint8_t buf[xxh3::kMidSizeMax];
-    LF_CUDA_RETURN_IF_ERROR(cudaMemcpy(buf, static_cast<const uint8_t*>(dptr) + nbytes - tail,
-                                       static_cast<size_t>(tail), cudaMemcpyDeviceToHost));
-    out->back() = HashBytes(buf, static_cast<size_t>(tail));
-  }
-  return Status::Ok();
+  HashBatch batch;
+  LF_RETURN_IF_ERROR(batch.Init());
+  LF_RETURN_IF_ERROR(batch.Reset((nbytes + chunk_bytes - 1) / chunk_bytes, 1));
+  LF_RETURN_IF_ERROR(
+      batch.Add(static_cast<const uint8_t*>(dptr), nbytes, chunk_bytes, 0, /*stream=*/0));
+  LF_RETURN_IF_ERROR(batch.Launch(/*stream=*/0));
+  return batch.Fetch(/*stream=*/0, /*timeout_ms=*/10 * 60 * 1000, out);
 }
 
 namespace {
@@ -135,66 +262,57 @@ class DeviceGuard {
   DeviceGuard _lf_guard(device);     \
   LF_CUDA_RETURN_IF_ERROR(_lf_guard.status())
 
-// Waits for `ev` by polling (cudaEventSynchronize has no timeout).
-Status WaitEvent(cudaEvent_t ev, int64_t timeout_ms, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
-    cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady)
-      return ::loongforge::internal::CudaErrorToStatus(e, what, __FILE__, __LINE__);
-    if (std::chrono::steady_clock::now() > deadline)
-      return DeadlineExceededError(std::string(what) + " did not complete within " +
-                                   std::to_string(timeout_ms) + " ms");
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+class CudaDeviceArena final : public DeviceArena {
+ public:
+  explicit CudaDeviceArena(int device) : device_(device) {}
+  ~CudaDeviceArena() override {
+    DeviceGuard g(device_);
+    if (ready_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(ready_));
+    if (data_) LF_CUDA_WARN_IF_ERROR(cudaFree(data_));
   }
-}
+  Status Init(int64_t bytes) {
+    LF_CKPT_DEVICE_GUARD(device_);
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&data_, static_cast<size_t>(std::max<int64_t>(bytes, 1))));
+    capacity_ = bytes;
+    return Status::Ok();
+  }
+  int device() const override { return device_; }
+  uint8_t* data() const override { return static_cast<uint8_t*>(data_); }
+  int64_t capacity() const override { return capacity_; }
+  // Recorded after the snapshot's copies into this arena (Publish).
+  cudaEvent_t ready() const { return ready_; }
+
+ private:
+  int device_;
+  void* data_ = nullptr;
+  int64_t capacity_ = 0;
+  cudaEvent_t ready_ = nullptr;
+};
 
 class CudaDeviceSnapshot final : public DeviceSnapshot {
  public:
   explicit CudaDeviceSnapshot(int device) : device_(device) {}
   ~CudaDeviceSnapshot() override {
     DeviceGuard g(device_);
+    batch_.reset();
     for (cudaEvent_t e : producer_events_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(e));
-    if (hashed_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(hashed_));
     if (done_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(done_));
     if (stream_) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream_));
-    if (d_table_) LF_CUDA_WARN_IF_ERROR(cudaFree(d_table_));
-    if (h_table_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_table_));
-    if (h_tails_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_tails_));
   }
 
   Status Init() {
     LF_CKPT_DEVICE_GUARD(device_);
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&hashed_, cudaEventDisableTiming));
     LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    return Status::Ok();
+    batch_ = std::make_unique<HashBatch>();
+    return batch_->Init();
   }
 
   Status Begin(int64_t num_slots, int64_t num_tensors,
                const std::vector<void*>& producer_streams) override {
     LF_CKPT_DEVICE_GUARD(device_);
-    if (num_slots > slots_cap_) {
-      if (d_table_) LF_CUDA_RETURN_IF_ERROR(cudaFree(d_table_));
-      if (h_table_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_table_));
-      d_table_ = nullptr;
-      h_table_ = nullptr;
-      slots_cap_ = 0;
-      LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_table_, static_cast<size_t>(num_slots) * 16));
-      LF_CUDA_RETURN_IF_ERROR(cudaMallocHost(&h_table_, static_cast<size_t>(num_slots) * 16));
-      slots_cap_ = num_slots;
-    }
-    if (num_tensors > tails_cap_) {
-      if (h_tails_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_tails_));
-      h_tails_ = nullptr;
-      tails_cap_ = 0;
-      LF_CUDA_RETURN_IF_ERROR(
-          cudaMallocHost(&h_tails_, static_cast<size_t>(num_tensors) * xxh3::kMidSizeMax));
-      tails_cap_ = num_tensors;
-    }
-    num_slots_ = num_slots;
-    tails_.clear();
+    LF_RETURN_IF_ERROR(batch_->Reset(num_slots, num_tensors));
     while (producer_events_.size() < producer_streams.size()) {
       cudaEvent_t e;
       LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -210,50 +328,42 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
 
   Status EnqueueHash(const void* dptr, int64_t nbytes, int64_t chunk_bytes,
                      int64_t first_slot) override {
-    if (nbytes <= 0) return Status::Ok();
-    const int64_t num_chunks = (nbytes + chunk_bytes - 1) / chunk_bytes;
-    if (first_slot < 0 || first_slot + num_chunks > num_slots_)
-      return InternalError("DeviceSnapshot: hash slots out of range");
-    const int64_t tail = nbytes - (num_chunks - 1) * chunk_bytes;
-    const bool short_tail = tail <= static_cast<int64_t>(xxh3::kMidSizeMax);
-    const int64_t num_long = short_tail ? num_chunks - 1 : num_chunks;
     LF_CKPT_DEVICE_GUARD(device_);
-    const uint8_t* data = static_cast<const uint8_t*>(dptr);
-    LF_RETURN_IF_ERROR(
-        LaunchHashChunks(data, nbytes, chunk_bytes, num_long, d_table_ + 2 * first_slot, stream_));
-    if (short_tail) {
-      if (static_cast<int64_t>(tails_.size()) >= tails_cap_)
-        return InternalError("DeviceSnapshot: more short tails than tensors");
-      uint8_t* dst = h_tails_ + tails_.size() * xxh3::kMidSizeMax;
-      LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, data + nbytes - tail, static_cast<size_t>(tail),
-                                              cudaMemcpyDeviceToHost, stream_));
-      tails_.push_back({first_slot + num_chunks - 1, tail});
-    }
-    return Status::Ok();
+    return batch_->Add(static_cast<const uint8_t*>(dptr), nbytes, chunk_bytes, first_slot, stream_);
+  }
+
+  Status SubmitHashes() override {
+    LF_CKPT_DEVICE_GUARD(device_);
+    return batch_->Launch(stream_);
   }
 
   Status FetchHashes(std::vector<Hash128>* out, int64_t timeout_ms) override {
     LF_CKPT_DEVICE_GUARD(device_);
-    out->assign(static_cast<size_t>(num_slots_), Hash128{});
-    if (num_slots_ == 0) return Status::Ok();
-    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        h_table_, d_table_, static_cast<size_t>(num_slots_) * 16, cudaMemcpyDeviceToHost, stream_));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(hashed_, stream_));
-    LF_RETURN_IF_ERROR(WaitEvent(hashed_, timeout_ms, "device chunk hashing"));
-    for (int64_t i = 0; i < num_slots_; ++i) {
-      (*out)[static_cast<size_t>(i)].lo = h_table_[2 * i];
-      (*out)[static_cast<size_t>(i)].hi = h_table_[2 * i + 1];
-    }
-    for (size_t k = 0; k < tails_.size(); ++k)
-      (*out)[static_cast<size_t>(tails_[k].slot)] =
-          HashBytes(h_tails_ + k * xxh3::kMidSizeMax, static_cast<size_t>(tails_[k].len));
-    return Status::Ok();
+    return batch_->Fetch(stream_, timeout_ms, out);
   }
 
   Status EnqueueCopy(void* host_dst, const void* dev_src, size_t n) override {
     if (n == 0) return Status::Ok();
     LF_CKPT_DEVICE_GUARD(device_);
     LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, dev_src, n, cudaMemcpyDeviceToHost, stream_));
+    return Status::Ok();
+  }
+
+  Status EnqueueDeviceCopy(void* dev_dst, const void* dev_src, size_t n) override {
+    if (n == 0) return Status::Ok();
+    LF_CKPT_DEVICE_GUARD(device_);
+    LF_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dev_dst, dev_src, n, cudaMemcpyDeviceToDevice, stream_));
+    return Status::Ok();
+  }
+
+  Status Publish(DeviceArena* arena, const std::vector<void*>& producer_streams) override {
+    LF_CKPT_DEVICE_GUARD(device_);
+    cudaEvent_t ready = static_cast<CudaDeviceArena*>(arena)->ready();
+    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, stream_));
+    // Note [Caller stream waits]: the caller's later work on its stream runs after the copy.
+    for (void* s : producer_streams)
+      LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), ready, 0));
     return Status::Ok();
   }
 
@@ -264,18 +374,131 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
   }
 
  private:
-  struct Tail {
-    int64_t slot, len;
-  };
   int device_;
   cudaStream_t stream_ = nullptr;  // "ckpt snapshot" stream of this device, owned
-  cudaEvent_t hashed_ = nullptr, done_ = nullptr;
+  cudaEvent_t done_ = nullptr;
   std::vector<cudaEvent_t> producer_events_;
-  uint64_t* d_table_ = nullptr;  // 2 words per slot
-  uint64_t* h_table_ = nullptr;  // pinned mirror
-  uint8_t* h_tails_ = nullptr;   // pinned, kMidSizeMax bytes per short tail
-  int64_t slots_cap_ = 0, tails_cap_ = 0, num_slots_ = 0;
-  std::vector<Tail> tails_;
+  std::unique_ptr<HashBatch> batch_;
+};
+
+class CudaStagingReader final : public StagingReader {
+ public:
+  CudaStagingReader(int device, int64_t buffer_bytes)
+      : device_(device), buffer_bytes_(buffer_bytes) {}
+  ~CudaStagingReader() override {
+    DeviceGuard g(device_);
+    batch_.reset();
+    for (int k = 0; k < 2; ++k) {
+      if (copied_[k]) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(copied_[k]));
+      if (buf_[k]) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(buf_[k]));
+    }
+    if (done_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(done_));
+    if (stream_) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream_));
+  }
+
+  Status Init() {
+    LF_CKPT_DEVICE_GUARD(device_);
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    for (int k = 0; k < 2; ++k) {
+      LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_[k], cudaEventDisableTiming));
+      LF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&buf_[k]),
+                                            static_cast<size_t>(buffer_bytes_),
+                                            cudaHostAllocDefault));
+    }
+    batch_ = std::make_unique<HashBatch>();
+    return batch_->Init();
+  }
+
+  int64_t buffer_bytes() const override { return buffer_bytes_; }
+
+  Status Hash(DeviceArena* arena, const std::vector<DeviceSpan>& spans, int64_t chunk_bytes,
+              std::vector<Hash128>* out, int64_t timeout_ms) override {
+    LF_CKPT_DEVICE_GUARD(device_);
+    LF_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(stream_, static_cast<CudaDeviceArena*>(arena)->ready(), 0));
+    int64_t slots = 0;
+    for (const DeviceSpan& sp : spans) slots += (sp.nbytes + chunk_bytes - 1) / chunk_bytes;
+    LF_RETURN_IF_ERROR(batch_->Reset(slots, static_cast<int64_t>(spans.size())));
+    int64_t slot = 0;
+    for (const DeviceSpan& sp : spans) {
+      LF_RETURN_IF_ERROR(
+          batch_->Add(static_cast<const uint8_t*>(sp.data), sp.nbytes, chunk_bytes, slot, stream_));
+      slot += (sp.nbytes + chunk_bytes - 1) / chunk_bytes;
+    }
+    LF_RETURN_IF_ERROR(batch_->Launch(stream_));
+    return batch_->Fetch(stream_, timeout_ms, out);
+  }
+
+  Status CopyOut(const std::vector<DeviceSpan>& ranges, int64_t timeout_ms,
+                 const std::function<Status(size_t, const uint8_t*)>& fn, double* wait_s) override {
+    LF_CKPT_DEVICE_GUARD(device_);
+    *wait_s = 0;
+    // Batches of consecutive ranges that fill one buffer.
+    std::vector<size_t> starts;
+    int64_t fill = buffer_bytes_;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      if (ranges[i].nbytes > buffer_bytes_)
+        return InternalError("staging read of " + std::to_string(ranges[i].nbytes) +
+                             " bytes exceeds the " + std::to_string(buffer_bytes_) +
+                             "-byte host buffer");
+      if (fill + ranges[i].nbytes > buffer_bytes_) {
+        starts.push_back(i);
+        fill = 0;
+      }
+      fill += ranges[i].nbytes;
+    }
+    starts.push_back(ranges.size());
+    const size_t num_batches = starts.size() - 1;
+    auto enqueue = [&](size_t b) -> Status {
+      uint8_t* dst = buf_[b % 2];
+      for (size_t i = starts[b]; i < starts[b + 1]; ++i) {
+        LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, ranges[i].data,
+                                                static_cast<size_t>(ranges[i].nbytes),
+                                                cudaMemcpyDeviceToHost, stream_));
+        dst += ranges[i].nbytes;
+      }
+      LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[b % 2], stream_));
+      return Status::Ok();
+    };
+    auto run = [&]() -> Status {
+      for (size_t b = 0; b < std::min<size_t>(2, num_batches); ++b) LF_RETURN_IF_ERROR(enqueue(b));
+      for (size_t b = 0; b < num_batches; ++b) {
+        const double t0 = NowSeconds();
+        LF_RETURN_IF_ERROR(WaitEvent(copied_[b % 2], timeout_ms, "staging device-to-host copy"));
+        *wait_s += NowSeconds() - t0;
+        const uint8_t* p = buf_[b % 2];
+        for (size_t i = starts[b]; i < starts[b + 1]; ++i) {
+          LF_RETURN_IF_ERROR(fn(i, p));
+          p += ranges[i].nbytes;
+        }
+        // Buffer b % 2 is free again: the transfer of batch b + 2 goes there.
+        if (b + 2 < num_batches) LF_RETURN_IF_ERROR(enqueue(b + 2));
+      }
+      return Status::Ok();
+    };
+    Status s = run();
+    if (!s.ok()) {
+      // The pinned buffers are reused by the next call: no transfer may still be writing them.
+      Status d = Drain(timeout_ms);
+      if (!d.ok()) LF_LOG(ERROR) << "staging reader: " << d;
+    }
+    return s;
+  }
+
+ private:
+  Status Drain(int64_t timeout_ms) {
+    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream_));
+    return WaitEvent(done_, timeout_ms, "staging reader drain");
+  }
+
+  int device_;
+  int64_t buffer_bytes_;
+  cudaStream_t stream_ = nullptr;  // "ckpt staging reader" stream of this device, owned
+  cudaEvent_t done_ = nullptr;
+  cudaEvent_t copied_[2] = {nullptr, nullptr};
+  uint8_t* buf_[2] = {nullptr, nullptr};  // pinned, buffer_bytes_ each
+  std::unique_ptr<HashBatch> batch_;
 };
 
 }  // namespace
@@ -284,6 +507,27 @@ StatusOr<std::unique_ptr<DeviceSnapshot>> NewDeviceSnapshot(int device) {
   auto s = std::make_unique<CudaDeviceSnapshot>(device);
   LF_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<DeviceSnapshot>(std::move(s));
+}
+
+StatusOr<std::unique_ptr<DeviceArena>> NewDeviceArena(int device, int64_t bytes) {
+  auto a = std::make_unique<CudaDeviceArena>(device);
+  LF_RETURN_IF_ERROR(a->Init(bytes));
+  return std::unique_ptr<DeviceArena>(std::move(a));
+}
+
+Status DeviceMemInfo(int device, int64_t* free_bytes, int64_t* total_bytes) {
+  LF_CKPT_DEVICE_GUARD(device);
+  size_t f = 0, t = 0;
+  LF_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&f, &t));
+  *free_bytes = static_cast<int64_t>(f);
+  *total_bytes = static_cast<int64_t>(t);
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<StagingReader>> NewStagingReader(int device, int64_t buffer_bytes) {
+  auto r = std::make_unique<CudaStagingReader>(device, buffer_bytes);
+  LF_RETURN_IF_ERROR(r->Init());
+  return std::unique_ptr<StagingReader>(std::move(r));
 }
 
 Status DeviceToHost(void* host_dst, const void* dev_src, size_t n, int device) {

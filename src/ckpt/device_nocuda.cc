@@ -20,6 +20,9 @@ Status DeviceHashChunks(const void*, int64_t, int64_t, int, std::vector<Hash128>
 Status DeviceToHost(void*, const void*, size_t, int) { return NoCuda(); }
 Status HostToDevice(void*, const void*, size_t, int) { return NoCuda(); }
 StatusOr<std::unique_ptr<DeviceSnapshot>> NewDeviceSnapshot(int) { return NoCuda(); }
+StatusOr<std::unique_ptr<DeviceArena>> NewDeviceArena(int, int64_t) { return NoCuda(); }
+Status DeviceMemInfo(int, int64_t*, int64_t*) { return NoCuda(); }
+StatusOr<std::unique_ptr<StagingReader>> NewStagingReader(int, int64_t) { return NoCuda(); }
 void* AllocHost(size_t n, bool) { return std::malloc(n ? n : 1); }
 void FreeHost(void* p, bool) { std::free(p); }
 

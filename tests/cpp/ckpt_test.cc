@@ -738,9 +738,12 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   };
   VaultOptions o = SmallOpts();
   o.max_inflight = 2;
+  o.device_staging = DeviceStaging::kOff;  // this test covers the host-staging device path
   auto v = CheckpointVault::Open(dir, o);
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  EXPECT_EQ((*v)->last_stats().snapshot_path, "host");
+  EXPECT_EQ((*v)->last_stats().snapshot_reason, "device_staging=off");
   // Overwrite right after Save() returned: must not reach checkpoint 1.
   ASSERT_EQ(cudaMemsetAsync(dev[1], 0xab, n, producer), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
@@ -782,6 +785,117 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   cudaFree(busy_b);
   cudaFreeHost(pinned);
   cudaStreamDestroy(producer);
+}
+
+// Guards device staging (Notes [Device staging], [Caller stream waits]): Save() returns while the
+// producer stream is still busy (no host wait for the GPU), a kernel the caller queues on its
+// stream right after Save() cannot reach the checkpoint, mixed CPU/device states work, the second
+// save recycles the arena (nothing allocated) and writes only the changed chunks.
+TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::string dir = TempDir("cudastage");
+  const int kTensors = 8;
+  const int64_t n = 32 * 4096 + 100;  // 33 chunks, the last one a 100-byte short tail
+  cudaStream_t producer;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<void*> dev(kTensors, nullptr);
+  std::vector<std::vector<uint8_t>> host(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    host[i] = RandomBytes(static_cast<size_t>(n), 300 + i);
+    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  State cpu;
+  cpu.Add("cpu.w", "f32", {3000}, 8);
+  auto refs = [&] {
+    std::vector<TensorRef> r = cpu.Refs();
+    for (int i = 0; i < kTensors; ++i)
+      r.push_back({"g" + std::to_string(i), "u8", {n}, dev[i], 0, producer});
+    return r;
+  };
+  // ~8 GB of copies keep the producer stream busy for milliseconds.
+  const size_t kBusyBytes = size_t{256} << 20;
+  void *busy_a = nullptr, *busy_b = nullptr;
+  ASSERT_EQ(cudaMalloc(&busy_a, kBusyBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&busy_b, kBusyBytes), cudaSuccess);
+  VaultOptions o = SmallOpts();
+  o.device_staging = DeviceStaging::kOn;
+  o.d2h_buffer_bytes = 3 * 4096;  // several double-buffer rounds per save
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (int r = 0; r < 32; ++r)
+    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
+              cudaSuccess);
+  ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "Save() waited for the GPU";
+  // The caller overwrites right after Save() on its stream: must not reach checkpoint 1.
+  for (int i = 0; i < kTensors; ++i)
+    ASSERT_EQ(cudaMemsetAsync(dev[i], 0x5a, n, producer), cudaSuccess);
+  SaveStats st1 = (*v)->last_stats();
+  EXPECT_EQ(st1.snapshot_path, "device");
+  EXPECT_GT(st1.staging_allocated, kTensors * n);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
+    auto r = (*v)->Restore(step);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
+    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
+    for (int i = 0; i < kTensors; ++i)
+      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
+  };
+  check(1, host);
+  // Step 2: restore the original bytes, then change one chunk in 3 of 8 tensors.
+  for (int i = 0; i < kTensors; ++i) {
+    if (i < 3) host[i][5 * 4096 + 9] ^= 0xff;
+    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ASSERT_TRUE((*v)->Save(2, refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  SaveStats st2 = (*v)->last_stats();
+  EXPECT_EQ(st2.snapshot_path, "device");
+  EXPECT_EQ(st2.staging_allocated, 0);  // the arena (and host staging) were recycled
+  EXPECT_EQ(st2.chunks_written, 3);
+  EXPECT_EQ(st2.bytes_written, 3 * 4096);
+  EXPECT_EQ(st2.bytes_d2h, 3 * 4096);
+  check(2, host);
+  for (void* p : dev) cudaFree(p);
+  cudaFree(busy_a);
+  cudaFree(busy_b);
+  cudaStreamDestroy(producer);
+}
+
+// Guards the fallback: with the arena above device_staging_max_bytes, auto stages on the host and
+// says why; on refuses with ResourceExhausted and queues nothing.
+TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 4 * 4096;
+  auto host = RandomBytes(n, 77);
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  VaultOptions o = SmallOpts();
+  o.device_staging_max_bytes = 4096;
+  {
+    auto v = CheckpointVault::Open(TempDir("cudacap"), o);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_TRUE((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).ok());
+    SaveStats st = (*v)->last_stats();
+    EXPECT_EQ(st.snapshot_path, "host");
+    EXPECT_NE(st.snapshot_reason.find("device_staging_max_bytes"), std::string::npos)
+        << st.snapshot_reason;
+    ASSERT_TRUE((*v)->Wait().ok());
+    auto r = (*v)->Restore(1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE((*r)[0].data == host);
+  }
+  o.device_staging = DeviceStaging::kOn;
+  auto v = CheckpointVault::Open(TempDir("cudacapon"), o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*v)->Wait().ok());
+  EXPECT_FALSE((*v)->Latest().has_value());
+  cudaFree(d);
 }
 #endif
 

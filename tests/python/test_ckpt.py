@@ -246,6 +246,59 @@ def test_cuda_save_orders_after_current_stream_and_is_complete_on_return(tmp_pat
     v.close()
 
 
+# Guards device staging from Python: save() returns after queuing a device copy; the current
+# stream's next kernels (an in-place overwrite) wait for it, so the checkpoint holds the values
+# from before; the second save recycles the arena and writes only the changed tensor's chunks.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_device_staging_overwrite_right_after_save(tmp_path):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    state = {f"w{i}": torch.randn(1 << 20, generator=g, device="cuda") for i in range(6)}
+    a = torch.randn(4096, 4096, device="cuda")
+    with CheckpointVault(str(tmp_path), chunk_bytes=1 << 20, device_staging="on") as v:
+        expected = {k: (t * 2.0).cpu() for k, t in state.items()}
+        for _ in range(20):  # keep the current stream busy so the copy is still queued
+            a = a @ a / 64.0
+        for t in state.values():
+            t.mul_(2.0)  # queued behind the busy work; the snapshot must see it
+        v.save(1, state)
+        for t in state.values():
+            t.fill_(-1.0)  # same stream, right after save()
+        first = v.stats()
+        assert first["snapshot_path"] == "device", first
+        v.wait()
+        _assert_same(expected, {k: t.cpu() for k, t in v.load(1).items()})
+        for k in state:
+            state[k].copy_(expected[k].cuda())
+        state["w3"][7] += 1.0
+        v.save(2, state)
+        v.wait()
+        second = v.stats()
+        assert second["snapshot_path"] == "device"
+        assert second["staging_allocated"] == 0
+        assert second["chunks_written"] == 1 and second["bytes_d2h"] == 1 << 20
+        out = v.load(2)
+    assert out["w3"].is_cuda
+    _assert_same({k: t.cpu() for k, t in state.items()}, {k: t.cpu() for k, t in out.items()})
+
+
+# Guards the fallback from Python: above device_staging_max_bytes the snapshot is staged on the
+# host and stats() says why.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_device_staging_cap_falls_back_to_host(tmp_path):
+    state = {"w": torch.randn(1 << 20, device="cuda")}
+    with CheckpointVault(str(tmp_path), chunk_bytes=1 << 20, device_staging_max_bytes=1 << 16) as v:
+        v.save(1, state)
+        st = v.stats()
+        assert st["snapshot_path"] == "host" and "device_staging_max_bytes" in st["snapshot_reason"]
+        _assert_same({"w": state["w"].cpu()}, {"w": v.load(1)["w"].cpu()})
+
+
+# Guards option validation: a bad device_staging value is a ValueError naming the choices.
+def test_device_staging_option_is_validated(tmp_path):
+    with pytest.raises(ValueError, match="auto, on or off"):
+        CheckpointVault(str(tmp_path), device_staging="sometimes")
+
+
 # Guards the parallel load path from Python: io_threads=4 restores many chunks into torch.empty
 # tensors exactly, and save() after load keeps only changed chunks.
 def test_parallel_io_threads_round_trip_and_stats(tmp_path):
