@@ -42,11 +42,13 @@ case "${1:-A}" in
     ;;
   B)
     build
-    timeout 330 bash bench/memory/gpu_run.sh "$OUT/memory" 2>&1 | tail -60; el "memory"
-    timeout 200 bash bench/ckpt/gpu_run.sh "$OUT/ckpt" 2>&1 | tail -40; el "ckpt"
+    timeout "${MEM_T:-300}" bash bench/memory/gpu_run.sh "$OUT/memory" 2>&1 | tail -60; el "memory"
+    timeout "${CKPT_T:-200}" bash bench/ckpt/gpu_run.sh "$OUT/ckpt" 2>&1 | tail -40; el "ckpt"
     ;;
   C)
     build
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py 2>&1 | tail -5
+    el "test_graphs"
     timeout "${C_T:-540}" bash bench/e2e/ablation.sh "$OUT" 2>&1 | grep -v "^pack:" | tail -60
     el "ablation"
     ;;
