@@ -45,11 +45,19 @@ case "${1:-A}" in
     timeout "${MEM_T:-300}" bash bench/memory/gpu_run.sh "$OUT/memory" 2>&1 | tail -60; el "memory"
     timeout "${CKPT_T:-200}" bash bench/ckpt/gpu_run.sh "$OUT/ckpt" 2>&1 | tail -40; el "ckpt"
     ;;
+  traces)
+    # The real traces for bench/traces/ (one tar: the device tool returns few files).
+    build
+    timeout 150 "$PY" bench/memory/capture_traces.py --out /tmp/lf_traces 2>&1 | tail -8
+    (cd /tmp/lf_traces && tar cf "$OLDPWD/$OUT/traces.tar" ./*.trace.zst ./*.json)
+    el "traces"
+    ;;
   C)
     build
     timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py 2>&1 | tail -5
     el "test_graphs"
-    timeout "${C_T:-540}" bash bench/e2e/ablation.sh "$OUT" 2>&1 | grep -v "^pack:" | tail -60
+    timeout "${C_T:-540}" bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 | grep -v "^pack:" | tail -60
+    cp /tmp/lf_abl/"${NAME:-ablation}"/results.json "$OUT/ablation_${NAME:-ablation}.json"
     el "ablation"
     ;;
 esac
