@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -41,12 +41,15 @@ ROWS: List[Tuple[str, str, List[str]]] = [
 ]
 
 
-def row_args(name: str, buckets: str) -> List[str]:
-    """Cumulative switches up to `name` ('default' stands alone)."""
+def row_args(name: str, buckets: str, selected: Sequence[str] = ()) -> List[str]:
+    """Cumulative switches up to `name` ('default' stands alone); rows not in `selected` (when
+    given) contribute nothing, so e.g. 'fused' without 'compile' is not compiled."""
     if name == "default":
         return list(ROWS[0][2])
     out: List[str] = []
     for n, _, extra in ROWS[1:]:
+        if selected and n not in selected and n not in ("eager", name):
+            continue
         extra = [a.replace("{buckets}", buckets) for a in extra]
         for i in range(0, len(extra), 2):  # a later choice of a flag replaces the earlier one
             flag = extra[i]
@@ -127,7 +130,7 @@ def main() -> int:
                    "--mode", "loongforge", "--batch-size", str(bs), "--steps", str(steps),
                    "--warmup", str(a.warmup), "--loader-threads", str(a.loader_threads),
                    "--count-syncs", "--quiet", "--json-out", js,
-                   *row_args(name, a.buckets), *a.extra.split()]
+                   *row_args(name, a.buckets, names), *a.extra.split()]
             t0 = time.time()
             print(f"== b{bs} {name}: {' '.join(cmd[3:])}", flush=True)
             try:
