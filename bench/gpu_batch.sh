@@ -49,7 +49,7 @@ case "${1:-A}" in
     # The real traces for bench/traces/ (one tar: the device tool returns few files).
     build
     timeout 150 "$PY" bench/memory/capture_traces.py --out /tmp/lf_traces 2>&1 | tail -8
-    (cd /tmp/lf_traces && tar cf "$OLDPWD/$OUT/traces.tar" ./*.trace.zst ./*.json)
+    tar cf "$OUT/traces.tar" -C /tmp/lf_traces $(cd /tmp/lf_traces && ls *.trace.zst *.json)
     el "traces"
     ;;
   C)

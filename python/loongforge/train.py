@@ -753,6 +753,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             raise TrainError(f"--token-buckets: {e}") from e
     longest = int(schema.get("max_tokens", 0))
     loader_buckets = buckets if buckets and longest and longest <= buckets[-1] else ()
+    if os.environ.get("LOONGFORGE_TRAIN_LOADER_BUCKETS", "1") == "0":
+        loader_buckets = ()  # diagnostics: the step runner pads instead of DataFusion
     loader = make_loader(args, d, on["datafusion"], loader_buckets)
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
     if on["datafusion"] and d.device.type == "cuda":
