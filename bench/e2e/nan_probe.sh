@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Which switch makes n16 b16 go non-finite after ~100 steps (diagnostic; $1 = output dir).
 out=${1:-/tmp}; db=/tmp/lf_e2e_db; cli=build-gpu/loongforge
+eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null 2>&1
+export PYTHONPATH=$PWD/python
 if [ ! -f "$db/data.mdb" ]; then
   "$cli" demo-data --out /tmp/lf_e2e_raw --episodes 33 --cameras 2 --size 640x480 >/dev/null
   "$cli" pack --src /tmp/lf_e2e_raw --out "$db" --overwrite >/dev/null
@@ -17,5 +19,4 @@ bad=[i+1 for i,x in enumerate(lc) if not math.isfinite(x)]
 print('$name', 'first non-finite step', bad[0] if bad else None, 'p50', round(s['figures']['step_ms_p50'],1), 'last', lc[-1])" || tail -5 /tmp/nan_$name.log
 }
 ARGS=(--token-buckets 64 --adamw fused); run v1_graphs_fused_trainerpad LOONGFORGE_TRAIN_LOADER_BUCKETS=0
-ARGS=(--token-buckets 64 --adamw foreach); run v2_graphs_foreach_loaderpad X=1
 ARGS=(--token-buckets 64 --adamw fused --cuda-graph off); run v3_eager_fused_loaderpad X=1
