@@ -219,7 +219,8 @@ class Readback:
         self.prev_event: Any = None
 
     def begin(self) -> torch.Tensor:
-        return torch.zeros(5, device=self.device)
+        # [loss, fm_loss, aux_loss, text tokens, grad norm, optimizer step skipped (non-finite)]
+        return torch.zeros(6, device=self.device)
 
     @staticmethod
     def add_micro(acc: torch.Tensor, out: Dict[str, torch.Tensor], mask: torch.Tensor,
@@ -232,7 +233,7 @@ class Readback:
     def end(self, acc: torch.Tensor, row: Dict[str, Any], clip: bool, moe: bool) -> None:
         ev = None
         if self.cuda:
-            host = torch.empty(5, pin_memory=True)
+            host = torch.empty(6, pin_memory=True)
             host.copy_(acc, non_blocking=True)
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -256,7 +257,7 @@ class Readback:
         row, host, ev, t_host, clip, moe = item
         if ev is not None:
             ev.synchronize()  # long complete when lag > 0: the host does not wait here
-        loss, fm, aux, text_tokens, gnorm = host.tolist()
+        loss, fm, aux, text_tokens, gnorm, skipped = host.tolist()
         if self.lag > 0 and ev is not None and self.prev_event is not None:
             step_s = self.prev_event.elapsed_time(ev) / 1e3
         else:
@@ -264,10 +265,31 @@ class Readback:
         self.t_prev, self.prev_event = t_host, ev
         r = dict(row)
         r.update(loss=loss, grad_norm=gnorm if clip else float("nan"), step_s=step_s,
+                 skipped_nonfinite=int(skipped),
                  tokens=row["tokens"] + int(round(text_tokens)), fm_loss=fm)
         if moe:
             r["aux_loss"] = aux
         return r
+
+
+def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter], clip: float,
+                   acc: torch.Tensor) -> None:
+    """Clip (grad norm into acc[4]) and step, without host syncs.
+
+    A fused AdamW skips, on the device, a step whose gradient norm is not finite (the mechanism
+    torch's GradScaler uses: ``found_inf``), and acc[5] records it: one bf16 overflow must not
+    turn every parameter into NaN. Non-fused optimizers cannot skip without a host sync; they
+    step as before."""
+    fused = bool(opt.defaults.get("fused"))
+    if clip:
+        gn = torch.nn.utils.clip_grad_norm_(params, clip)
+        acc[4] = gn
+        if fused:
+            # 0-dim like GradScaler's: the optimizer also subtracts it from its step counters.
+            bad = (~torch.isfinite(gn)).to(torch.float32)
+            opt.found_inf = bad  # type: ignore[attr-defined]  # read by the fused kernel
+            acc[5] = bad
+    opt.step()
 
 
 def auto_buckets(longest: int) -> tuple:
@@ -854,7 +876,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     def finish_row(r: Dict[str, Any]) -> None:
         step = r["step"] - 1
-        losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss") if k in r})
+        losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss", "grad_norm",
+                                         "skipped_nonfinite") if k in r})
         if step - start_step >= args.warmup:
             rows.append(r)
         if jsonl:
@@ -907,9 +930,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             if step == start_step + args.warmup or (step + 1) % 100 == 0:
                 sync.feed_expert_load(model)  # collective: every rank at the same step
             with trace.span("optimizer"):
-                if args.clip:
-                    acc[4] = torch.nn.utils.clip_grad_norm_(params, args.clip)
-                opt.step()
+                optimizer_step(opt, params, args.clip, acc)
                 sched.step()
             stall = 0.0
             if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
@@ -984,6 +1005,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "data_wait_share": sum(r["data_wait_s"] for r in rows) / tot if rows else float("nan"),
         "comm_exposed_share": sum(r["comm_exposed_s"] for r in rows) / tot if rows else float("nan"),
         "ckpt_stall_share": sum(r["ckpt_stall_s"] for r in rows) / tot if rows else float("nan"),
+        "skipped_nonfinite_steps": sum(r.get("skipped_nonfinite", 0) for r in losses),
         "ckpt_stall_s": ckpt.stall_s,
         "ckpt_bytes_written": ckpt.bytes_written,
         "ckpt_drain_s": ckpt.drain_s,

@@ -246,3 +246,26 @@ def test_trainer_graphs_sync_free(tmp_path):
     assert len(a) == len(b) == 10
     for x, y in zip(a, b):
         assert abs(x - y) / abs(x) < 0.05, (a, b)  # bf16 autocast; same data, noise and init
+
+
+# Guards: a fused AdamW step with a non-finite gradient norm is skipped on the device (no NaN
+# parameters, no host sync) and recorded; a finite one steps.
+@needs_cuda
+def test_fused_step_skips_nonfinite_gradients():
+    model = _model("cuda")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    params[0].grad[0] = float("inf")
+    acc = torch.zeros(6, device="cuda")
+    train.optimizer_step(opt, params, 1.0, acc)
+    assert acc[5].item() == 1.0
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    for p in params:
+        p.grad = torch.ones_like(p)
+    acc.zero_()
+    train.optimizer_step(opt, params, 1.0, acc)
+    assert acc[5].item() == 0.0 and not torch.equal(before[0], params[0])
+    assert all(torch.isfinite(p).all() for p in params)
