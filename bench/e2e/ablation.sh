@@ -5,12 +5,7 @@ set -uo pipefail
 out=${1:-results/gpu}
 mkdir -p "$out"
 PY=${PY:-python3}
-cli=${BUILD:-build-gpu}/loongforge
-db=/tmp/lf_e2e_db
-if [ ! -f "$db/data.mdb" ]; then
-  "$cli" demo-data --out /tmp/lf_e2e_raw --episodes 33 --cameras 2 --size 640x480 | tail -2
-  "$cli" pack --src /tmp/lf_e2e_raw --out "$db" --overwrite | tail -2
-fi
+db=$(bash bench/e2e/make_db.sh "${BUILD:-build-gpu}/loongforge")
 $PY bench/e2e/ablation.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATCHES:-16,64}" \
   --rows "${ROWS:-default,eager,static,syncfree,graphs,compile,fused}" --steps "${STEPS:-30}" \
   --warmup "${WARMUP:-10}" --buckets "${BUCKETS:-64}" --steps-for "${STEPS_FOR:-}" \

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # Which switch makes n16 b16 go non-finite after ~100 steps (diagnostic; $1 = output dir).
-out=${1:-/tmp}; db=/tmp/lf_e2e_db; cli=build-gpu/loongforge
+out=${1:-/tmp}
 eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null 2>&1
 export PYTHONPATH=$PWD/python
-if [ ! -f "$db/data.mdb" ]; then
-  "$cli" demo-data --out /tmp/lf_e2e_raw --episodes 33 --cameras 2 --size 640x480 >/dev/null
-  "$cli" pack --src /tmp/lf_e2e_raw --out "$db" --overwrite >/dev/null
-fi
+db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
 run() {  # name env... -- args...
   local name=$1; shift
   env "$@" python3 -m loongforge.train --config n16 --data $db --mode loongforge --batch-size 16 \

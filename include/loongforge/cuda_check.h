@@ -29,6 +29,16 @@ inline Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* f
   return InternalError(msg);
 }
 
+// True when a CUDA device is usable (tests GTEST_SKIP otherwise); clears the error it may leave.
+inline bool CudaDevicePresent() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
 inline bool CudaSyncAfterLaunch() {
   static const bool v = [] {
     const char* e = std::getenv("LOONGFORGE_CUDA_SYNC");

@@ -2,6 +2,8 @@
 // validation runs everywhere CUDA is compiled in; the numeric tests need a device (GTEST_SKIP).
 #include <gtest/gtest.h>
 
+#include "loongforge/cuda_check.h"
+
 #ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -26,14 +28,7 @@ using internal::OutDType;
 using internal::OutLayout;
 using internal::RgbImage;
 
-bool HaveDevice() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
 // Device memory for the test's lifetime.
 struct DevBuf {

@@ -1,6 +1,8 @@
 // Tests of the nvJPEG batch decoder (GPU machine only: builds with nvJPEG, skips without a device).
 #include <gtest/gtest.h>
 
+#include "loongforge/cuda_check.h"
+
 #if defined(LOONGFORGE_WITH_CUDA) && defined(LOONGFORGE_WITH_NVJPEG)
 #include <cuda_runtime_api.h>
 #include <turbojpeg.h>
@@ -20,14 +22,7 @@ using internal::DecodedImage;
 using internal::NvJpegBatchDecoder;
 using internal::NvJpegDecoderOptions;
 
-bool HaveDevice() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
 std::string Encode(const std::vector<uint8_t>& rgb, int w, int h, int subsamp, int flags) {
   tjhandle tj = tjInitCompress();

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "loongforge/cuda_check.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -127,14 +129,7 @@ TEST(Stage3, ReferenceValues) {
 }
 
 #ifdef LOONGFORGE_WITH_CUDA
-bool HaveDevice() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
 // Guards the launcher's validation: bad dims are InvalidArgument before any device work (so it
 // holds on machines without a GPU too).

@@ -15,20 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/cuda_check.h"
 #include "loongforge/memory.h"
 
 namespace loongforge {
 namespace mem {
 namespace {
 
-bool HaveDevice() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
 // Guards the CUDA backing: device memory from the pool is writable and reads back, and a block
 // freed on one stream is reused by another only after its event has completed.
