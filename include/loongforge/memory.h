@@ -278,8 +278,11 @@ struct AllocatorStats {
   int64_t largest_free_block_bytes = 0;  // in the pools (the arena is not counted)
   int64_t live_allocations = 0;
   int64_t num_allocs = 0, num_frees = 0;
-  int64_t planned_hits = 0;       // allocations served from a plan's arena
-  int64_t planned_misses = 0;     // planned steps that diverged and fell back to the pool
+  int64_t planned_hits = 0;    // allocations served from a plan's arena
+  int64_t planned_misses = 0;  // planned steps that diverged and fell back to the pool
+  // Allocations of planned steps served by the pool because their planned bytes were still held
+  // (by a late free, or by an arena occupant); the step keeps its plan (Note [Arena occupants]).
+  int64_t planned_skips = 0;
   int64_t planned_steps = 0;      // steps that began with a plan
   int64_t plans_cached = 0;       // plans in the cache now (at most Options::max_plans)
   int64_t first_sight_plans = 0;  // signatures planned from their first step (Note [First sight])

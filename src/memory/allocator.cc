@@ -107,6 +107,7 @@ struct Live {
   StreamId stream = 0;
   PoolKind kind = PoolKind::kTransient;
   uint64_t id = 0;
+  bool occupant = false;  // holds arena bytes outside any plan (Note [Arena occupants])
 };
 
 }  // namespace
@@ -128,6 +129,9 @@ struct MemAllocator::Impl {
   std::shared_ptr<const Plan> arena_plan;
   std::vector<uint8_t> planned_live;
   int64_t planned_live_count = 0;
+  // Note [Arena occupants]: live allocations holding arena bytes outside the current plan, as
+  // (offset, size). Few (what outlived the last step), usually none.
+  std::vector<std::pair<int64_t, int64_t>> occupants;
   bool step_planned = false;
   size_t cursor = 0;
 
@@ -144,7 +148,7 @@ struct MemAllocator::Impl {
   int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0;
   int64_t persistent_allocated = 0;
   int64_t num_allocs = 0, num_frees = 0, planned_hits = 0, planned_misses = 0, planned_steps = 0,
-          pool_allocs = 0;
+          pool_allocs = 0, planned_skips = 0;
   Histogram latency_ns;
 
   ~Impl() {
@@ -336,52 +340,141 @@ struct MemAllocator::Impl {
   void ReleaseCachedLocked() {
     SettlePending();
     for (auto& pool : pools) ReleaseFreeSegments(pool);
-    if (planned_live_count == 0 && !step_planned && lent == nullptr) ReleaseArena();
+    if (planned_live_count == 0 && occupants.empty() && !step_planned && lent == nullptr) {
+      ReleaseArena();
+    }
   }
 
-  // Note [Lent arena]. Called at the start of an unplanned step.
+  // Note [Lent arena]. Called when a step runs unplanned: at its start, or when a planned step
+  // diverges. Live allocations in the arena (planned ones, occupants) become allocated blocks of
+  // the lent segment; the gaps between them become free blocks the pool can serve from.
   void LendArena() {
-    if (!arena || lent || planned_live_count > 0 || streams_seen.size() > 1) return;
+    if (!arena || lent || streams_seen.size() > 1) return;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(arena);
     auto* seg = new Segment;
-    seg->base = reinterpret_cast<uintptr_t>(arena);
+    seg->base = base;
     seg->size = arena_size;
     seg->kind = PoolKind::kTransient;
     seg->borrowed = true;
-    auto* b = new Block;
-    b->addr = seg->base;
-    b->size = arena_size;
-    b->segment = seg;
-    // Last used by planned allocations on the one stream seen: that stream may take it at once,
-    // another only after a fence (Note [Stream-safe reuse]).
-    b->any_stream = streams_seen.empty();
-    b->stream = streams_seen.empty() ? 0 : *streams_seen.begin();
-    seg->head = b;
+    std::vector<std::pair<uintptr_t, Live*>> inside;
+    if (planned_live_count > 0 || !occupants.empty()) {
+      for (auto& [addr, rec] : live) {
+        if (rec.plan_index >= 0 || rec.occupant) inside.push_back({addr, &rec});
+      }
+      std::sort(inside.begin(), inside.end(),
+                [](const auto& x, const auto& y) { return x.first < y.first; });
+    }
     Pool& pool = pools[static_cast<int>(PoolKind::kTransient)];
+    Block* tail = nullptr;
+    auto append = [&](uintptr_t addr, size_t size, bool allocated, StreamId stream) {
+      auto* b = new Block;
+      b->addr = addr;
+      b->size = size;
+      b->segment = seg;
+      b->allocated = allocated;
+      // Free bytes were last used on the one stream seen: that stream may take them at once,
+      // another only after a fence (Note [Stream-safe reuse]).
+      b->any_stream = !allocated && streams_seen.empty();
+      b->stream = stream;
+      b->prev = tail;
+      if (tail) {
+        tail->next = b;
+      } else {
+        seg->head = b;
+      }
+      tail = b;
+      if (!allocated) pool.free_blocks.insert(b);
+      return b;
+    };
+    const StreamId one = streams_seen.empty() ? 0 : *streams_seen.begin();
+    uintptr_t at = base;
+    for (auto& [addr, rec] : inside) {
+      LF_CHECK(addr >= at && addr + rec->size <= base + arena_size)
+          << "arena allocations overlap or lie outside the arena";
+      if (addr > at) append(at, addr - at, false, one);
+      rec->block = append(addr, rec->size, true, rec->stream);
+      rec->plan_index = -1;
+      rec->occupant = false;
+      at = addr + rec->size;
+    }
+    if (at < base + arena_size) append(at, base + arena_size - at, false, one);
     pool.segments.push_back(seg);
-    pool.free_blocks.insert(b);
     lent = seg;
+    occupants.clear();
+    planned_live_count = 0;
+    step_planned = false;
     arena_plan.reset();
   }
 
-  // Note [Lent arena]. Called at step boundaries.
+  // Note [Lent arena]. Called at step boundaries. Allocations still live in the lent arena become
+  // occupants (Note [Arena occupants]); the arena is the arena again.
   void ReclaimArena() {
     if (!lent) return;
     Pool& pool = pools[static_cast<int>(PoolKind::kTransient)];
-    Block* b = lent->head;
-    if (!b->allocated && b->next == nullptr && streams_seen.size() <= 1) {
-      pool.free_blocks.erase(b);
+    if (streams_seen.size() > 1) {
+      Block* b = lent->head;
+      if (b->allocated || b->next != nullptr) {
+        // A second stream appeared and the arena is in use: the pool keeps the bytes, reserved
+        // unchanged, and the arena is forgotten (the next planned step reserves a new one).
+        lent->borrowed = false;
+        arena = nullptr;
+        arena_size = 0;
+        arena_plan.reset();
+        lent = nullptr;
+        return;
+      }
+    }
+    const uintptr_t base = reinterpret_cast<uintptr_t>(arena);
+    for (Block* b = lent->head; b != nullptr;) {
+      Block* n = b->next;
+      if (b->allocated) {
+        auto it = live.find(b->addr);
+        LF_CHECK(it != live.end()) << "allocated block in the lent arena without a live record";
+        it->second.block = nullptr;
+        it->second.occupant = true;
+        occupants.push_back({static_cast<int64_t>(b->addr - base), static_cast<int64_t>(b->size)});
+      } else {
+        pool.free_blocks.erase(b);
+      }
       if (b->has_fence) fence->Release(b->fence);
       delete b;
-      pool.segments.erase(std::find(pool.segments.begin(), pool.segments.end(), lent));
-      delete lent;
-    } else {
-      // Still in use (or a second stream appeared): the pool keeps the bytes, reserved unchanged.
-      lent->borrowed = false;
-      arena = nullptr;
-      arena_size = 0;
-      arena_plan.reset();
+      b = n;
     }
+    pool.segments.erase(std::find(pool.segments.begin(), pool.segments.end(), lent));
+    delete lent;
     lent = nullptr;
+  }
+
+  // Note [Arena occupants]: the previous step's planned allocations still live at BeginStep.
+  void PlannedToOccupants() {
+    if (planned_live_count == 0) return;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(arena);
+    for (auto& [addr, rec] : live) {
+      if (rec.plan_index < 0) continue;
+      rec.plan_index = -1;
+      rec.occupant = true;
+      occupants.push_back({static_cast<int64_t>(addr - base), static_cast<int64_t>(rec.size)});
+    }
+    planned_live_count = 0;
+  }
+
+  bool OverlapsOccupant(int64_t off, int64_t size) const {
+    for (const auto& [o, n] : occupants) {
+      if (o < off + size && off < o + n) return true;
+    }
+    return false;
+  }
+
+  void RemoveOccupant(uintptr_t addr) {
+    const int64_t off = static_cast<int64_t>(addr - reinterpret_cast<uintptr_t>(arena));
+    for (size_t i = 0; i < occupants.size(); ++i) {
+      if (occupants[i].first == off) {
+        occupants[i] = occupants.back();
+        occupants.pop_back();
+        return;
+      }
+    }
+    LF_CHECK(false) << "freed occupant not in the arena's occupant list";
   }
 
   StatusOr<void*> PoolAlloc(size_t size, StreamId stream, PoolKind kind, Live* rec) {
@@ -452,11 +545,20 @@ struct MemAllocator::Impl {
     if (cursor >= p.sizes.size()) return Diverge();
     size_t k = cursor;
     // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
-    if (static_cast<size_t>(p.sizes[k]) < size || p.streams[k] != stream) return Diverge();
-    for (int32_t j : p.must_be_free[k]) {
-      if (planned_live[j]) return Diverge();
-    }
+    if (p.streams[k] != stream) return Diverge();
+    if (static_cast<size_t>(p.sizes[k]) < size) return Diverge();
     ++cursor;
+    // Slot k's bytes still held (the live step frees later than the recorded one, or something
+    // from the last step occupies them): this allocation alone comes from the pool and slot k
+    // stays empty; the rest of the step keeps its plan (Note [Planned arena safety]).
+    bool held = false;
+    for (int32_t j : p.must_be_free[k]) held = held || planned_live[j];
+    if (held || (!occupants.empty() && p.offsets[k] != kNotPlanned &&
+                 OverlapsOccupant(p.offsets[k], p.sizes[k]))) {
+      ++planned_skips;
+      *pool_served = true;
+      return nullptr;
+    }
     if (p.offsets[k] == kNotPlanned) {
       *pool_served = true;
       return nullptr;
@@ -469,9 +571,12 @@ struct MemAllocator::Impl {
     return static_cast<char*>(arena) + p.offsets[k];
   }
 
+  // The rest of the step comes from the pool, which serves it from the arena's free bytes first
+  // (Note [Lent arena]).
   void* Diverge() {
     step_planned = false;
     ++planned_misses;
+    LendArena();
     return nullptr;
   }
 
@@ -585,6 +690,8 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   if (rec.plan_index >= 0) {
     m.planned_live[rec.plan_index] = 0;
     --m.planned_live_count;
+  } else if (rec.occupant) {
+    m.RemoveOccupant(reinterpret_cast<uintptr_t>(ptr));
   } else {
     m.PoolFree(rec.block, rec.kind);
   }
@@ -601,6 +708,9 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   m.step_planned = false;
   m.cursor = 0;
   m.ReclaimArena();
+  // One stream: what the last step left live in the arena just occupies its bytes (Note [Arena
+  // occupants]); this step's plan is served around it.
+  if (m.streams_seen.size() <= 1) m.PlannedToOccupants();
   if (m.recording) m.trace.MarkStep(signature, NowNs());
   if (!plan) {
     if (m.options.plan_unseen_signatures && !m.recording) {  // Note [First sight]
@@ -613,7 +723,8 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     return Status::Ok();
   }
   if (m.planned_live_count > 0) {
-    // Last step's planned allocations still hold arena bytes: this step cannot reuse the arena.
+    // Several streams: last step's planned allocations still hold arena bytes, and no event
+    // orders their streams before this step's: this step cannot reuse the arena.
     ++m.planned_misses;
     return Status::Ok();
   }
@@ -624,7 +735,14 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   size_t need = static_cast<size_t>(plan->peak_bytes);
   size_t want = round(largest);
   // Grow when this plan does not fit; shrink when the largest plan was evicted.
-  if (need > m.arena_size || m.arena_size > want) {
+  if (!m.occupants.empty() && need > m.arena_size) {
+    // The arena is too small for this plan but cannot move while occupied: run from the pool,
+    // which starts in the arena's free bytes.
+    ++m.planned_misses;
+    m.LendArena();
+    return Status::Ok();
+  }
+  if (m.occupants.empty() && (need > m.arena_size || m.arena_size > want)) {
     m.ReleaseArena();
     StatusOr<void*> a = m.backend->Reserve(want);
     if (!a.ok()) {
@@ -775,6 +893,7 @@ AllocatorStats MemAllocator::Stats() const {
     s.num_frees = m.num_frees;
     s.planned_hits = m.planned_hits;
     s.planned_misses = m.planned_misses;
+    s.planned_skips = m.planned_skips;
     s.planned_steps = m.planned_steps;
     s.first_sight_plans = m.first_sight_plans;
     s.pool_allocs = m.pool_allocs;

@@ -229,18 +229,28 @@ bool SameStructure(const LifetimeTable& a, const LifetimeTable& b) {
 SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps) {
   LF_CHECK(!steps.empty()) << "PlanSignature needs at least one step";
   SignaturePlan sp;
-  const LifetimeTable& last = *steps.back();
-  sp.envelope = last;
+  // The base is the step with the most live bytes (the last such one): the arena the plan sizes
+  // must hold the signature's largest step, whatever its structure (Note [Envelope plans]).
+  const LifetimeTable* base = steps.back();
+  int64_t base_bound = LowerBoundBytes(*base);
+  for (const LifetimeTable* t : steps) {
+    int64_t b = LowerBoundBytes(*t);
+    sp.max_step_lower_bound_bytes = std::max(sp.max_step_lower_bound_bytes, b);
+    if (b > base_bound) {
+      base = t;
+      base_bound = b;
+    }
+  }
+  sp.envelope = *base;
   sp.total_steps = static_cast<int>(steps.size());
   for (const LifetimeTable* t : steps) {
-    if (t != &last && !SameStructure(*t, last)) continue;
+    if (t != base && !SameStructure(*t, *base)) continue;
     ++sp.merged_steps;
-    sp.max_step_lower_bound_bytes = std::max(sp.max_step_lower_bound_bytes, LowerBoundBytes(*t));
     for (size_t i = 0; i < t->allocs.size(); ++i) {
       sp.envelope.allocs[i].size = std::max(sp.envelope.allocs[i].size, t->allocs[i].size);
     }
   }
-  sp.plan = PlanStep(sp.envelope, last.signature);
+  sp.plan = PlanStep(sp.envelope, base->signature);
   return sp;
 }
 
