@@ -160,15 +160,19 @@ int64_t LowerBoundBytes(const LifetimeTable& table);
 // other token counts, a ragged batch under one padding bucket).
 bool SameStructure(const LifetimeTable& a, const LifetimeTable& b);
 struct SignaturePlan {
-  Plan plan;               // planned over `envelope`
-  LifetimeTable envelope;  // the last step, each size widened to the largest of the merged steps
-  int merged_steps = 0;    // steps covered (the last one and earlier ones of the same structure)
-  int total_steps = 0;     // steps given
-  int64_t max_step_lower_bound_bytes = 0;  // largest LowerBoundBytes among the merged steps
+  Plan plan;  // planned over `envelope`
+  // The base step (the one with the most live bytes), each size widened to the largest of the
+  // merged steps.
+  LifetimeTable envelope;
+  int merged_steps = 0;  // steps covered (the base and the steps of the same structure)
+  int total_steps = 0;   // steps given
+  // Largest LowerBoundBytes among all the steps given (the base's): what the arena must hold.
+  int64_t max_step_lower_bound_bytes = 0;
 };
 // The plan MemAllocator installs for one signature, from its recorded steps in order (at least
-// one): the last step, widened by every earlier step of the same structure. MemAllocator serves
-// an allocation from a plan when it is no larger than planned, so the plan serves all of them.
+// one): the largest step, widened by every step of the same structure. MemAllocator serves an
+// allocation from a plan when it is no larger than planned, so the plan serves all merged steps;
+// steps of another structure diverge into the pool, which serves them inside the arena.
 SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps);
 
 // Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):

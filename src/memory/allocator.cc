@@ -2,17 +2,34 @@
 //
 // Note [Planned arena safety]
 // A plan is a recorded step's allocations with offsets in one arena. While a step matches its
-// plan, allocation k is served at arena + offset[k] in O(1). The live step may differ from the
-// recorded one in three ways, each detected before anything unsafe is handed out:
+// plan, allocation k is served at arena + offset[k] in O(1). Slots are handed out in plan order
+// (a cursor that only moves forward), each at its planned offset and never larger than planned,
+// so the only way two live arena allocations could share a byte is that a slot's bytes are still
+// held when it comes up. The live step may differ from the recorded one in three ways, each
+// detected before anything unsafe is handed out:
 //   - allocation k is larger than planned or on another stream -> the step diverges (a smaller
 //     one is served from the planned bytes: Note [Envelope plans] in planner.cc);
 //   - an earlier planned allocation sharing k's bytes (plan.must_be_free[k]) is still live,
-//     because the live step freed it later than the recorded one -> the step diverges;
-//   - last step's planned allocations are still live at BeginStep -> this step is not planned.
-// A diverged step serves the rest of its allocations from the pool (one planned miss counted);
-// the planned allocations already handed out stay valid. So no two live planned allocations ever
-// share a byte, whatever the live step does. Allocations on different streams never share arena
-// bytes (planner.cc, Note [Interval packing]), so arena reuse is always stream-ordered.
+//     because the live step freed it later than the recorded one, or k's bytes are held by an
+//     occupant (Note [Arena occupants]) -> k alone comes from the pool (a planned skip; slot k
+//     stays empty this step) and the step keeps its plan;
+//   - several streams and last step's planned allocations still live at BeginStep -> this step
+//     is not planned.
+// A diverged step serves the rest of its allocations from the pool, which starts in the arena's
+// free bytes (Note [Lent arena]; one planned miss counted); the planned allocations already
+// handed out stay where they are and become allocated blocks of the lent arena. So no two live
+// allocations ever share a byte, whatever the live step does. Allocations on different streams
+// never share arena bytes (planner.cc, Note [Interval packing]), so arena reuse is always
+// stream-ordered.
+//
+// Note [Arena occupants]
+// With one stream, live allocations that hold arena bytes outside the current plan are occupants,
+// kept as a short (offset, size) list: the previous step's planned allocations still live at
+// BeginStep (a layer output or loss freed early in the next step), and pool allocations made in
+// the lent arena that outlive their step. A planned slot that overlaps an occupant is skipped (its
+// allocation comes from the pool); freeing the occupant frees its bytes for later slots. The
+// check is a scan of the list, only when it is not empty. The arena is not resized while
+// occupied: a plan larger than the occupied arena runs its step from the pool (lent arena).
 //
 // Note [First sight]
 // A signature not seen while recording would otherwise run from the pool forever. So BeginStep of
@@ -27,14 +44,17 @@
 // planned only when no planned allocation of the previous step is live.
 //
 // Note [Lent arena]
-// While a step runs unplanned (first sight, no plan, a plan evicted) the arena is idle, yet its
-// bytes count as reserved. So BeginStep lends it to the transient pool as one more segment, and
-// the step boundary (EndStep or the next BeginStep) takes it back when the step freed everything
-// in it. If something allocated there outlives the step, the segment stays with the pool as an
-// ordinary one and the arena is forgotten (the next planned step reserves a new one): memory, not
-// correctness, is what a long-lived allocation can cost. Lending happens only while one stream
-// has been seen (the arena's bytes were last used on it, so the lent block belongs to it) and is
-// taken back only while that is still so; with several streams the arena is never lent.
+// While a step runs unplanned (first sight, no plan, a plan evicted, or a planned step that
+// diverged), the arena is idle or partly idle, yet all its bytes count as reserved. So the arena is
+// lent to the transient pool as one more segment: its live allocations (planned ones already
+// handed out, occupants) become allocated blocks, the gaps between them free blocks. The step
+// boundary (EndStep or the next BeginStep) takes the segment back: what is still live there
+// becomes an occupant (Note [Arena occupants]), the rest is arena again. Lending happens only
+// while one stream has been seen (the arena's bytes were last used on it, so free blocks belong to
+// it); if a second stream appears while the arena is lent and something there is still live, the
+// pool keeps the bytes as an ordinary segment and the next planned step reserves a new arena.
+// On real MoE steps (docs/memory.md, "Variable-size steps") this is what keeps a diverged step
+// from reserving a pool beside the whole arena.
 //
 // Note [Stream-safe reuse]
 // A pooled block freed by stream S may be reused at once by S (stream order makes that safe). For

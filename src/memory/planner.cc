@@ -18,9 +18,15 @@
 // A signature (a padding bucket) fixes the order of a step's allocations but not always their
 // sizes: an MoE layer's per-expert buffers follow the router's token counts, which change every
 // step under the same total token count. A plan of one such step would diverge on the next at the
-// first expert buffer that grew. So PlanSignature takes every recorded step of the signature that
-// has the same structure as the last one (SameStructure: same events, same lifetimes, same
-// streams) and plans the last step with each size widened to the largest seen at that position.
+// first expert buffer that grew. So PlanSignature picks a base step, the one with the most live
+// bytes (LowerBoundBytes; the last of equals), takes every recorded step of the signature that has
+// the same structure as the base (SameStructure: same events, same lifetimes, same streams) and
+// plans the base with each size widened to the largest seen at that position. The base is the
+// largest step, not the last, because the arena every plan shares must hold the largest step the
+// signature produced: steps of another structure (on real MoE traces, a workspace allocated only
+// for experts above some load) diverge and run from the pool inside the arena (allocator.cc,
+// Note [Lent arena]), which works only if the arena is large enough. The overhead reported for a
+// signature is against the lower bound of its largest step, merged or not.
 // MemAllocator serves allocation k from the plan when its size is at most the planned one (the
 // slack is reserved, not allocated, so it shows up as fragmentation, honestly). Lifetimes are the
 // same in every merged step, so a plan that is valid for the envelope (CheckPlan) is valid for each
