@@ -376,7 +376,7 @@ class MemAllocator {
 struct ReplayOptions {
   enum class Mode {
     kPool,        // no steps, no plans: the pool alone
-    kPlanned,     // plan the last step of each signature from the whole trace first
+    kPlanned,     // plan each signature from the whole trace first (PlanSignature)
     kFirstSight,  // no plans up front: each signature is planned from its first step (online)
     kCaching,     // the baseline: a model of torch's caching allocator (src/memory/caching_model.h)
   };
