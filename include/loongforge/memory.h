@@ -126,6 +126,10 @@ struct Plan {
   std::vector<int64_t> sizes;  // rounded bytes (RoundUp of the requested size)
   std::vector<StreamId> streams;
   std::vector<int64_t> offsets;  // kNotPlanned for allocations not freed in the step
+  // Events each allocation lived in the recorded step (free_seq - alloc_seq; to the step's end
+  // for those not freed in it): a lifetime forecast for the pool once a step diverged
+  // (Note [Lifetime-guided fallback] in src/memory/allocator.cc).
+  std::vector<int64_t> lifetimes;
   // For allocation k: earlier planned allocations whose address ranges overlap k's. They must all
   // be freed before k is handed out (Note [Planned arena safety]).
   std::vector<std::vector<int32_t>> must_be_free;

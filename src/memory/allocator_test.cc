@@ -627,6 +627,36 @@ TEST(MemAllocator, DivergedStepServedFromArena) {
   EXPECT_EQ(a->Stats().planned_hits, s.planned_hits + CountAllocs(ops));
 }
 
+// Guards Note [Lifetime-guided fallback]: once a step diverged, an allocation whose slot in the
+// plan lived long is placed at the lent arena's low end and a short-lived one at its high end, so
+// short-lived blocks do not split the space long-lived ones need.
+TEST(MemAllocator, DivergedStepPlacesByForecastLifetime) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  // Slot 0 diverges; slot 1 is short-lived, slot 2 lives to the end (long), then temporaries.
+  // Best fit alone would put the short one first, low, and the long one above it.
+  std::vector<StepOp> ops = {
+      {true, 1, kMiB}, {false, 1, 0}, {true, 3, kMiB}, {true, 2, kMiB}, {false, 3, 0}};
+  for (int i = 0; i < 19; ++i) {
+    ops.push_back({true, 100 + i, kMiB});
+    ops.push_back({false, 100 + i, 0});
+  }
+  ops.push_back({false, 2, 0});
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  void* first = *a->Allocate(2 * kMiB, 0);  // larger than planned: diverges
+  ASSERT_TRUE(a->Free(first, 0).ok());
+  void* short_lived = *a->Allocate(kMiB, 0);
+  void* long_lived = *a->Allocate(kMiB, 0);
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_LT(long_lived, short_lived);
+  ASSERT_TRUE(a->Free(short_lived, 0).ok());
+  ASSERT_TRUE(a->Free(long_lived, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
 // Guards Note [Planned arena safety], [Lent arena] and [Arena occupants] together: random live
 // steps that differ from the recorded ones (sizes grown or shrunk, extra allocations, frees
 // reordered, allocations kept into the next step) never hand out live bytes, and the stats add up.

@@ -110,9 +110,11 @@ Plan MakePlan(const LifetimeTable& t, const std::vector<Item>& items, const Pack
   p.streams.resize(n);
   p.offsets.assign(n, kNotPlanned);
   p.must_be_free.resize(n);
+  p.lifetimes.resize(n);
   for (size_t i = 0; i < n; ++i) {
     p.sizes[i] = static_cast<int64_t>(RoundUp(t.allocs[i].size));
     p.streams[i] = t.allocs[i].stream;
+    p.lifetimes[i] = t.allocs[i].free_seq - t.allocs[i].alloc_seq;
   }
   for (size_t i = 0; i < items.size(); ++i) p.offsets[items[i].index] = packer.offsets()[i];
   p.peak_bytes = packer.peak();

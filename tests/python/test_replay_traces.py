@@ -106,9 +106,9 @@ def test_real_moe_plan_within_5pct():
 
 
 # Guards the planned replay on real data: steps that diverge from their plan are served from the
-# arena's free bytes (no arena plus a pool beside it: that cost 3880 MiB reserved, 64%), so the
-# planned mode reserves less than the caching allocator's model and stays within 25% of the live
-# peak; planned steps keep most allocations on the plan.
+# arena's free bytes, placed by forecast lifetime (before: the arena plus a pool beside it, 3880
+# MiB reserved, 64%; now 1502 MiB, 7.0%), so the planned mode reserves far less than the caching
+# allocator's model and stays within 10% of the live peak; most allocations stay on the plan.
 @needs_cli
 @needs_moe
 def test_real_moe_planned_replay_memory():
@@ -116,7 +116,7 @@ def test_real_moe_planned_replay_memory():
     caching = _moe_replay("caching")
     assert planned["peak_allocated_bytes"] == 1464006144  # the trace's live peak, rounded
     assert planned["peak_reserved_bytes"] < caching["peak_reserved_bytes"]
-    assert planned["fragmentation"] <= 0.25, planned
+    assert planned["fragmentation"] <= 0.10, planned
     assert planned["planned_misses"] <= 3  # the steps whose structure differs from the plan's
     assert planned["planned_hits"] >= 0.6 * planned["num_allocs"]
 
