@@ -133,6 +133,7 @@ nlohmann::json StatsJson(const std::string& mode, const mem::AllocatorStats& s) 
           {"pool_allocs", s.pool_allocs},
           {"planned_hits", s.planned_hits},
           {"planned_misses", s.planned_misses},
+          {"planned_skips", s.planned_skips},
           {"planned_steps", s.planned_steps},
           {"first_sight_plans", s.first_sight_plans},
           {"plans_cached", s.plans_cached},

@@ -4,9 +4,9 @@
 caching allocator.
 
 Targets (issue 4), per trace:
-  plan   the planned peak of every signature's plan (the envelope plan the allocator installs,
-         Note [Envelope plans]) within 5% of the lower bound: the largest max-live-bytes of the
-         steps it serves;
+  plan   the planned peak of every signature's plan (the plan the allocator installs: its
+         largest step widened by the steps of the same structure, Note [Envelope plans]) within
+         5% of the lower bound: the largest max-live-bytes of the signature's steps;
   frag   fragmentation (1 - peak allocated / peak reserved) of the planned replay <= 3%;
   p50    median allocation latency of the planned replay <= 100 ns (host replay, two clock reads
          per call included).

@@ -126,6 +126,10 @@ struct Plan {
   std::vector<int64_t> sizes;  // rounded bytes (RoundUp of the requested size)
   std::vector<StreamId> streams;
   std::vector<int64_t> offsets;  // kNotPlanned for allocations not freed in the step
+  // Events each allocation lived in the recorded step (free_seq - alloc_seq; to the step's end
+  // for those not freed in it): a lifetime forecast for the pool once a step diverged
+  // (Note [Lifetime-guided fallback] in src/memory/allocator.cc).
+  std::vector<int64_t> lifetimes;
   // For allocation k: earlier planned allocations whose address ranges overlap k's. They must all
   // be freed before k is handed out (Note [Planned arena safety]).
   std::vector<std::vector<int32_t>> must_be_free;
@@ -160,15 +164,19 @@ int64_t LowerBoundBytes(const LifetimeTable& table);
 // other token counts, a ragged batch under one padding bucket).
 bool SameStructure(const LifetimeTable& a, const LifetimeTable& b);
 struct SignaturePlan {
-  Plan plan;               // planned over `envelope`
-  LifetimeTable envelope;  // the last step, each size widened to the largest of the merged steps
-  int merged_steps = 0;    // steps covered (the last one and earlier ones of the same structure)
-  int total_steps = 0;     // steps given
-  int64_t max_step_lower_bound_bytes = 0;  // largest LowerBoundBytes among the merged steps
+  Plan plan;  // planned over `envelope`
+  // The base step (the one with the most live bytes), each size widened to the largest of the
+  // merged steps.
+  LifetimeTable envelope;
+  int merged_steps = 0;  // steps covered (the base and the steps of the same structure)
+  int total_steps = 0;   // steps given
+  // Largest LowerBoundBytes among all the steps given (the base's): what the arena must hold.
+  int64_t max_step_lower_bound_bytes = 0;
 };
 // The plan MemAllocator installs for one signature, from its recorded steps in order (at least
-// one): the last step, widened by every earlier step of the same structure. MemAllocator serves
-// an allocation from a plan when it is no larger than planned, so the plan serves all of them.
+// one): the largest step, widened by every step of the same structure. MemAllocator serves an
+// allocation from a plan when it is no larger than planned, so the plan serves all merged steps;
+// steps of another structure diverge into the pool, which serves them inside the arena.
 SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps);
 
 // Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):
@@ -278,8 +286,11 @@ struct AllocatorStats {
   int64_t largest_free_block_bytes = 0;  // in the pools (the arena is not counted)
   int64_t live_allocations = 0;
   int64_t num_allocs = 0, num_frees = 0;
-  int64_t planned_hits = 0;       // allocations served from a plan's arena
-  int64_t planned_misses = 0;     // planned steps that diverged and fell back to the pool
+  int64_t planned_hits = 0;    // allocations served from a plan's arena
+  int64_t planned_misses = 0;  // planned steps that diverged and fell back to the pool
+  // Allocations of planned steps served by the pool because their planned bytes were still held
+  // (by a late free, or by an arena occupant); the step keeps its plan (Note [Arena occupants]).
+  int64_t planned_skips = 0;
   int64_t planned_steps = 0;      // steps that began with a plan
   int64_t plans_cached = 0;       // plans in the cache now (at most Options::max_plans)
   int64_t first_sight_plans = 0;  // signatures planned from their first step (Note [First sight])
@@ -369,7 +380,7 @@ class MemAllocator {
 struct ReplayOptions {
   enum class Mode {
     kPool,        // no steps, no plans: the pool alone
-    kPlanned,     // plan the last step of each signature from the whole trace first
+    kPlanned,     // plan each signature from the whole trace first (PlanSignature)
     kFirstSight,  // no plans up front: each signature is planned from its first step (online)
     kCaching,     // the baseline: a model of torch's caching allocator (src/memory/caching_model.h)
   };

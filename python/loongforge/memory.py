@@ -97,8 +97,8 @@ def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 <
     """Replays ``trace`` through MemSculptor's allocator over host memory (no GPU needed) and
     returns its stats (peak allocated/reserved, fragmentation, planned hits/misses, latency).
 
-    ``mode``: ``"pool"`` (no plans), ``"planned"`` (each signature's last step planned from the
-    whole trace first) or ``"first_sight"`` (online: each signature planned from its first step,
+    ``mode``: ``"pool"`` (no plans), ``"planned"`` (each signature planned from its largest step
+    in the whole trace first) or ``"first_sight"`` (online: each signature planned from its first step,
     as the allocator does for signatures it did not record). When omitted, ``planned`` picks
     ``"planned"`` or ``"pool"``. Raises ValueError for an unknown mode or a malformed trace.
     """

@@ -358,8 +358,9 @@ TEST(MemAllocator, SizeMismatchFallsBack) {
 }
 
 // Guards Note [Planned arena safety]: a tensor freed later than recorded must not be overwritten
-// by the allocation the plan put on its bytes.
-TEST(MemAllocator, LateFreeDiverges) {
+// by the allocation the plan put on its bytes; that allocation alone comes from the pool (a skip)
+// and the step keeps its plan.
+TEST(MemAllocator, LateFreeSkipsHeldSlot) {
   auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
   std::vector<StepOp> ops = {{true, 1, 1 * kMiB}, {false, 1, 0},   {true, 2, 1 * kMiB},
                              {false, 2, 0},       {true, 3, kMiB}, {false, 3, 0}};
@@ -372,27 +373,42 @@ TEST(MemAllocator, LateFreeDiverges) {
   std::vector<StepOp> late = {{true, 1, kMiB}, {true, 2, kMiB}, {false, 2, 0},
                               {true, 3, kMiB}, {false, 3, 0},   {false, 1, 0}};
   ASSERT_TRUE(RunStep(a.get(), late, "s")) << "a live planned block was overwritten";
-  EXPECT_EQ(a->Stats().planned_misses, 1);
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.planned_skips, 2);  // slots 2 and 3 share slot 1's bytes
+  EXPECT_EQ(s.planned_hits, 1);
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  EXPECT_EQ(a->Stats().planned_hits, 4) << "the next matching step is planned in full";
 }
 
-// Guards the step boundary: a planned block still live at the next BeginStep keeps the arena
-// busy, so that step is served by the pool (and counted) instead of reusing live bytes.
-TEST(MemAllocator, ArenaBusyAtStepBoundary) {
+// Guards Note [Arena occupants]: a planned block still live at the next BeginStep occupies its
+// bytes; that step keeps its plan but serves the allocation whose bytes are occupied from the
+// pool, never the live bytes.
+TEST(MemAllocator, ArenaOccupiedAtStepBoundary) {
   auto a = MakeAllocator(256 * kMiB, 8 * kMiB);
-  std::vector<StepOp> ops = {{true, 1, kMiB}, {false, 1, 0}};
+  std::vector<StepOp> ops = {{true, 1, kMiB}, {false, 1, 0}, {true, 2, kMiB}, {false, 2, 0}};
   a->StartRecording();
   ASSERT_TRUE(RunStep(a.get(), ops, "s"));
   ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
   ASSERT_TRUE(a->BeginStep("s").ok());
   void* kept = *a->Allocate(kMiB, 0);  // planned, and kept past the step
+  Tracked t{kept, kMiB, 0x5A};
+  Fill(t);
   a->EndStep();
   ASSERT_TRUE(a->BeginStep("s").ok());
   void* next = *a->Allocate(kMiB, 0);
   EXPECT_NE(next, kept);
-  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_TRUE(Intact(t));
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_EQ(s.planned_skips, 1);
+  ASSERT_TRUE(a->Free(kept, 0).ok());  // the occupant leaves: the plan's bytes are free again
   ASSERT_TRUE(a->Free(next, 0).ok());
-  ASSERT_TRUE(a->Free(kept, 0).ok());
+  void* third = *a->Allocate(kMiB, 0);
+  EXPECT_EQ(a->Stats().planned_hits, s.planned_hits + 1);
+  ASSERT_TRUE(a->Free(third, 0).ok());
   a->EndStep();
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
 }
 
 // Guards per-signature plans: two padding buckets each get their own plan and both hit.
@@ -554,24 +570,166 @@ TEST(MemAllocator, UnplannedStepBorrowsIdleArena) {
   EXPECT_EQ(a->Stats().reserved_bytes, before.reserved_bytes);
 }
 
-// Guards Note [Lent arena] when an allocation made in the lent arena outlives its step: the
-// arena's bytes stay with the pool, and the next planned step gets a new arena, so the planned
-// step never overwrites the live allocation.
+// Guards Note [Lent arena] and Note [Arena occupants] when an allocation made in the lent arena
+// outlives its step: it stays an occupant of the arena (no second arena is reserved), and the
+// next planned step never overwrites it (the slots on its bytes are served by the pool).
 TEST(MemAllocator, LentArenaKeptByLiveAllocation) {
   auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
   auto ops = LayerStep(64);
   ASSERT_TRUE(RunStep(a.get(), ops, "s"));
   ASSERT_TRUE(RunStep(a.get(), ops, "s"));  // planned; arena reserved
+  const int64_t arena = a->Stats().arena_bytes;
   ASSERT_TRUE(a->BeginStep("other").ok());  // unplanned: arena lent
   void* kept = *a->Allocate(4 * kMiB, 0);
   Tracked t{kept, 4 * kMiB, 0xA5};
   Fill(t);
   a->EndStep();
-  int64_t hits = a->Stats().planned_hits;
+  AllocatorStats before = a->Stats();
   ASSERT_TRUE(RunStep(a.get(), ops, "s"));
-  EXPECT_EQ(a->Stats().planned_hits, hits + CountAllocs(ops));
+  AllocatorStats s = a->Stats();
   EXPECT_TRUE(Intact(t)) << "a planned step overwrote an allocation living in the lent arena";
+  EXPECT_EQ(s.arena_bytes, arena);
+  EXPECT_EQ(s.planned_misses, 0);
+  EXPECT_GT(s.planned_skips, before.planned_skips);
+  EXPECT_EQ((s.planned_hits - before.planned_hits) + (s.planned_skips - before.planned_skips),
+            CountAllocs(ops));
   ASSERT_TRUE(a->Free(kept, 0).ok());
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  EXPECT_EQ(a->Stats().planned_hits, s.planned_hits + CountAllocs(ops));
+}
+
+// Guards Note [Lent arena] on divergence: when a planned step diverges (an allocation larger than
+// planned), the rest of it is served from the arena's free bytes around the live planned blocks,
+// so it reserves nothing new, and nothing live is overwritten.
+TEST(MemAllocator, DivergedStepServedFromArena) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  auto ops = LayerStep(64);
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  a->ReleaseCached();  // the recording step's pool segments
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  a->ResetPeaks();
+  const int64_t reserved = a->Stats().reserved_bytes;
+  ASSERT_EQ(reserved, a->Stats().arena_bytes);
+  auto grown = ops;
+  grown[8].size += 4096;  // the second layer's activation grew: diverges there
+  for (auto& op : grown) {
+    if (op.alloc && op.slot == 30) op.size /= 2;  // and the backward temps shrank
+  }
+  ASSERT_TRUE(RunStep(a.get(), grown, "s")) << "a live block was overwritten";
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_misses, 1);
+  EXPECT_EQ(s.peak_reserved_bytes, reserved) << "the diverged step reserved new memory";
+  EXPECT_EQ(s.allocated_bytes, 0);
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));  // the arena is back: planned in full
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_EQ(a->Stats().planned_hits, s.planned_hits + CountAllocs(ops));
+}
+
+// Guards Note [Lifetime-guided fallback]: once a step diverged, an allocation whose slot in the
+// plan lived long is placed at the lent arena's low end and a short-lived one at its high end, so
+// short-lived blocks do not split the space long-lived ones need.
+TEST(MemAllocator, DivergedStepPlacesByForecastLifetime) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  // Slot 0 diverges; slot 1 is short-lived, slot 2 lives to the end (long), then temporaries.
+  // Best fit alone would put the short one first, low, and the long one above it.
+  std::vector<StepOp> ops = {
+      {true, 1, kMiB}, {false, 1, 0}, {true, 3, kMiB}, {true, 2, kMiB}, {false, 3, 0}};
+  for (int i = 0; i < 19; ++i) {
+    ops.push_back({true, 100 + i, kMiB});
+    ops.push_back({false, 100 + i, 0});
+  }
+  ops.push_back({false, 2, 0});
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  void* first = *a->Allocate(2 * kMiB, 0);  // larger than planned: diverges
+  ASSERT_TRUE(a->Free(first, 0).ok());
+  void* short_lived = *a->Allocate(kMiB, 0);
+  void* long_lived = *a->Allocate(kMiB, 0);
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_LT(long_lived, short_lived);
+  ASSERT_TRUE(a->Free(short_lived, 0).ok());
+  ASSERT_TRUE(a->Free(long_lived, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+// Guards Note [Planned arena safety], [Lent arena] and [Arena occupants] together: random live
+// steps that differ from the recorded ones (sizes grown or shrunk, extra allocations, frees
+// reordered, allocations kept into the next step) never hand out live bytes, and the stats add up.
+TEST(MemAllocator, RandomPerturbedStepsNeverOverlap) {
+  std::mt19937 rng(7);
+  int64_t misses = 0, skips = 0;
+  for (int round = 0; round < 6; ++round) {
+    auto a = MakeAllocator(1024 * kMiB, 4 * kMiB);
+    auto base = LayerStep(32 + 16 * round);
+    a->StartRecording();
+    ASSERT_TRUE(RunStep(a.get(), base, "s"));
+    ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "t"));
+    ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+    std::map<int, Tracked> carried;  // kept from the previous step
+    uint8_t tag = 1;
+    int next_key = 0;
+    int64_t live_bytes = 0;
+    for (int step = 0; step < 20; ++step) {
+      ASSERT_TRUE(a->BeginStep(rng() % 4 ? "s" : "t").ok());
+      std::vector<Tracked> live;
+      auto check_all = [&] {
+        for (const auto& t : live) ASSERT_TRUE(Intact(t)) << "round " << round << " step " << step;
+        for (const auto& [k, t] : carried) ASSERT_TRUE(Intact(t)) << "carried, step " << step;
+      };
+      for (const auto& op : base) {
+        if (op.alloc || live.empty() || rng() % 3 == 0) {
+          size_t size = op.alloc ? op.size : 4096;
+          if (rng() % 8 == 0) size = size * (1 + rng() % 3) / 2 + 512;  // perturbed size
+          auto p = a->Allocate(size, 0);
+          ASSERT_TRUE(p.ok()) << p.status();
+          live.push_back(Tracked{*p, size, tag++});
+          Fill(live.back());
+          live_bytes += static_cast<int64_t>(RoundUp(size));
+        }
+        if (!op.alloc && !live.empty()) {
+          size_t i = rng() % live.size();  // frees in a shuffled order
+          live_bytes -= static_cast<int64_t>(RoundUp(live[i].n));
+          ASSERT_TRUE(a->Free(live[i].p, 0).ok());
+          live.erase(live.begin() + static_cast<long>(i));
+        }
+        if (!carried.empty() && rng() % 5 == 0) {  // last step's leftovers freed mid-step
+          auto it = carried.begin();
+          live_bytes -= static_cast<int64_t>(RoundUp(it->second.n));
+          ASSERT_TRUE(a->Free(it->second.p, 0).ok());
+          carried.erase(it);
+        }
+        check_all();
+      }
+      for (auto& t : live) {
+        if (rng() % 4 == 0) {
+          carried[next_key++] = t;  // outlives the step
+        } else {
+          live_bytes -= static_cast<int64_t>(RoundUp(t.n));
+          ASSERT_TRUE(a->Free(t.p, 0).ok());
+        }
+      }
+      a->EndStep();
+      AllocatorStats s = a->Stats();
+      ASSERT_EQ(s.allocated_bytes, live_bytes);
+      ASSERT_EQ(s.live_allocations, static_cast<int64_t>(carried.size()));
+      ASSERT_LE(s.allocated_bytes, s.reserved_bytes);
+    }
+    for (auto& [k, t] : carried) {
+      ASSERT_TRUE(Intact(t));
+      ASSERT_TRUE(a->Free(t.p, 0).ok());
+    }
+    EXPECT_EQ(a->Stats().allocated_bytes, 0);
+    EXPECT_GT(a->Stats().planned_hits, 0);
+    misses += a->Stats().planned_misses;
+    skips += a->Stats().planned_skips;
+  }
+  EXPECT_GT(misses, 0) << "no step diverged: the lent-arena path went untested";
+  EXPECT_GT(skips, 0) << "no slot was held: the occupant path went untested";
 }
 
 }  // namespace

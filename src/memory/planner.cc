@@ -18,9 +18,15 @@
 // A signature (a padding bucket) fixes the order of a step's allocations but not always their
 // sizes: an MoE layer's per-expert buffers follow the router's token counts, which change every
 // step under the same total token count. A plan of one such step would diverge on the next at the
-// first expert buffer that grew. So PlanSignature takes every recorded step of the signature that
-// has the same structure as the last one (SameStructure: same events, same lifetimes, same
-// streams) and plans the last step with each size widened to the largest seen at that position.
+// first expert buffer that grew. So PlanSignature picks a base step, the one with the most live
+// bytes (LowerBoundBytes; the last of equals), takes every recorded step of the signature that has
+// the same structure as the base (SameStructure: same events, same lifetimes, same streams) and
+// plans the base with each size widened to the largest seen at that position. The base is the
+// largest step, not the last, because the arena every plan shares must hold the largest step the
+// signature produced: steps of another structure (on real MoE traces, a workspace allocated only
+// for experts above some load) diverge and run from the pool inside the arena (allocator.cc,
+// Note [Lent arena]), which works only if the arena is large enough. The overhead reported for a
+// signature is against the lower bound of its largest step, merged or not.
 // MemAllocator serves allocation k from the plan when its size is at most the planned one (the
 // slack is reserved, not allocated, so it shows up as fragmentation, honestly). Lifetimes are the
 // same in every merged step, so a plan that is valid for the envelope (CheckPlan) is valid for each
@@ -104,9 +110,11 @@ Plan MakePlan(const LifetimeTable& t, const std::vector<Item>& items, const Pack
   p.streams.resize(n);
   p.offsets.assign(n, kNotPlanned);
   p.must_be_free.resize(n);
+  p.lifetimes.resize(n);
   for (size_t i = 0; i < n; ++i) {
     p.sizes[i] = static_cast<int64_t>(RoundUp(t.allocs[i].size));
     p.streams[i] = t.allocs[i].stream;
+    p.lifetimes[i] = t.allocs[i].free_seq - t.allocs[i].alloc_seq;
   }
   for (size_t i = 0; i < items.size(); ++i) p.offsets[items[i].index] = packer.offsets()[i];
   p.peak_bytes = packer.peak();
@@ -229,18 +237,28 @@ bool SameStructure(const LifetimeTable& a, const LifetimeTable& b) {
 SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps) {
   LF_CHECK(!steps.empty()) << "PlanSignature needs at least one step";
   SignaturePlan sp;
-  const LifetimeTable& last = *steps.back();
-  sp.envelope = last;
+  // The base is the step with the most live bytes (the last such one): the arena the plan sizes
+  // must hold the signature's largest step, whatever its structure (Note [Envelope plans]).
+  const LifetimeTable* base = steps.back();
+  int64_t base_bound = LowerBoundBytes(*base);
+  for (const LifetimeTable* t : steps) {
+    int64_t b = LowerBoundBytes(*t);
+    sp.max_step_lower_bound_bytes = std::max(sp.max_step_lower_bound_bytes, b);
+    if (b > base_bound) {
+      base = t;
+      base_bound = b;
+    }
+  }
+  sp.envelope = *base;
   sp.total_steps = static_cast<int>(steps.size());
   for (const LifetimeTable* t : steps) {
-    if (t != &last && !SameStructure(*t, last)) continue;
+    if (t != base && !SameStructure(*t, *base)) continue;
     ++sp.merged_steps;
-    sp.max_step_lower_bound_bytes = std::max(sp.max_step_lower_bound_bytes, LowerBoundBytes(*t));
     for (size_t i = 0; i < t->allocs.size(); ++i) {
       sp.envelope.allocs[i].size = std::max(sp.envelope.allocs[i].size, t->allocs[i].size);
     }
   }
-  sp.plan = PlanStep(sp.envelope, last.signature);
+  sp.plan = PlanStep(sp.envelope, base->signature);
   return sp;
 }
 

@@ -315,6 +315,7 @@ namespace {
 
 // Guards PlanSignature (Note [Envelope plans]): same-structure steps merge with per-allocation
 // maximum sizes and the plan is valid for each of them; a step of another structure is left out.
+// The base is the step with the most live bytes.
 TEST(MemPlanner, EnvelopeOfSameStructureSteps) {
   auto step = [](int64_t a_size, int64_t b_size, bool extra) {
     Trace t;
@@ -332,7 +333,7 @@ TEST(MemPlanner, EnvelopeOfSameStructureSteps) {
     return std::move(*t.Lifetimes())[0];
   };
   LifetimeTable s1 = step(100000, 8000, false), s2 = step(20000, 64000, false),
-                s3 = step(1 << 20, 1 << 20, true);
+                s3 = step(4096, 4096, true);
   EXPECT_TRUE(SameStructure(s1, s2));
   EXPECT_FALSE(SameStructure(s1, s3));
   SignaturePlan sp = PlanSignature({&s3, &s1, &s2});
@@ -340,7 +341,7 @@ TEST(MemPlanner, EnvelopeOfSameStructureSteps) {
   EXPECT_EQ(sp.merged_steps, 2);  // s3 differs in structure
   EXPECT_EQ(sp.envelope.allocs[0].size, 100000);
   EXPECT_EQ(sp.envelope.allocs[1].size, 64000);
-  EXPECT_EQ(sp.max_step_lower_bound_bytes, std::max(LowerBoundBytes(s1), LowerBoundBytes(s2)));
+  EXPECT_EQ(sp.max_step_lower_bound_bytes, LowerBoundBytes(s1));  // the largest step: the base
   ASSERT_TRUE(CheckPlan(sp.envelope, sp.plan).ok());
   // The envelope's plan, with each step's own sizes, never overlaps live allocations.
   for (const LifetimeTable* t : {&s1, &s2}) {
@@ -352,6 +353,30 @@ TEST(MemPlanner, EnvelopeOfSameStructureSteps) {
     EXPECT_TRUE(CheckPlan(*t, p).ok()) << CheckPlan(*t, p);
   }
   EXPECT_GE(sp.plan.peak_bytes, sp.max_step_lower_bound_bytes);
+}
+
+// Guards the base choice of PlanSignature: the plan is made for the signature's largest step (by
+// lower bound), even when it is neither the last nor of the majority's structure, so the arena
+// holds the largest step; its overhead is measured against that step's lower bound.
+TEST(MemPlanner, SignaturePlanBaseIsLargestStep) {
+  auto step = [](int64_t size, bool extra) {
+    Trace t;
+    t.MarkStep("moe");
+    t.AddAlloc(1, size, 0, 0);
+    if (extra) t.AddAlloc(9, 8192, 0, 0);
+    t.AddAlloc(2, size / 2, 0, 0);
+    t.AddFree(1, 0, 0);
+    t.AddFree(2, 0, 0);
+    if (extra) t.AddFree(9, 0, 0);
+    return std::move(*t.Lifetimes())[0];
+  };
+  LifetimeTable small1 = step(10000, false), big = step(400000, true), small2 = step(20000, false);
+  SignaturePlan sp = PlanSignature({&small1, &big, &small2});
+  EXPECT_EQ(sp.merged_steps, 1);
+  EXPECT_EQ(sp.envelope.allocs.size(), 3u);  // big's structure
+  EXPECT_EQ(sp.max_step_lower_bound_bytes, LowerBoundBytes(big));
+  EXPECT_GE(sp.plan.peak_bytes, LowerBoundBytes(big));
+  EXPECT_TRUE(CheckPlan(sp.envelope, sp.plan).ok());
 }
 
 }  // namespace

@@ -74,3 +74,67 @@ def test_report_errors(tmp_path, capsys):
     rows = json.load(open(out))["traces"]
     assert "line 2" in rows[0]["error"] and "error" not in rows[1]
     assert rt.main(["--cli", str(tmp_path / "no-such-cli")]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# The committed real MoE trace (bench/traces/, captured on an H200): one n16-moe layer, 8 steps
+# under 3 signatures, expert loads varying ~10x and data-dependent workspace allocations.
+
+MOE_TRACE = os.path.join(REPO, "bench", "traces", "moe_n16_layer_varexperts.ms.trace.zst")
+needs_moe = pytest.mark.skipif(not os.path.exists(MOE_TRACE), reason="real MoE trace not present")
+
+
+def _moe_replay(mode):
+    cli = rt.find_cli(None)
+    rep = rt.run_cli(cli, ["mem", "replay", MOE_TRACE, "--json", "--mode", mode], 60)
+    return rep["results"][0]
+
+
+# Guards the plan target on real data: each signature's plan (based on its largest step) is
+# within 5% of that step's lower bound, so the arena holds the largest step of every signature.
+@needs_cli
+@needs_moe
+def test_real_moe_plan_within_5pct():
+    plan = rt.run_cli(rt.find_cli(None), ["mem", "plan", MOE_TRACE, "--json"], 60)
+    sigs = plan["signatures"]
+    assert {s["signature"] for s in sigs} == {"T2176", "T3264", "T4352"}
+    for s in sigs:
+        assert s["peak_bytes"] >= s["max_step_lower_bound_bytes"], s
+        assert s["overhead_vs_steps"] <= rt.TARGET_PLAN_OVERHEAD, s
+    # The largest step of all is covered by a plan: no plan is smaller than its steps need.
+    assert max(s["peak_bytes"] for s in sigs) >= plan["lower_bound_bytes"]
+
+
+# Guards the planned replay on real data: steps that diverge from their plan are served from the
+# arena's free bytes, placed by forecast lifetime (before: the arena plus a pool beside it, 3880
+# MiB reserved, 64%; now 1502 MiB, 7.0%), so the planned mode reserves far less than the caching
+# allocator's model and stays within 10% of the live peak; most allocations stay on the plan.
+@needs_cli
+@needs_moe
+def test_real_moe_planned_replay_memory():
+    planned = _moe_replay("planned")
+    caching = _moe_replay("caching")
+    assert planned["peak_allocated_bytes"] == 1464006144  # the trace's live peak, rounded
+    assert planned["peak_reserved_bytes"] < caching["peak_reserved_bytes"]
+    assert planned["fragmentation"] <= 0.10, planned
+    assert planned["planned_misses"] <= 3  # the steps whose structure differs from the plan's
+    assert planned["planned_hits"] >= 0.6 * planned["num_allocs"]
+
+
+# Guards the latency target: the median allocation of the planned replay is at most 100 ns. The
+# figure is wall-clock on a shared machine, so the best of three replays counts.
+@needs_cli
+@needs_moe
+def test_real_moe_planned_median_latency():
+    best = min(_moe_replay("planned")["alloc_latency_ns"]["p50"] for _ in range(3))
+    assert best <= rt.TARGET_P50_NS
+
+
+# The fragmentation target (<= 3%) is NOT met on this trace: expert buffers whose sizes
+# follow the router diverge from any fixed-offset plan, and the pool then fragments (see
+# docs/memory.md, "Variable-size steps"). Strict: the day it passes, this marker must go.
+@needs_cli
+@needs_moe
+@pytest.mark.xfail(strict=True, reason="fragmentation target not met on the real MoE trace")
+def test_real_moe_fragmentation_target():
+    assert _moe_replay("planned")["fragmentation"] <= rt.TARGET_FRAG
