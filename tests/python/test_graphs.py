@@ -213,7 +213,7 @@ def test_trainer_graphs_sync_free(tmp_path):
     root = tmp_path / "db"
     try:
         from lf_testdb import make_db
-        import lmdb  # noqa: F401
+        import lmdb  # noqa: F401 - python3-lmdb present: build with lf_testdb
         db = make_db(str(root), episodes=3, steps=8, width=64, height=48)
     except ImportError:
         from loongforge import packing
