@@ -70,6 +70,17 @@
 // divergence. On the real MoE trace this took the planned replay from 16.9% to 7.0% fragmentation
 // (with other fractions than an eighth, from a half to a thirty-second: 10.5-12.5%).
 //
+// Note [Free segments while the arena is lent]
+// A step that runs in the lent arena (diverged or unplanned) leaves the transient pool's own
+// segments to what does not fit there: tensors that outlive a step (served by the pool, never
+// planned) and requests no arena hole can hold. Such a segment often becomes fully free during
+// the step (the previous step's outliving tensors are freed ~400 events into the next on the real
+// MoE trace), yet it stays reserved while the step grows another segment beside it. So while the
+// arena is lent, the pool returns its fully free segments to the backend before it grows, and the
+// step boundary that takes the arena back does the same. Planned steps never do this (their pool
+// keeps its segments: no cudaFree, which synchronizes the device, on the steady path). On the
+// real MoE trace this took the planned replay from 6.67% to 5.02% fragmentation.
+//
 // Note [Stream-safe reuse]
 // A pooled block freed by stream S may be reused at once by S (stream order makes that safe). For
 // another stream T it must wait until S has passed the free: the free records a fence on S (only
@@ -454,6 +465,9 @@ struct MemAllocator::Impl {
   void ReclaimArena() {
     if (!lent) return;
     Pool& pool = pools[static_cast<int>(PoolKind::kTransient)];
+    // Note [Free segments while the arena is lent]: the step that borrowed the arena is over.
+    SettlePending();
+    ReleaseFreeSegments(pool);
     if (streams_seen.size() > 1) {
       Block* b = lent->head;
       if (b->allocated || b->next != nullptr) {
@@ -570,6 +584,12 @@ struct MemAllocator::Impl {
       b = FindFree(pool, size, stream);
     }
     if (!b) {
+      // Note [Free segments while the arena is lent]: give back what the step no longer uses
+      // before reserving more.
+      if (lent != nullptr && kind == PoolKind::kTransient) {
+        SettlePending();
+        ReleaseFreeSegments(pool);
+      }
       Status st = Grow(pool, kind, size);
       if (!st.ok()) {
         ReleaseCachedLocked();

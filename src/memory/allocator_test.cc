@@ -657,6 +657,47 @@ TEST(MemAllocator, DivergedStepPlacesByForecastLifetime) {
   EXPECT_EQ(a->Stats().allocated_bytes, 0);
 }
 
+// Guards Note [Free segments while the arena is lent]: a pool segment that became fully free
+// during a diverged step is given back before the step grows another one (without it the peak
+// holds both), and the boundary that takes the arena back gives back what the step grew; a
+// planned step keeps its pool's free segments.
+TEST(MemAllocator, DivergedStepReleasesFreeSegmentsBeforeGrowing) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  std::vector<StepOp> ops = {{true, 1, 4 * kMiB}, {false, 1, 0}};
+  a->StartRecording();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+  a->ReleaseCached();
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));  // planned: the 4 MiB arena is reserved
+  const int64_t arena = a->Stats().arena_bytes;
+  ASSERT_EQ(a->Stats().reserved_bytes, arena);
+  // A tensor from before the step (say, the last step's output) holds an 8 MiB pool segment.
+  void* carried = *a->Allocate(6 * kMiB, 0);
+  ASSERT_EQ(a->Stats().reserved_bytes, arena + static_cast<int64_t>(8 * kMiB));
+  // A planned step keeps the pool's segments, even when fully free.
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  void* planned = *a->Allocate(4 * kMiB, 0);
+  ASSERT_TRUE(a->Free(carried, 0).ok());
+  ASSERT_TRUE(a->Free(planned, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().reserved_bytes, arena + static_cast<int64_t>(8 * kMiB));
+  EXPECT_EQ(a->Stats().planned_misses, 0);
+  carried = *a->Allocate(6 * kMiB, 0);
+  a->ResetPeaks();
+  ASSERT_TRUE(a->BeginStep("s").ok());
+  ASSERT_TRUE(a->Free(carried, 0).ok());   // its segment is now fully free
+  void* big = *a->Allocate(12 * kMiB, 0);  // larger than planned: diverges, fits nowhere
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_EQ(a->Stats().peak_reserved_bytes, arena + static_cast<int64_t>(12 * kMiB))
+      << "the free 8 MiB segment stayed reserved beside the new one";
+  ASSERT_TRUE(a->Free(big, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().reserved_bytes, arena) << "the diverged step's segment was kept";
+  ASSERT_TRUE(RunStep(a.get(), ops, "s"));
+  EXPECT_EQ(a->Stats().planned_misses, 1);
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
 // Guards Note [Planned arena safety], [Lent arena] and [Arena occupants] together: random live
 // steps that differ from the recorded ones (sizes grown or shrunk, extra allocations, frees
 // reordered, allocations kept into the next step) never hand out live bytes, and the stats add up.

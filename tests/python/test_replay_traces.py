@@ -107,8 +107,10 @@ def test_real_moe_plan_within_5pct():
 
 # Guards the planned replay on real data: steps that diverge from their plan are served from the
 # arena's free bytes, placed by forecast lifetime (before: the arena plus a pool beside it, 3880
-# MiB reserved, 64%; now 1502 MiB, 7.0%), so the planned mode reserves far less than the caching
-# allocator's model and stays within 10% of the live peak; most allocations stay on the plan.
+# MiB reserved, 64%; then 1502 MiB, 7.0%; now 1470 MiB, 5.0%, with pool segments that became free
+# while the arena is lent given back before growing), so the planned mode reserves far less than
+# the caching allocator's model and stays within 5.5% of the live peak; most allocations stay on
+# the plan.
 @needs_cli
 @needs_moe
 def test_real_moe_planned_replay_memory():
@@ -116,12 +118,12 @@ def test_real_moe_planned_replay_memory():
     caching = _moe_replay("caching")
     assert planned["peak_allocated_bytes"] == 1464006144  # the trace's live peak, rounded
     assert planned["peak_reserved_bytes"] < caching["peak_reserved_bytes"]
-    assert planned["fragmentation"] <= 0.10, planned
+    assert planned["fragmentation"] <= 0.055, planned
     assert planned["planned_misses"] <= 3  # the steps whose structure differs from the plan's
     assert planned["planned_hits"] >= 0.6 * planned["num_allocs"]
 
 
 # The latency (p50 <= 100 ns) and fragmentation (<= 3%) targets are benchmark figures, measured by
 # bench/memory/replay_traces.py and recorded in docs/BENCHMARKS.md, not asserted here: latency is
-# wall-clock on a shared machine, and fragmentation on this trace is 7.0% (not met; see
+# wall-clock on a shared machine, and fragmentation on this trace is 5.0% (not met; see
 # docs/memory.md, "Variable-size steps").
