@@ -586,7 +586,7 @@ struct MemAllocator::Impl {
     if (!b) {
       // Note [Free segments while the arena is lent]: give back what the step no longer uses
       // before reserving more.
-      if (lent != nullptr && kind == PoolKind::kTransient) {
+      if ((lent != nullptr || probing) && kind == PoolKind::kTransient) {
         SettlePending();
         ReleaseFreeSegments(pool);
       }
