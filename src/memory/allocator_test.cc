@@ -498,6 +498,76 @@ TEST(MemAllocator, FirstSightClosedByNextBeginStep) {
   a->EndStep();
 }
 
+// Guards Note [Free segments while the arena is lent] on first sight: a step with no arena and no
+// plan gives a fully free pool segment back before growing, instead of holding it beside the new
+// one.
+TEST(MemAllocator, FirstSightReleasesFreeSegmentsBeforeGrowing) {
+  auto a = MakeAllocator(256 * kMiB, 32 * kMiB);
+  ASSERT_TRUE(a->BeginStep("new").ok());
+  void* p = *a->Allocate(20 * kMiB, 0);  // >= 16 MiB: a 20 MiB segment of its own
+  ASSERT_TRUE(a->Free(p, 0).ok());
+  void* q = *a->Allocate(24 * kMiB, 0);  // does not fit the free 20 MiB segment
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(24 * kMiB))
+      << "the free 20 MiB segment stayed reserved beside the new 24 MiB one";
+  EXPECT_EQ(s.segments, 1);
+  ASSERT_TRUE(a->Free(q, 0).ok());
+  a->EndStep();
+  // Outside a step (pool only) the free segment is kept: no release on the steady path.
+  auto b = MakeAllocator(256 * kMiB, 32 * kMiB);
+  void* r = *b->Allocate(20 * kMiB, 0);
+  ASSERT_TRUE(b->Free(r, 0).ok());
+  void* t = *b->Allocate(24 * kMiB, 0);
+  EXPECT_EQ(b->Stats().peak_reserved_bytes, static_cast<int64_t>(44 * kMiB));
+  ASSERT_TRUE(b->Free(t, 0).ok());
+}
+
+// Guards Note [Arena for a new signature]: once a plan exists, a new signature's first step runs
+// in an arena reserved for the largest plan and lent to the pool, not in fresh pool segments.
+TEST(MemAllocator, NewSignatureRunsInLentArena) {
+  auto a = MakeAllocator(256 * kMiB, 32 * kMiB);
+  ASSERT_TRUE(a->BeginStep("a").ok());
+  void* p = *a->Allocate(20 * kMiB, 0);
+  ASSERT_TRUE(a->Free(p, 0).ok());
+  a->EndStep();  // plans "a" (20 MiB) and gives its segment back
+  ASSERT_EQ(a->Stats().reserved_bytes, 0);
+  a->ResetPeaks();
+  ASSERT_TRUE(a->BeginStep("b").ok());  // first sight of "b"
+  EXPECT_EQ(a->Stats().arena_bytes, static_cast<int64_t>(20 * kMiB));
+  void* x = *a->Allocate(12 * kMiB, 0);  // from the pool these would take a 32 MiB segment
+  void* y = *a->Allocate(8 * kMiB, 0);
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(20 * kMiB));
+  EXPECT_EQ(s.segments, 1) << "only the lent arena";
+  ASSERT_TRUE(a->Free(x, 0).ok());
+  ASSERT_TRUE(a->Free(y, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().first_sight_plans, 2);
+  ASSERT_TRUE(a->BeginStep("b").ok());  // now planned, in the same arena
+  x = *a->Allocate(12 * kMiB, 0);
+  y = *a->Allocate(8 * kMiB, 0);
+  EXPECT_EQ(a->Stats().planned_hits, 2);
+  ASSERT_TRUE(a->Free(x, 0).ok());
+  ASSERT_TRUE(a->Free(y, 0).ok());
+  a->EndStep();
+  EXPECT_EQ(a->Stats().peak_reserved_bytes, static_cast<int64_t>(20 * kMiB));
+}
+
+// Guards the real MoE trace's first sight: when an earlier step left a tensor live, a new
+// signature gets no early arena (that tensor would pin an arena too small for the plans to come).
+TEST(MemAllocator, NoEarlyArenaWhileAStepTensorIsLive) {
+  auto a = MakeAllocator(256 * kMiB, 32 * kMiB);
+  ASSERT_TRUE(a->BeginStep("a").ok());
+  void* p = *a->Allocate(20 * kMiB, 0);
+  void* keep = *a->Allocate(kMiB, 0);  // outlives the step
+  ASSERT_TRUE(a->Free(p, 0).ok());
+  a->EndStep();
+  ASSERT_TRUE(a->BeginStep("b").ok());
+  EXPECT_EQ(a->Stats().arena_bytes, 0);
+  ASSERT_TRUE(a->Free(keep, 0).ok());
+  a->EndStep();
+}
+
 // Guards the LRU bound: the least recently used plan is evicted, a recently used one is kept.
 TEST(MemAllocator, PlanCacheIsLruBounded) {
   MemAllocator::Options o;
