@@ -163,6 +163,24 @@ struct Segment {
   bool borrowed = false;  // the idle arena, lent to the transient pool (Note [Lent arena])
 };
 
+// Splits block `b` (out of any free set) at `offset`: `b` keeps [addr, addr + offset); the
+// returned block, linked after it in the same segment with b's stream state and no fence, covers
+// the rest.
+Block* SplitAt(Block* b, size_t offset) {
+  auto* r = new Block;
+  r->addr = b->addr + offset;
+  r->size = b->size - offset;
+  r->segment = b->segment;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  r->stream = b->stream;
+  r->any_stream = b->any_stream;
+  b->size = offset;
+  return r;
+}
+
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const {
     return a->size != b->size ? a->size < b->size : a->addr < b->addr;
@@ -584,17 +602,7 @@ struct MemAllocator::Impl {
     if (b != nullptr && placement > 0 && b->size - size >= kAlignBytes) {
       // Short-lived: take the block's high end, leave the low part free.
       pool.free_blocks.erase(b);
-      auto* r = new Block;
-      r->addr = b->addr + (b->size - size);
-      r->size = size;
-      r->segment = b->segment;
-      r->prev = b;
-      r->next = b->next;
-      if (b->next) b->next->prev = r;
-      b->next = r;
-      r->stream = b->stream;
-      r->any_stream = b->any_stream;
-      b->size -= size;
+      Block* r = SplitAt(b, b->size - size);
       pool.free_blocks.insert(b);
       b = r;
     } else if (b != nullptr) {
@@ -645,18 +653,7 @@ struct MemAllocator::Impl {
   void* TakeBlock(Pool& pool, Block* b, size_t size, StreamId stream, Live* rec) {
     size_t rest = b->size - size;
     if (rest >= options.min_split_bytes && rest >= kAlignBytes) {
-      auto* r = new Block;
-      r->addr = b->addr + size;
-      r->size = rest;
-      r->segment = b->segment;
-      r->prev = b;
-      r->next = b->next;
-      if (b->next) b->next->prev = r;
-      b->next = r;
-      r->stream = b->stream;
-      r->any_stream = b->any_stream;  // a pending rest gets a fence on demand
-      b->size = size;
-      pool.free_blocks.insert(r);
+      pool.free_blocks.insert(SplitAt(b, size));  // a pending rest gets a fence on demand
     }
     b->allocated = true;
     b->any_stream = false;
