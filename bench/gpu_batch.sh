@@ -5,6 +5,7 @@
 #                                      memory, then the loader bench
 #   bash bench/gpu_batch.sh B          build, memory traces + bench, checkpoint tests + bench
 #   bash bench/gpu_batch.sh C          build, the issue-9 ablation (ROWS/BATCHES/... env)
+#   bash bench/gpu_batch.sh curves     build, GPU pytest of the graphs, the issue-9 loss curves
 # Output under $OUT (default results/gpu).
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -59,5 +60,13 @@ case "${1:-A}" in
     timeout "${C_T:-540}" bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 | grep -v "^pack:" | tail -60
     cp /tmp/lf_abl/"${NAME:-ablation}"/results.json "$OUT/ablation_${NAME:-ablation}.json"
     el "ablation"
+    ;;
+  curves)
+    build
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py 2>&1 | tail -5
+    el "test_graphs"
+    timeout "${CURVES_T:-420}" bash bench/e2e/loss_curves.sh /tmp/lf_curves 2>&1 | tail -12
+    tar czf "$OUT/curves.tgz" -C /tmp/lf_curves .
+    el "curves"
     ;;
 esac

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 9 loss-curve check on one GPU ($1 = output dir): the lean step (loongforge mode's default:
+# static batches, no host syncs, CUDA graphs, fused AdamW) against the eager step (foreach AdamW),
+# NSTEPS (200) steps each from the same seed, and a second eager run as the noise floor (eager is
+# not bitwise reproducible: atomics in the backward). Runs go two at a time (step time does not
+# matter here), then bench/e2e/compare_curves.py prints the comparison.
+set -uo pipefail
+out=${1:-/tmp/lf_curves}
+mkdir -p "$out"
+PY=${PY:-python3}
+db=$(bash bench/e2e/make_db.sh "${BUILD:-build-gpu}/loongforge")
+EAGER=(--cuda-graph off --sync-free off --token-buckets "" --adamw foreach)
+run() {  # name args...
+  local name=$1; shift
+  timeout "${RUN_TIMEOUT:-400}" $PY -m loongforge.train --config "${CONFIG:-n16}" --data "$db" \
+    --mode loongforge --batch-size "${BATCH:-16}" --steps "${NSTEPS:-200}" --warmup 5 \
+    --loader-threads 8 --quiet --json-out "$out/$name.json" "$@" >"$out/$name.log" 2>&1 ||
+    { echo "run $name failed:"; tail -5 "$out/$name.log"; }
+}
+run eager_a "${EAGER[@]}" & run lean_a & wait
+run eager_b "${EAGER[@]}" & run lean_b & wait
+$PY bench/e2e/compare_curves.py --ref "$out/eager_a.json" --noise "$out/eager_b.json" \
+  "$out/lean_a.json" "$out/lean_b.json" --json-out "$out/curves.json"
