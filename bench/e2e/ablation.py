@@ -13,6 +13,8 @@ the lean-step switches are forced off in the first rows, since loongforge mode t
   graphs    + per-microbatch CUDA graphs (--cuda-graph per_microbatch)
   compile   + torch.compile of the frozen encoder path (--compile-frozen)
   fused     + fused AdamW (--adamw fused)
+  lean      stands alone: loongforge mode's defaults on CUDA (all of the above but compile, with
+            --token-buckets auto instead of --buckets)
 Prints a table per batch size (step p50/p95, tokens/GPU/s, host syncs per steady-state step,
 graphs captured, peak memory, speed-up over `eager`) and writes results.json with every summary.
 """
@@ -38,6 +40,7 @@ ROWS: List[Tuple[str, str, List[str]]] = [
     ("graphs", "+ CUDA graphs", ["--cuda-graph", "per_microbatch"]),
     ("compile", "+ compile (frozen path)", ["--compile-frozen"]),
     ("fused", "+ fused AdamW", ["--adamw", "fused"]),
+    ("lean", "loongforge default on CUDA (lean step, auto buckets)", []),
 ]
 
 
@@ -46,6 +49,8 @@ def row_args(name: str, buckets: str, selected: Sequence[str] = ()) -> List[str]
     given) contribute nothing, so e.g. 'fused' without 'compile' is not compiled."""
     if name == "default":
         return list(ROWS[0][2])
+    if name == "lean":  # stands alone: the trainer's own defaults
+        return []
     out: List[str] = []
     for n, _, extra in ROWS[1:]:
         if selected and n not in selected and n not in ("eager", name):

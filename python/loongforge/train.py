@@ -293,11 +293,15 @@ def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter],
 
 
 def auto_buckets(longest: int) -> tuple:
-    """Powers of two from 16 up to the first that holds `longest` tokens."""
+    """Token buckets from 16 up to the first that holds `longest` tokens, four per octave and
+    multiples of 8 (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, ...): padding to a bucket
+    costs at most a quarter of the text, and about an eighth on average. Powers of two cost up to
+    a half: on the end-to-end data (text up to 49 tokens) they pad every batch to 64, 8% more step
+    time at batch 64. Only buckets that batches actually reach are captured as graphs."""
     out, b = [], 16
     while b < longest:
         out.append(b)
-        b *= 2
+        b += max(8, 1 << max(0, b.bit_length() - 3))
     return tuple(out + [b])
 
 

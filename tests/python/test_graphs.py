@@ -58,6 +58,18 @@ def test_parse_buckets():
 
 
 # Guards: padding goes to the smallest bucket that fits, is masked, and longer text is reported.
+def test_auto_buckets_hold_the_longest_text_with_bounded_padding():
+    # Guards the auto ladder: it must reach the longest text and pad by at most a quarter (powers
+    # of two padded the end-to-end data's 49 tokens to 64).
+    for longest in range(1, 700):
+        b = train.auto_buckets(longest)
+        assert b[0] == 16 and b[-1] >= longest and list(b) == sorted(set(b))
+        assert all(x % 8 == 0 for x in b)
+        if longest > 16:
+            assert b[-2] < longest and b[-1] <= max(longest + 7, longest * 1.25 + 8)
+    assert train.auto_buckets(49)[-1] == 56
+
+
 def test_pad_to_bucket_shapes_and_mask():
     batch = _batch(length=5)
     out, b = graphs.pad_to_bucket(batch, (4, 8, 16))
