@@ -288,6 +288,9 @@ struct AllocatorStats {
   int64_t num_allocs = 0, num_frees = 0;
   int64_t planned_hits = 0;    // allocations served from a plan's arena
   int64_t planned_misses = 0;  // planned steps that diverged and fell back to the pool
+  // Why the latest planned miss happened, e.g. "step 'B16' diverged at allocation 14 of 812:
+  // 2097152 bytes requested, 1048576 planned" (empty: none yet). For diagnosis only.
+  std::string last_miss;
   // Allocations of planned steps served by the pool because their planned bytes were still held
   // (by a late free, or by an arena occupant); the step keeps its plan (Note [Arena occupants]).
   int64_t planned_skips = 0;

@@ -52,6 +52,7 @@ py::dict StatsToDict(const mem::AllocatorStats& s) {
   d["num_frees"] = s.num_frees;
   d["planned_hits"] = s.planned_hits;
   d["planned_misses"] = s.planned_misses;
+  d["last_miss"] = s.last_miss;
   d["planned_skips"] = s.planned_skips;
   d["planned_steps"] = s.planned_steps;
   d["pool_allocs"] = s.pool_allocs;

@@ -628,9 +628,9 @@ class MemoryPlanner:
             self.ms = None
         return stack
 
-    def record(self, steps: int) -> None:
+    def record(self, steps: int, trace_path: Optional[str] = None) -> None:
         if self.ms is not None and not self.scoped:
-            self.ms.record(steps=steps)
+            self.ms.record(steps=steps, trace_path=trace_path)
 
     def step(self, signature: str) -> Any:
         if self.ms is None or self.scoped:
@@ -872,7 +872,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             epoch += 1
 
     it = batches()
-    mem.record(steps=max(1, min(3, args.warmup)))
+    # LOONGFORGE_MEM_TRACE=PATH keeps the recorded steps' trace (for `loongforge mem replay`),
+    # LOONGFORGE_MEM_RECORD_STEPS=N records N steps instead of min(3, warm-up) (diagnosis).
+    mem.record(steps=int(os.environ.get("LOONGFORGE_MEM_RECORD_STEPS", 0)) or
+               max(1, min(3, args.warmup)),
+               trace_path=os.environ.get("LOONGFORGE_MEM_TRACE") or None)
     rows: List[Dict[str, Any]] = []
     losses: List[Dict[str, Any]] = []
     t_run = time.perf_counter()

@@ -250,6 +250,8 @@ struct MemAllocator::Impl {
   int64_t persistent_allocated = 0;
   int64_t num_allocs = 0, num_frees = 0, planned_hits = 0, planned_misses = 0, planned_steps = 0,
           pool_allocs = 0, planned_skips = 0;
+  std::string last_miss;       // AllocatorStats::last_miss
+  std::string step_signature;  // of the open step (for last_miss)
   Histogram latency_ns;
 
   ~Impl() {
@@ -678,11 +680,12 @@ struct MemAllocator::Impl {
   void* TryPlanned(size_t size, StreamId stream, Live* rec, bool* pool_served) {
     const Plan& p = *arena_plan;
     *pool_served = false;
-    if (cursor >= p.sizes.size()) return Diverge();
+    if (cursor >= p.sizes.size()) return Diverge("more allocations than planned", size, 0);
     size_t k = cursor;
     // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
-    if (p.streams[k] != stream) return Diverge();
-    if (static_cast<size_t>(p.sizes[k]) < size) return Diverge();
+    if (p.streams[k] != stream) return Diverge("another stream than planned", size, p.sizes[k]);
+    if (static_cast<size_t>(p.sizes[k]) < size)
+      return Diverge("larger than planned", size, p.sizes[k]);
     ++cursor;
     // Slot k's bytes still held (the live step frees later than the recorded one, or something
     // from the last step occupies them): this allocation alone comes from the pool and slot k
@@ -709,9 +712,12 @@ struct MemAllocator::Impl {
 
   // The rest of the step comes from the pool, which serves it from the arena's free bytes first
   // (Note [Lent arena]).
-  void* Diverge() {
+  void* Diverge(const char* why, size_t size, int64_t planned) {
     step_planned = false;
     ++planned_misses;
+    last_miss = "step '" + step_signature + "' diverged at allocation " + std::to_string(cursor) +
+                " of " + std::to_string(arena_plan->sizes.size()) + ": " + why + " (" +
+                std::to_string(size) + " bytes requested, " + std::to_string(planned) + " planned)";
     shadow_plan = arena_plan;
     // Long-lived: more than an eighth of the step's allocations (about a sixteenth of its
     // events) come and go in its lifetime.
@@ -861,6 +867,7 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   std::lock_guard<std::mutex> lock(m.mu);
   m.step_planned = false;
   m.step_open = true;
+  m.step_signature = signature;
   m.cursor = 0;
   m.shadow_plan.reset();
   m.ReclaimArena();
@@ -893,6 +900,8 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     // Several streams: last step's planned allocations still hold arena bytes, and no event
     // orders their streams before this step's: this step cannot reuse the arena.
     ++m.planned_misses;
+    m.last_miss = "step '" + signature + "' not planned: " + std::to_string(m.planned_live_count) +
+                  " planned allocations of the previous step still live";
     return Status::Ok();
   }
   auto round = [](int64_t n) {
@@ -906,6 +915,8 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     // The arena is too small for this plan but cannot move while occupied: run from the pool,
     // which starts in the arena's free bytes.
     ++m.planned_misses;
+    m.last_miss = "step '" + signature + "' not planned: its plan needs " + std::to_string(need) +
+                  " bytes, the occupied arena has " + std::to_string(m.arena_size);
     m.LendArena();
     return Status::Ok();
   }
@@ -1062,6 +1073,7 @@ AllocatorStats MemAllocator::Stats() const {
     s.num_frees = m.num_frees;
     s.planned_hits = m.planned_hits;
     s.planned_misses = m.planned_misses;
+    s.last_miss = m.last_miss;
     s.planned_skips = m.planned_skips;
     s.planned_steps = m.planned_steps;
     s.first_sight_plans = m.first_sight_plans;

@@ -351,6 +351,10 @@ TEST(MemAllocator, SizeMismatchFallsBack) {
   EXPECT_EQ(s.planned_misses, 1);
   EXPECT_EQ(s.planned_hits - before.planned_hits, 5);  // the allocations before op 8
   EXPECT_GT(s.pool_allocs, before.pool_allocs);
+  // The miss says where and why (the trainer's figures carry it for diagnosis).
+  EXPECT_NE(s.last_miss.find("step 'b64' diverged at allocation 5"), std::string::npos)
+      << s.last_miss;
+  EXPECT_NE(s.last_miss.find("larger than planned"), std::string::npos) << s.last_miss;
   // The next matching step is planned again.
   ASSERT_TRUE(RunStep(a.get(), ops, "b64"));
   EXPECT_EQ(a->Stats().planned_misses, 1);

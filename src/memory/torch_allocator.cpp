@@ -262,8 +262,9 @@ LF_EXPORT int lf_stats_json(int device, char* buf, size_t len) {
      << ", \"largest_free_block_bytes\": " << s.largest_free_block_bytes
      << ", \"live_allocations\": " << s.live_allocations << ", \"num_allocs\": " << s.num_allocs
      << ", \"num_frees\": " << s.num_frees << ", \"planned_hits\": " << s.planned_hits
-     << ", \"planned_misses\": " << s.planned_misses << ", \"planned_skips\": " << s.planned_skips
-     << ", \"planned_steps\": " << s.planned_steps << ", \"plans_cached\": " << s.plans_cached
+     << ", \"planned_misses\": " << s.planned_misses << ", \"last_miss\": \"" << s.last_miss
+     << "\", \"planned_skips\": " << s.planned_skips << ", \"planned_steps\": " << s.planned_steps
+     << ", \"plans_cached\": " << s.plans_cached
      << ", \"first_sight_plans\": " << s.first_sight_plans
      << ", \"plan_evictions\": " << s.plan_evictions << ", \"pool_allocs\": " << s.pool_allocs
      << ", \"segments\": " << s.segments << ", \"arena_bytes\": " << s.arena_bytes
