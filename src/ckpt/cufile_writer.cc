@@ -4,6 +4,7 @@
 #include <cufile.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -99,9 +100,19 @@ class CufileSink : public ChunkSink {
       const int saved = errno;
       if (n < 0) {
         if (n == -1 && saved == EINTR) continue;
-        return WriteErrorStatus(n, saved,
-                                where + " at file offset " + std::to_string(off_) + ", " +
-                                    std::to_string(len - done) + " bytes");
+        const std::string at = where + " at file offset " + std::to_string(off_) + ", " +
+                               std::to_string(len - done) + " bytes";
+        Status e = WriteErrorStatus(n, saved, at);
+        // A cuFile-level error (not an errno) on a full file system still reads as disk full,
+        // like write(2)'s ENOSPC.
+        struct statvfs vfs;
+        if (e.code() != StatusCode::kResourceExhausted && ::fstatvfs(fd_, &vfs) == 0 &&
+            static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < len - done)
+          return ResourceExhaustedError(
+              e.message() + "; the file system has " +
+              std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
+              " bytes free (disk full)");
+        return e;
       }
       if (n == 0)
         return InternalError(where + ": short write, 0 of " + std::to_string(len - done) +

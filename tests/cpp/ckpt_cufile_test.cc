@@ -2,7 +2,11 @@
 // writer's segments are byte-identical to the POSIX writer's, and builds without cuFile refuse
 // writer=cufile clearly. The CkptCufile tests need a CUDA device and a cuFile build.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -284,6 +288,38 @@ TEST(CkptCufile, ReopenAndArenaGrowth) {
     ExpectRestoresExactly(v.get(), step + 1, bigger);
     ASSERT_TRUE(v->Close().ok());
   }
+}
+// Guards ENOSPC through cuFile: on a full 1 MiB tmpfs the failed save is ResourceExhausted naming
+// the segment and chunk, leaves no partial segment, and step 1 still restores (skipped if mount is
+// denied).
+TEST(CkptCufile, DiskFullIsResourceExhaustedAndKeepsOlderCheckpoints) {
+  std::string why;
+  if (!HaveCufileDevice(&why)) GTEST_SKIP() << why;
+  std::string dir = CufileTempDir("tmpfs");
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount tmpfs here: " << std::strerror(errno);
+  {
+    DevState s({600 * 1024}, 5);
+    s.cpu.resize(10);
+    auto v = OpenWith(dir, Writer::kCufile, 65536);
+    ASSERT_TRUE(v);
+    ASSERT_TRUE(v->Save(1, s.Refs()).ok());
+    ASSERT_TRUE(v->Wait().ok());
+    std::vector<uint8_t> first = s.t(0).host;
+    s.Touch(0, 0, 600 * 1024);
+    ASSERT_TRUE(v->Save(2, s.Refs()).ok());
+    Status w = v->Wait();
+    EXPECT_EQ(w.code(), StatusCode::kResourceExhausted) << w;
+    EXPECT_NE(w.message().find("older checkpoints are intact"), std::string::npos) << w;
+    EXPECT_NE(w.message().find("chunk"), std::string::npos) << w;
+    EXPECT_EQ(v->Latest(), std::optional<int64_t>(1));
+    EXPECT_EQ(SegmentOf(dir, 2), "");
+    auto h = v->Restore(1);
+    ASSERT_TRUE(h.ok()) << h.status();
+    for (const auto& ht : *h)
+      if (ht.info.name == "layer0") EXPECT_EQ(ht.data, first);
+  }
+  ::umount2(dir.c_str(), MNT_DETACH);
 }
 #endif  // LOONGFORGE_WITH_CUDA
 
