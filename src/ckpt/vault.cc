@@ -851,7 +851,7 @@ class CheckpointVault::Impl {
       st.writer_reason += "; " + std::to_string(st.chunks_cufile) +
                           " chunks from device memory with cuFileWrite, " +
                           std::to_string(st.chunks_written - st.chunks_cufile) +
-                          " from host memory with write(2)";
+                          " from host memory";
     }
     return Status::Ok();
   }
