@@ -262,7 +262,8 @@ StatusOr<std::unique_ptr<CufileSession>> OpenCufileSession() {
   CUfileError_t ge = cuFileDriverGetProperties(&props);
   if (ge.err != CU_FILE_SUCCESS) {
     mode = "compat mode assumed (cuFileDriverGetProperties: " + CufileErrorText(ge) + ")";
-  } else if (props.nvfs.major_version == 0 && props.nvfs.minor_version == 0) {
+  } else if ((props.nvfs.major_version == 0 && props.nvfs.minor_version == 0) ||
+             ::access("/proc/driver/nvidia-fs", F_OK) != 0) {
     mode = "compat mode (nvidia-fs not loaded)";
   } else {
     direct = true;
