@@ -9,6 +9,8 @@
 //     chunks first, then device-staged ones per device), so the file is byte-identical. A chunk the
 //     writer may compress or XOR-delta code (compress / xor_delta on) needs its bytes on the host
 //     to decide, so with either option on every chunk goes the POSIX way (stats say so).
+//   - Runs: chunks adjacent in the arena are adjacent in the file, so a run of them goes in one
+//     cuFileWrite of up to max(d2h_buffer_bytes, chunk_bytes) bytes (larger IOs for cuFile).
 //   - Durability: cuFile does not fsync; the sink's Sync() is fsync(2) of the file, then the
 //     directory fsync and the atomic manifest commit follow as before.
 //   - Errors: a negative cuFileWrite return (-1 with errno, or -CUfileOpError) or a zero-byte

@@ -857,7 +857,8 @@ class CheckpointVault::Impl {
   }
 
   // Note [cuFile writer]: appends the raw chunks `writes` (Slot: tensor, chunk) of `arena` with
-  // cuFileWrite, recording each chunk's location in `m`. Writer thread.
+  // cuFileWrite (runs of adjacent chunks in one call), recording each chunk's location in `m`.
+  // Writer thread.
   template <typename Slot, typename OpenFn>
   Status WriteDeviceChunksCufile(Job* job, internal::DeviceArena* arena,
                                  const std::vector<Slot>& writes, const std::string& seg_name,
@@ -874,24 +875,44 @@ class CheckpointVault::Impl {
     // the hash kernel, which ran after the arena's ready event on the reader's stream.
     LF_RETURN_IF_ERROR(open_file());
     const double t0 = NowSeconds();
-    for (const Slot& w : writes) {
-      const PendingTensor& pt = job->tensors[w.ti];
-      const PendingChunk& pc = pt.chunks[w.ci];
-      const uint8_t* src = arena->data() + pt.dev_off + static_cast<int64_t>(w.ci) * m->chunk_bytes;
-      ChunkRec rec;
-      rec.hash = pc.hash;
-      rec.raw = pc.raw;
-      LF_RETURN_IF_ERROR((*file)->AppendDevice(src, static_cast<size_t>(pc.raw),
-                                               "tensor '" + pt.name + "' chunk " +
-                                                   std::to_string(w.ci) + " of checkpoint " +
-                                                   std::to_string(job->step)));
-      rec.loc = {seg_name, *seg_off, pc.raw};
-      *seg_off += pc.raw;
-      st.bytes_written += pc.raw;
-      st.bytes_cufile += pc.raw;
-      ++st.chunks_written;
-      ++st.chunks_cufile;
-      m->tensors[w.ti].chunks[w.ci] = rec;
+    auto src_of = [&](const Slot& w) {
+      return arena->data() + job->tensors[w.ti].dev_off +
+             static_cast<int64_t>(w.ci) * m->chunk_bytes;
+    };
+    auto name_of = [&](const Slot& w) {
+      return "tensor '" + job->tensors[w.ti].name + "' chunk " + std::to_string(w.ci);
+    };
+    // Chunks adjacent in the arena are adjacent in the file too (appended in order): one
+    // cuFileWrite per run of them, up to max(d2h_buffer_bytes, chunk_bytes) bytes.
+    const int64_t max_run = std::max(opts_.d2h_buffer_bytes, opts_.chunk_bytes);
+    for (size_t i = 0; i < writes.size();) {
+      const uint8_t* src = src_of(writes[i]);
+      int64_t len = job->tensors[writes[i].ti].chunks[writes[i].ci].raw;
+      size_t j = i + 1;
+      while (j < writes.size()) {
+        const int64_t next = job->tensors[writes[j].ti].chunks[writes[j].ci].raw;
+        if (src_of(writes[j]) != src + len || len + next > max_run) break;
+        len += next;
+        ++j;
+      }
+      std::string what = name_of(writes[i]);
+      if (j > i + 1) what += " .. " + name_of(writes[j - 1]);
+      LF_RETURN_IF_ERROR((*file)->AppendDevice(
+          src, static_cast<size_t>(len), what + " of checkpoint " + std::to_string(job->step)));
+      for (; i < j; ++i) {
+        const Slot& w = writes[i];
+        const PendingChunk& pc = job->tensors[w.ti].chunks[w.ci];
+        ChunkRec rec;
+        rec.hash = pc.hash;
+        rec.raw = pc.raw;
+        rec.loc = {seg_name, *seg_off, pc.raw};
+        *seg_off += pc.raw;
+        st.bytes_written += pc.raw;
+        st.bytes_cufile += pc.raw;
+        ++st.chunks_written;
+        ++st.chunks_cufile;
+        m->tensors[w.ti].chunks[w.ci] = rec;
+      }
     }
     st.cufile_s += NowSeconds() - t0;
     return Status::Ok();
