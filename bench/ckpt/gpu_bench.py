@@ -1,6 +1,9 @@
 """CheckpointVault on a GPU: save() blocking time of a device-resident fp32 state vs torch.save and
 vs torch.distributed.checkpoint.async_save, a fine-tune-like incremental save, and restore, for
-both snapshot paths side by side (device_staging=on: device arena; off: pinned host staging).
+both snapshot paths side by side (device_staging=on: device arena; off: pinned host staging), and
+both segment writers side by side (writer=posix: device staging -> pinned host buffers -> write(2);
+writer=cufile: cuFileWrite straight from the device staging arena, GPUDirect Storage or its compat
+mode), each on the same device state: save() blocking time, time until durable, bytes, GB/s.
 
 Default state: 100 CUDA tensors x 16M fp32 = 1.6B parameters (6.4 GB). Every figure comes from this
 one run on the same state and disk. Prints a table, writes JSON.
@@ -121,6 +124,45 @@ def run_vault(mode, state, names, k, a, r):
     shutil.rmtree(vdir, ignore_errors=True)
 
 
+def run_writer(writer, state, names, k, a, r):
+    """One vault with device_staging=on and `writer`: a full save and a fine-tune-like save (the
+    last k tensors changed), each timed from save() to durable (wait() returns after fsync of the
+    segment, its directory and the manifest)."""
+    vdir = os.path.join(a.dir, f"vault_writer_{writer}")
+    try:
+        v = CheckpointVault(vdir, device_staging="on", writer=writer)
+    except Exception as e:  # e.g. "cufile: not built" or "cuFileDriverOpen failed"
+        r["error"] = f"{type(e).__name__}: {e}"[:500]
+        return
+    for phase, step in (("full", 1), ("finetune", 2)):
+        if phase == "finetune":
+            for n in names[len(names) - k:]:
+                state[n].add_(1e-3)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        v.save(step, state)
+        blocking = time.perf_counter() - t0
+        v.wait()
+        total = time.perf_counter() - t0
+        st = v.stats()
+        r[f"{phase}_blocking_s"] = blocking
+        r[f"{phase}_durable_s"] = total
+        r[f"{phase}_bytes_written"] = st["bytes_written"]
+        r[f"{phase}_gbps"] = st["bytes_written"] / total / 1e9
+        r[f"{phase}_write_s"] = st["write_s"]
+        r[f"{phase}_cufile_s"] = st["cufile_s"]
+        r[f"{phase}_d2h_s"] = st["d2h_s"]
+        r[f"{phase}_bytes_cufile"] = st["bytes_cufile"]
+        r["writer"] = st["writer"]
+        r[f"{phase}_writer_reason"] = st["writer_reason"]
+    out = v.load(2)
+    torch.cuda.synchronize()
+    r["restore_exact"] = all(torch.equal(out[n], state[n]) for n in names)
+    del out
+    v.close()
+    shutil.rmtree(vdir, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/lf_ckpt_gpu")
@@ -134,6 +176,11 @@ def main():
     ap.add_argument("--modes", default="on,off",
                     help="device_staging values to run, comma-separated (on = device arena, "
                     "off = pinned host staging)")
+    ap.add_argument("--writers", default="posix,cufile",
+                    help="segment writers to compare (device_staging=on), comma-separated; empty = skip")
+    ap.add_argument("--writer-tensors", type=int, default=0,
+                    help="tensors of the state used for the writer comparison (0 = all; the run "
+                    "drops to a quarter of them by itself once --budget-s has passed)")
     a = ap.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA device"
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -172,6 +219,26 @@ def main():
         r = res.setdefault("vault", {}).setdefault(mode, {})
         run_vault(mode, state, names, k, a, r)
         dump()
+    # Both segment writers on the same device state (or a subset of it: --writer-tensors).
+    writers = [w for w in a.writers.split(",") if w]
+    if writers:
+        wt = a.writer_tensors or a.tensors
+        if not a.writer_tensors and time.perf_counter() - T_START > a.budget_s:
+            wt = max(1, a.tensors // 4)
+            res["writer_note"] = f"budget passed: writer comparison on {wt} of {a.tensors} tensors"
+        wnames = names[:wt]
+        wstate = {n: state[n] for n in wnames}
+        res["writer_state_bytes"] = sum(t.numel() * t.element_size() for t in wstate.values())
+        wk = int(round(a.changed * len(wnames)))
+        for w in writers:
+            r = res.setdefault("writer", {}).setdefault(w, {})
+            run_writer(w, wstate, wnames, wk, a, r)
+            dump()
+        wres = res["writer"]
+        if "full_durable_s" in wres.get("posix", {}) and "full_durable_s" in wres.get("cufile", {}):
+            for ph in ("full", "finetune"):
+                res[f"ratio_cufile_vs_posix_{ph}_durable_s"] = (
+                    wres["cufile"][f"{ph}_durable_s"] / wres["posix"][f"{ph}_durable_s"])
     dev = res["vault"].get("on") or res["vault"].get("auto") or next(iter(res["vault"].values()))
     for key in ("first_save_blocking_s", "first_save_total_s", "finetune_blocking_s",
                 "full_warm_blocking_s", "full_bytes_written", "finetune_bytes_written",
@@ -179,6 +246,7 @@ def main():
         if key in dev:
             res[f"vault_{key}"] = dev[key]
     ok = all(r.get("restore_exact", False) for r in res["vault"].values())
+    ok = ok and all(r.get("restore_exact", True) for r in res.get("writer", {}).values())
 
     if "torch_save_s" in res:
         for key in ("vault_first_save_blocking_s", "vault_full_warm_blocking_s"):
@@ -211,6 +279,21 @@ def main():
         print(f"{row:36s}" + "".join(cells))
     for m in modes:
         print(f"snapshot_reason[{m}]: {res['vault'][m].get('snapshot_reason', '-')}")
+    if res.get("writer"):
+        ws = list(res["writer"])
+        print(f"\nsegment writers, device_staging=on, {res['writer_state_bytes'] / 1e9:.2f} GB state")
+        print(f"{'writer=':36s}" + "".join(f"{w:>14s}" for w in ws))
+        for row in ("full_blocking_s", "full_durable_s", "full_bytes_written", "full_gbps",
+                    "full_cufile_s", "full_d2h_s", "finetune_blocking_s", "finetune_durable_s",
+                    "finetune_bytes_written", "finetune_gbps", "restore_exact"):
+            cells = []
+            for w in ws:
+                v = res["writer"][w].get(row, "-")
+                cells.append(f"{v:14.3f}" if isinstance(v, float) else f"{str(v):>14s}")
+            print(f"{row:36s}" + "".join(cells))
+        for w in ws:
+            rw = res["writer"][w]
+            print(f"writer[{w}]: {rw.get('error') or rw.get('full_writer_reason', '-')}")
     dump()
     shutil.rmtree(a.dir, ignore_errors=True)
     if not ok:

@@ -121,6 +121,20 @@ class Env {
 enum class DeviceStaging { kAuto, kOn, kOff };
 StatusOr<DeviceStaging> ParseDeviceStaging(const std::string& name);  // "auto" | "on" | "off"
 
+// How the writer moves device-staged chunks to the segment file (Note [cuFile writer] in
+// src/ckpt/chunk_sink.h).
+//   kPosix:  device staging -> two pinned host buffers -> write(2) (the default path).
+//   kCufile: raw device-staged chunks go straight from the staging arena to the file with
+//   cuFileWrite
+//            (NVIDIA GPUDirect Storage; its POSIX compat mode where the nvidia-fs driver is
+//            absent). Open() fails (Unimplemented / Unavailable, with the reason) when cuFile is
+//            not built or its driver cannot be opened. Chunks that are compressed or XOR-delta
+//            coded, and host-staged chunks, are still written from host memory; the bytes on disk
+//            are identical.
+//   kAuto:   kPosix; stats name the writer and why (writer, writer_reason).
+enum class Writer { kAuto, kPosix, kCufile };
+StatusOr<Writer> ParseWriter(const std::string& name);  // "auto" | "posix" | "cufile"
+
 struct VaultOptions {
   int64_t chunk_bytes = int64_t{4} << 20;  // chunk size; >= 4 KiB, a multiple of 64
   bool compress = false;                   // zstd per chunk, kept only when it pays
@@ -140,7 +154,10 @@ struct VaultOptions {
   int64_t device_staging_max_bytes = 0;          // cap on one device's staging arena (0 = no cap)
   int64_t d2h_buffer_bytes = int64_t{64} << 20;  // each of the writer's two pinned buffers per
                                                  // device for device-staged chunks (>= chunk_bytes)
-  std::shared_ptr<Env> env;                      // null = Env::Posix()
+  // Segment writer for device-staged chunks (Note [cuFile writer]). With kCufile, segment files
+  // are created with open(2) directly (not through `env`); manifests still go through `env`.
+  Writer writer = Writer::kAuto;
+  std::shared_ptr<Env> env;  // null = Env::Posix()
 };
 
 // Figures of one save.
@@ -169,6 +186,13 @@ struct SaveStats {
   double staged_hash_s = 0;  // background: hashing the device-staged copy
   double d2h_s = 0;          // background: waiting for device-staging -> host transfers
   int64_t bytes_d2h = 0;     // background: bytes moved from device staging to the host
+  // Segment writer of this save: "posix" or "cufile"; `writer_reason` says why (the option, the
+  // cuFile mode, e.g. "compat mode (nvidia-fs not loaded)", and which chunks went which way).
+  std::string writer;
+  std::string writer_reason;
+  int64_t chunks_cufile = 0;  // chunks written by cuFileWrite straight from device memory
+  int64_t bytes_cufile = 0;   // their bytes
+  double cufile_s = 0;        // background: time in cuFileWrite calls
 };
 
 struct CheckpointSummary {

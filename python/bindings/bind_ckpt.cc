@@ -33,6 +33,11 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["staged_hash_s"] = s.staged_hash_s;
   d["d2h_s"] = s.d2h_s;
   d["bytes_d2h"] = s.bytes_d2h;
+  d["writer"] = s.writer;
+  d["writer_reason"] = s.writer_reason;
+  d["chunks_cufile"] = s.chunks_cufile;
+  d["bytes_cufile"] = s.bytes_cufile;
+  d["cufile_s"] = s.cufile_s;
   return d;
 }
 
@@ -42,7 +47,8 @@ void BindCkpt(py::module_& m) {
       .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
                        bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
                        bool read_only, int io_threads, const std::string& device_staging,
-                       int64_t device_staging_max_bytes, int64_t d2h_buffer_bytes) {
+                       int64_t device_staging_max_bytes, int64_t d2h_buffer_bytes,
+                       const std::string& writer) {
              ckpt::VaultOptions o;
              o.chunk_bytes = chunk_bytes;
              o.compress = compress;
@@ -57,6 +63,7 @@ void BindCkpt(py::module_& m) {
              o.device_staging = ValueOrThrow(ckpt::ParseDeviceStaging(device_staging));
              o.device_staging_max_bytes = device_staging_max_bytes;
              o.d2h_buffer_bytes = d2h_buffer_bytes;
+             o.writer = ValueOrThrow(ckpt::ParseWriter(writer));
              StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
                py::gil_scoped_release nogil;
                return CheckpointVault::Open(dir, o);
@@ -68,7 +75,7 @@ void BindCkpt(py::module_& m) {
            py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
            py::arg("read_only") = false, py::arg("io_threads") = 0,
            py::arg("device_staging") = "auto", py::arg("device_staging_max_bytes") = 0,
-           py::arg("d2h_buffer_bytes") = int64_t{64} << 20)
+           py::arg("d2h_buffer_bytes") = int64_t{64} << 20, py::arg("writer") = "auto")
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {

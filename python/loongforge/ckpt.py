@@ -115,6 +115,11 @@ class CheckpointVault:
             pinned host memory before save() returns. stats() has snapshot_path/snapshot_reason.
         device_staging_max_bytes: cap on one device's arena (0 = none; above it: host staging).
         d2h_buffer_bytes: size of each of the writer's two pinned buffers per device.
+        writer: "auto" | "posix" | "cufile": how the background writer moves device-staged chunks
+            to disk. "cufile" writes raw chunks straight from the device staging arena with
+            cuFileWrite (GPUDirect Storage, or its compat mode without nvidia-fs); the constructor
+            raises if cuFile is not built or its driver does not open. "auto" = "posix".
+            stats() has writer/writer_reason/chunks_cufile/bytes_cufile/cufile_s.
 
     Errors from the background writer are raised by the next save()/wait()/close().
     loongforge.DataLossError: corrupted data or manifest; loongforge.ResourceExhaustedError: disk full.
@@ -124,7 +129,8 @@ class CheckpointVault:
                  xor_delta: bool = False, keep_last: int = 0, keep_every: int = 0,
                  max_inflight: int = 1, fsync: bool = True, read_only: bool = False,
                  io_threads: int = 0, device_staging: str = "auto",
-                 device_staging_max_bytes: int = 0, d2h_buffer_bytes: int = 64 << 20) -> None:
+                 device_staging_max_bytes: int = 0, d2h_buffer_bytes: int = 64 << 20,
+                 writer: str = "auto") -> None:
         self.dir = str(dir)
         self._read_only = read_only
         self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
@@ -133,7 +139,7 @@ class CheckpointVault:
                                      fsync=fsync, read_only=read_only, io_threads=io_threads,
                                      device_staging=device_staging,
                                      device_staging_max_bytes=device_staging_max_bytes,
-                                     d2h_buffer_bytes=d2h_buffer_bytes)
+                                     d2h_buffer_bytes=d2h_buffer_bytes, writer=writer)
 
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:

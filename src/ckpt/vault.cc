@@ -83,6 +83,7 @@
 #include <unordered_set>
 
 #include "ckpt/chunk_io.h"
+#include "ckpt/chunk_sink.h"
 #include "ckpt/device.h"
 #include "ckpt/manifest.h"
 #include "loongforge/ckpt.h"
@@ -227,6 +228,7 @@ class CheckpointVault::Impl {
       return InvalidArgumentError("device_staging_max_bytes must be >= 0");
     if (opts_.d2h_buffer_bytes <= 0) return InvalidArgumentError("d2h_buffer_bytes must be > 0");
     io_threads_ = opts_.io_threads > 0 ? opts_.io_threads : internal::DefaultIoThreads();
+    if (!opts_.read_only) LF_RETURN_IF_ERROR(ChooseWriter());
     if (opts_.read_only) {
       if (!fs::is_directory(man_dir_))
         return NotFoundError(dir_ + " is not a checkpoint vault (no manifests/ directory)");
@@ -251,6 +253,34 @@ class CheckpointVault::Impl {
     if (io_threads_ > 1) snap_pool_ = std::make_unique<ThreadPool>(io_threads_ - 1, "ckpt-snap");
     writer_ = std::thread([this] { WriterLoop(); });
     return Status::Ok();
+  }
+
+  // Note [cuFile writer] (chunk_sink.h): resolves opts_.writer into cufile_ and the stats text.
+  Status ChooseWriter() {
+    switch (opts_.writer) {
+      case Writer::kPosix:
+        writer_reason_ = "writer=posix";
+        return Status::Ok();
+      case Writer::kAuto:
+        writer_reason_ = internal::CufileCompiled()
+                             ? "writer=auto: POSIX unless writer=cufile is asked for"
+                             : "writer=auto: cufile: not built";
+        return Status::Ok();
+      case Writer::kCufile: {
+        auto session = internal::OpenCufileSession();
+        if (!session.ok()) return session.status().WithContext("writer=cufile");
+        cufile_ = std::move(session).value();
+        writer_reason_ = "writer=cufile, " + cufile_->mode();
+        return Status::Ok();
+      }
+    }
+    return InvalidArgumentError("unknown writer");
+  }
+
+  // Frees a device staging arena (deregistering it from cuFile first).
+  void FreeDeviceArena(std::unique_ptr<internal::DeviceArena> a) {
+    if (a && cufile_) cufile_->DeregisterBuffer(a->data());
+    a.reset();
   }
 
   // ---------------- save path ----------------
@@ -305,6 +335,8 @@ class CheckpointVault::Impl {
     // Snapshot: Note [Snapshot].
     SaveStats& st = job->stats;
     st.step = step;
+    st.writer = cufile_ ? "cufile" : "posix";  // the writer adds details (Note [cuFile writer])
+    st.writer_reason = writer_reason_;
     const double ts0 = NowSeconds();
     const int64_t cb = opts_.chunk_bytes;
     const size_t nt = tensors.size();
@@ -562,9 +594,12 @@ class CheckpointVault::Impl {
     readers_.clear();
     {
       std::lock_guard<std::mutex> l(mu_);
+      for (auto& [dev, fl] : free_dev_arenas_)
+        for (auto& a : fl) FreeDeviceArena(std::move(a));
       free_dev_arenas_.clear();
     }
     device_snaps_.clear();
+    cufile_.reset();      // deregisters what is left, closes the cuFile driver
     if (lock_fd_ >= 0) {  // let another writer in (and the file system be unmounted)
       ::close(lock_fd_);
       lock_fd_ = -1;
@@ -618,9 +653,29 @@ class CheckpointVault::Impl {
     m.chunk_bytes = opts_.chunk_bytes;
     m.created_unix =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    std::unique_ptr<WritableFile> file;
+    std::unique_ptr<internal::ChunkSink> file;
     int64_t seg_off = 0;
     SaveStats& st = job->stats;
+    // Note [cuFile writer]: raw device-staged chunks go straight from the arena with cuFileWrite;
+    // a chunk that may be compressed or delta-coded is decided on host bytes (the POSIX way).
+    const bool encode_on_host = opts_.compress || opts_.xor_delta;
+    const bool cufile_direct = cufile_ && !encode_on_host;
+    st.writer = cufile_ ? "cufile" : "posix";
+    st.writer_reason = writer_reason_;
+    if (cufile_ && encode_on_host)
+      st.writer_reason +=
+          "; compress/xor_delta on: chunks are encoded on the host and written "
+          "with write(2)";
+    auto open_file = [&]() -> Status {
+      if (file) return Status::Ok();
+      if (cufile_) {
+        LF_ASSIGN_OR_RETURN(file, cufile_->NewSink(seg_path));
+      } else {
+        LF_ASSIGN_OR_RETURN(auto f, opts_.env->NewWritableFile(seg_path));
+        file = internal::NewPosixChunkSink(std::move(f));
+      }
+      return Status::Ok();
+    };
     auto fail = [&](const Status& s) {
       if (file) file->Close().IgnoreError();
       opts_.env->Remove(seg_path).IgnoreError();
@@ -726,10 +781,8 @@ class CheckpointVault::Impl {
           }
         }
       }
-      if (!file) {
-        LF_ASSIGN_OR_RETURN(file, opts_.env->NewWritableFile(seg_path));
-      }
-      LF_RETURN_IF_ERROR(file->Append(payload, static_cast<size_t>(payload_len)));
+      LF_RETURN_IF_ERROR(open_file());
+      LF_RETURN_IF_ERROR(file->AppendHost(payload, static_cast<size_t>(payload_len)));
       rec.loc = {seg_name, seg_off, payload_len};
       seg_off += payload_len;
       st.bytes_written += payload_len;
@@ -747,6 +800,14 @@ class CheckpointVault::Impl {
     // batch written while the next one transfers.
     for (auto& [dev, writes] : dev_writes) {
       internal::DeviceArena* arena = DeviceArenaOf(job, dev);
+      if (cufile_direct) {
+        Status s =
+            WriteDeviceChunksCufile(job, arena, writes, seg_name, open_file, &file, &seg_off, &m);
+        if (!s.ok())
+          return fail(
+              s.WithContext("write device-staged chunks of CUDA device " + std::to_string(dev)));
+        continue;
+      }
       auto reader = GetStagingReader(dev);
       if (!reader.ok()) return fail(reader.status());
       std::vector<internal::DeviceSpan> ranges;
@@ -786,6 +847,74 @@ class CheckpointVault::Impl {
     Status s = CommitManifest(m);
     if (!s.ok()) return fail(s);
     IndexFrom(m, /*seed_known=*/false);
+    if (cufile_direct) {
+      st.writer_reason += "; " + std::to_string(st.chunks_cufile) +
+                          " chunks from device memory with cuFileWrite, " +
+                          std::to_string(st.chunks_written - st.chunks_cufile) +
+                          " from host memory";
+    }
+    return Status::Ok();
+  }
+
+  // Note [cuFile writer]: appends the raw chunks `writes` (Slot: tensor, chunk) of `arena` with
+  // cuFileWrite (runs of adjacent chunks in one call), recording each chunk's location in `m`.
+  // Writer thread.
+  template <typename Slot, typename OpenFn>
+  Status WriteDeviceChunksCufile(Job* job, internal::DeviceArena* arena,
+                                 const std::vector<Slot>& writes, const std::string& seg_name,
+                                 const OpenFn& open_file,
+                                 std::unique_ptr<internal::ChunkSink>* file, int64_t* seg_off,
+                                 Manifest* m) {
+    SaveStats& st = job->stats;
+    Status rs = cufile_->RegisterBuffer(arena->device(), arena->data(), arena->capacity());
+    if (!rs.ok() && !warned_unregistered_) {
+      LF_LOG(WARNING) << rs << "; cuFileWrite goes through cuFile's bounce buffers";
+      warned_unregistered_ = true;
+    }
+    // The arena's snapshot copies must be complete before cuFile reads it: HashStaged waited for
+    // the hash kernel, which ran after the arena's ready event on the reader's stream.
+    LF_RETURN_IF_ERROR(open_file());
+    const double t0 = NowSeconds();
+    auto src_of = [&](const Slot& w) {
+      return arena->data() + job->tensors[w.ti].dev_off +
+             static_cast<int64_t>(w.ci) * m->chunk_bytes;
+    };
+    auto name_of = [&](const Slot& w) {
+      return "tensor '" + job->tensors[w.ti].name + "' chunk " + std::to_string(w.ci);
+    };
+    // Chunks adjacent in the arena are adjacent in the file too (appended in order): one
+    // cuFileWrite per run of them, up to max(d2h_buffer_bytes, chunk_bytes) bytes.
+    const int64_t max_run = std::max(opts_.d2h_buffer_bytes, opts_.chunk_bytes);
+    for (size_t i = 0; i < writes.size();) {
+      const uint8_t* src = src_of(writes[i]);
+      int64_t len = job->tensors[writes[i].ti].chunks[writes[i].ci].raw;
+      size_t j = i + 1;
+      while (j < writes.size()) {
+        const int64_t next = job->tensors[writes[j].ti].chunks[writes[j].ci].raw;
+        if (src_of(writes[j]) != src + len || len + next > max_run) break;
+        len += next;
+        ++j;
+      }
+      std::string what = name_of(writes[i]);
+      if (j > i + 1) what += " .. " + name_of(writes[j - 1]);
+      LF_RETURN_IF_ERROR((*file)->AppendDevice(
+          src, static_cast<size_t>(len), what + " of checkpoint " + std::to_string(job->step)));
+      for (; i < j; ++i) {
+        const Slot& w = writes[i];
+        const PendingChunk& pc = job->tensors[w.ti].chunks[w.ci];
+        ChunkRec rec;
+        rec.hash = pc.hash;
+        rec.raw = pc.raw;
+        rec.loc = {seg_name, *seg_off, pc.raw};
+        *seg_off += pc.raw;
+        st.bytes_written += pc.raw;
+        st.bytes_cufile += pc.raw;
+        ++st.chunks_written;
+        ++st.chunks_cufile;
+        m->tensors[w.ti].chunks[w.ci] = rec;
+      }
+    }
+    st.cufile_s += NowSeconds() - t0;
     return Status::Ok();
   }
 
@@ -984,7 +1113,7 @@ class CheckpointVault::Impl {
         return no;
       }
     }
-    a.reset();  // the smaller arena (cudaFree waits for the device; only while arenas grow)
+    FreeDeviceArena(std::move(a));  // the smaller one (cudaFree waits; only while arenas grow)
     auto na = internal::NewDeviceArena(dev, need);
     if (!na.ok())
       return "allocating a " + std::to_string(need) + "-byte staging arena on " + where +
@@ -1417,6 +1546,11 @@ class CheckpointVault::Impl {
   std::unordered_map<std::string, std::vector<ChunkRec>> prev_slots_;
   int64_t latest_committed_ = -1;
   ZSTD_CCtx* cctx_ = nullptr;
+  // Writer=cufile: the cuFile driver session (Note [cuFile writer]); null for the POSIX writer.
+  // Set by Init, used by the writer thread and (deregistration) by Save / Close; thread-safe.
+  std::unique_ptr<internal::CufileSession> cufile_;
+  std::string writer_reason_;         // SaveStats::writer_reason prefix
+  bool warned_unregistered_ = false;  // writer thread: logged a cuFileBufRegister failure
   // Writer-side: one staging reader per device (stream, hash batch, two pinned buffers).
   std::map<int, std::unique_ptr<internal::StagingReader>> readers_;
 
@@ -1431,6 +1565,13 @@ StatusOr<DeviceStaging> ParseDeviceStaging(const std::string& name) {
   if (name == "on") return DeviceStaging::kOn;
   if (name == "off") return DeviceStaging::kOff;
   return InvalidArgumentError("device_staging must be auto, on or off, got '" + name + "'");
+}
+
+StatusOr<Writer> ParseWriter(const std::string& name) {
+  if (name == "auto") return Writer::kAuto;
+  if (name == "posix") return Writer::kPosix;
+  if (name == "cufile") return Writer::kCufile;
+  return InvalidArgumentError("writer must be auto, posix or cufile, got '" + name + "'");
 }
 
 CheckpointVault::CheckpointVault(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
