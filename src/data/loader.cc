@@ -1002,6 +1002,11 @@ void DataLoader::Impl::GpuCollateLoop() {
   auto finish_oldest = [&]() -> bool {
     GpuPending p = std::move(inflight.front());
     inflight.pop_front();
+    if (p.w->epoch_end)  // after the epoch's last batch, before the next epoch's first
+      return out_q
+          ->Push(OutOfRangeError("end of epoch " + std::to_string(p.w->epoch)),
+                 std::chrono::hours(24 * 365))
+          .ok();
     std::shared_ptr<Batch> batch;
     Status cs;
     {
@@ -1019,7 +1024,8 @@ void DataLoader::Impl::GpuCollateLoop() {
     return out_q->Push(std::move(batch), std::chrono::hours(24 * 365)).ok();
   };
   while (!stop.load()) {
-    if (inflight.size() >= depth) {
+    // Batches in the decoder (epoch-end markers in `inflight` hold no lane).
+    if (static_cast<size_t>(decoder->in_flight()) >= depth) {
       if (!finish_oldest()) return;
       continue;
     }
@@ -1032,14 +1038,9 @@ void DataLoader::Impl::GpuCollateLoop() {
       continue;
     }
     if (w->epoch_end) {
-      while (!inflight.empty() && !stop.load())
-        if (!finish_oldest()) return;
-      if (stop.load()) break;
-      if (!out_q
-               ->Push(OutOfRangeError("end of epoch " + std::to_string(w->epoch)),
-                      std::chrono::hours(24 * 365))
-               .ok())
-        return;
+      // In order with the batches (Note [Epoch continuation]): the next epoch's first batches are
+      // submitted while this epoch's last ones are still being decoded.
+      inflight.push_back(GpuPending{std::move(w), nullptr});
       continue;
     }
     // GPU Works have no decode tasks (pending is 0 once queued); kept for symmetry.
