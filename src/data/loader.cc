@@ -1343,9 +1343,11 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.reuse_state = tuning.decode_reuse;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
-    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's, out_q and
-    // two held by the consumer. More are allocated on demand.
-    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 4));
+    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's (one per
+    // decode lane with async_decode), out_q and two held by the consumer. More are allocated on
+    // demand.
+    const int collating = tuning.async_decode ? tuning.decode_lanes : 1;
+    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 3 + collating));
     // Host time handing a batch to the decoder (async_decode off: the whole decode) and waiting
     // for its decoded images.
     impl->h_gpu_decode = impl->metrics.GetHistogram("gpu_decode_submit_ms");
