@@ -166,11 +166,12 @@ def main() -> None:
     results["meta"]["samples"] = samples
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
-    def ours(disable="", lanes=None, **kw):
+    def ours(disable="", lanes=None, handle_per_lane=False, **kw):
         def go():
             # A/B switches are read when the loader is created (src/data/loader.cc).
             env = {"LOONGFORGE_LOADER_DISABLE": disable,
-                   "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else ""}
+                   "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else "",
+                   "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else ""}
             old = {k: os.environ.pop(k, None) for k in env}
             for k, v in env.items():
                 if v:
@@ -189,6 +190,7 @@ def main() -> None:
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
                      reason=m["reason"], device=m["device"], disabled=disable,
                      decode_lanes=lanes or (1 if "async_decode" in disable else 2),
+                     hw_handle_per_lane=handle_per_lane,
                      pipeline_latency_ms=hist.get("batch_latency_ms"),
                      # Host time per batch on the pipeline threads: if gpu_decode_submit_ms is
                      # close to the batch interval, nvJPEG's call holds lf-collate for the whole
@@ -234,6 +236,7 @@ def main() -> None:
         run("datafusion_gpu_no_async_decode", results, ours(disable="async_decode", device="cuda"))
         run("datafusion_gpu_no_decode_reuse", results, ours(disable="decode_reuse", device="cuda"))
         run("datafusion_gpu_lanes3", results, ours(lanes=3, device="cuda"))
+        run("datafusion_gpu_handle_per_lane", results, ours(handle_per_lane=True, device="cuda"))
         # Static batches (issue 9): fixed rows, tokens padded to a bucket (synth: 2..6 tokens).
         run("datafusion_gpu_static_buckets", results,
             ours(device="cuda", token_buckets=[4, 8]))
@@ -289,6 +292,9 @@ def main() -> None:
             nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2))
         run("nvjpeg_hw_b256_inflight3", results,
             nvjpeg_only(B, 3, hw_ratio=1.0, async_=True, lanes=3))
+        # Same with one hardware handle per lane (in case nvJPEG serializes per handle).
+        run("nvjpeg_hw_b256_inflight2_handles", results,
+            nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2, hw_handle_per_lane=True))
         run("nvjpeg_cuda_b256", results, nvjpeg_only(B, hw=False))
         run("nvjpeg_auto_b256", results, nvjpeg_only(B, hw_ratio=-1.0))
     else:

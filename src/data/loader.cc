@@ -421,6 +421,8 @@ struct TuningSwitches {
   // before every batch).
   bool decode_reuse = true;
   int decode_lanes = 2;  // LOONGFORGE_LOADER_DECODE_LANES (async_decode only)
+  // LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE=1: one hardware nvJPEG handle per lane.
+  bool hw_handle_per_lane = false;
 };
 
 StatusOr<TuningSwitches> ReadTuningSwitches() {
@@ -433,6 +435,8 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
                                   "' is not a lane count in [2, 16]");
     t.decode_lanes = static_cast<int>(v);
   }
+  if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE"))
+    t.hw_handle_per_lane = std::string(h) == "1";
   const char* env = std::getenv("LOONGFORGE_LOADER_DISABLE");
   if (!env) return t;
   std::string list(env);
@@ -1341,6 +1345,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.async = tuning.async_decode;
     dopt.lanes = tuning.async_decode ? tuning.decode_lanes : 2;
     dopt.reuse_state = tuning.decode_reuse;
+    dopt.hw_handle_per_lane = tuning.hw_handle_per_lane;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
     // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's (one per

@@ -97,6 +97,8 @@ struct NvJpegLane {
   cudaStream_t cuda_stream = nullptr;  // CUDA-backend decode, so it overlaps the engine's work
   cudaEvent_t cuda_done = nullptr, ready = nullptr, released = nullptr;
   bool released_recorded = false;
+  nvjpegHandle_t hw = nullptr;      // the hardware handle this lane decodes with
+  nvjpegHandle_t own_hw = nullptr;  // hw_handle_per_lane: owned by the lane
   nvjpegJpegState_t hw_state = nullptr, sw_state = nullptr;
   nvjpegJpegStream_t parser = nullptr;
   int hw_batch = -1, sw_batch = -1;     // batch size the state was initialized for; -1: re-init
@@ -165,6 +167,7 @@ NvJpegBatchDecoder::Impl::~Impl() {
     if (L->hw_state) nvjpegJpegStateDestroy(L->hw_state);
     if (L->sw_state) nvjpegJpegStateDestroy(L->sw_state);
     if (L->parser) nvjpegJpegStreamDestroy(L->parser);
+    if (L->own_hw) nvjpegDestroy(L->own_hw);
     for (DeviceBuffer& b : L->bufs)
       if (b.p) LF_CUDA_WARN_IF_ERROR(cudaFree(b.p));
     for (cudaEvent_t e : {L->cuda_done, L->ready, L->released})
@@ -198,7 +201,17 @@ Status NvJpegBatchDecoder::Impl::CreateLane(int id) {
     LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   NvJpegLane* raw = L.get();
   lanes.push_back(std::move(L));  // owned from here: ~Impl destroys what was created
-  if (hw) LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(hw, &raw->hw_state));
+  raw->hw = hw;
+  if (hw && opts.hw_handle_per_lane && id > 0) {
+    LF_NVJPEG_RETURN_IF_ERROR(nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr,
+                                             NVJPEG_FLAGS_DEFAULT, &raw->own_hw));
+    raw->hw = raw->own_hw;
+    if (opts.reuse_state) {
+      if (opts.device_padding) nvjpegSetDeviceMemoryPadding(opts.device_padding, raw->hw);
+      if (opts.pinned_padding) nvjpegSetPinnedMemoryPadding(opts.pinned_padding, raw->hw);
+    }
+  }
+  if (raw->hw) LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(raw->hw, &raw->hw_state));
   LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(sw, &raw->sw_state));
   LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStreamCreate(parse_handle, &raw->parser));
   return Status::Ok();
@@ -276,7 +289,7 @@ Status NvJpegBatchDecoder::Impl::RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvj
   nvjpegStatus_t rc = NVJPEG_STATUS_SUCCESS;
   // Hardware states: pre-allocated for the largest batch and frame seen (a hint; nvJPEG still
   // grows its buffers if needed), before the (re-)initialization it forces.
-  if (opts.reuse_state && h == hw && (n > L.pre_n || max_w > L.pre_w || max_h > L.pre_h)) {
+  if (opts.reuse_state && h == L.hw && (n > L.pre_n || max_w > L.pre_w || max_h > L.pre_h)) {
     L.pre_n = std::max(L.pre_n, n);
     L.pre_w = std::max(L.pre_w, max_w);
     L.pre_h = std::max(L.pre_h, max_h);
@@ -455,7 +468,7 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
       RunBatched(L, sw, L.sw_state, &L.sw_batch, cuda_idx, L.cuda_stream, &cuda_failed));
   if (measure_cuda) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(L.cuda_stream));
   auto t1 = std::chrono::steady_clock::now();
-  LF_RETURN_IF_ERROR(RunBatched(L, hw, L.hw_state, &L.hw_batch, hw_idx, L.stream, &hw_failed));
+  LF_RETURN_IF_ERROR(RunBatched(L, L.hw, L.hw_state, &L.hw_batch, hw_idx, L.stream, &hw_failed));
   if (measure_hw) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(L.stream));
   auto t2 = std::chrono::steady_clock::now();
   // Join the CUDA-backend stream into the main one (the ready event covers both).

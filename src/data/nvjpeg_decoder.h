@@ -70,6 +70,10 @@ struct NvJpegDecoderOptions {
   // thread on two alternating lanes, the behaviour before lanes existed).
   bool async = false;
   int lanes = 2;  // >= 2
+  // Each lane gets its own NVJPEG_BACKEND_HARDWARE handle (else one handle shared by the lanes,
+  // which nvJPEG allows: only states, streams and buffers must be per thread). For A/B runs, in
+  // case the library serializes hardware decodes per handle.
+  bool hw_handle_per_lane = false;
   // Initialize/pre-allocate a state only when needed (off: nvjpegDecodeBatchedInitialize before
   // every batch and no padding or pre-allocation, the behaviour before this option).
   bool reuse_state = true;

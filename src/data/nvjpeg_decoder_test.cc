@@ -191,17 +191,19 @@ std::vector<std::vector<std::string>> MixedBatches(int batches) {
 // Guards the decode lanes (Note [Decode lanes]): with lane threads and up to `lanes` batches in
 // flight, every batch comes out in submission order, bit for bit the same images and the same
 // statuses as the synchronous decoder's (and as the decoder that re-initializes its states for
-// every batch), over more batches than lanes so that lanes and buffer sets are reused.
+// every batch, and the one with a hardware handle per lane), over more batches than lanes so
+// that lanes and buffer sets are reused.
 TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   const auto batches = MixedBatches(7);
   auto name_of = [](size_t i) { return "rec" + std::to_string(i); };
-  auto run = [&](bool async, int lanes, bool reuse, int in_flight) {
+  auto run = [&](bool async, int lanes, bool reuse, int in_flight, bool own_handles = false) {
     NvJpegDecoderOptions o;
     o.hw_ratio = 1.f;  // a fixed split: the measured one depends on timing
     o.async = async;
     o.lanes = lanes;
     o.reuse_state = reuse;
+    o.hw_handle_per_lane = own_handles;
     auto dec = NvJpegBatchDecoder::Create(o);
     EXPECT_TRUE(dec.ok()) << dec.status();
     std::vector<HostBatch> got;
@@ -239,10 +241,12 @@ TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
     int lanes;
     bool reuse;
     int in_flight;
+    bool own_handles;
   };
-  for (const Mode m : {Mode{true, 2, true, 2}, Mode{true, 3, true, 3}, Mode{true, 3, true, 1},
-                       Mode{false, 2, false, 1}}) {
-    const auto got = run(m.async, m.lanes, m.reuse, m.in_flight);
+  for (const Mode m :
+       {Mode{true, 2, true, 2, false}, Mode{true, 3, true, 3, false}, Mode{true, 3, true, 1, false},
+        Mode{false, 2, false, 1, false}, Mode{true, 2, true, 2, true}}) {
+    const auto got = run(m.async, m.lanes, m.reuse, m.in_flight, m.own_handles);
     ASSERT_EQ(got.size(), want.size());
     for (size_t b = 0; b < want.size(); ++b) {
       EXPECT_EQ(got[b].codes, want[b].codes) << "batch " << b << " async=" << m.async;
