@@ -166,12 +166,13 @@ def main() -> None:
     results["meta"]["samples"] = samples
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
-    def ours(disable="", lanes=None, handle_per_lane=False, **kw):
+    def ours(disable="", lanes=None, handle_per_lane=False, interleaved=False, **kw):
         def go():
             # A/B switches are read when the loader is created (src/data/loader.cc).
             env = {"LOONGFORGE_LOADER_DISABLE": disable,
                    "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else "",
-                   "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else ""}
+                   "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else "",
+                   "LOONGFORGE_LOADER_DECODE_INTERLEAVED": "1" if interleaved else ""}
             old = {k: os.environ.pop(k, None) for k in env}
             for k, v in env.items():
                 if v:
@@ -190,7 +191,7 @@ def main() -> None:
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
                      reason=m["reason"], device=m["device"], disabled=disable,
                      decode_lanes=lanes or (1 if "async_decode" in disable else 2),
-                     hw_handle_per_lane=handle_per_lane,
+                     hw_handle_per_lane=handle_per_lane, interleaved=interleaved,
                      pipeline_latency_ms=hist.get("batch_latency_ms"),
                      # Host time per batch on the pipeline threads: if gpu_decode_submit_ms is
                      # close to the batch interval, nvJPEG's call holds lf-collate for the whole
@@ -237,6 +238,7 @@ def main() -> None:
         run("datafusion_gpu_no_decode_reuse", results, ours(disable="decode_reuse", device="cuda"))
         run("datafusion_gpu_lanes3", results, ours(lanes=3, device="cuda"))
         run("datafusion_gpu_handle_per_lane", results, ours(handle_per_lane=True, device="cuda"))
+        run("datafusion_gpu_rgbi", results, ours(interleaved=True, device="cuda"))
         # Static batches (issue 9): fixed rows, tokens padded to a bucket (synth: 2..6 tokens).
         run("datafusion_gpu_static_buckets", results,
             ours(device="cuda", token_buckets=[4, 8]))
@@ -295,6 +297,11 @@ def main() -> None:
         # Same with one hardware handle per lane (in case nvJPEG serializes per handle).
         run("nvjpeg_hw_b256_inflight2_handles", results,
             nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2, hw_handle_per_lane=True))
+        # Interleaved RGB output (NVJPEG_OUTPUT_RGBI) instead of planar, one at a time and 2 in
+        # flight.
+        run("nvjpeg_hw_b256_rgbi", results, nvjpeg_only(B, hw_ratio=1.0, interleaved=True))
+        run("nvjpeg_hw_b256_inflight2_rgbi", results,
+            nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2, interleaved=True))
         run("nvjpeg_cuda_b256", results, nvjpeg_only(B, hw=False))
         run("nvjpeg_auto_b256", results, nvjpeg_only(B, hw_ratio=-1.0))
     else:

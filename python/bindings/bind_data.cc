@@ -307,7 +307,7 @@ void BindData(py::module_& m) {
       "nvJPEG batch decoder alone (benchmarks): decode() is synchronous; submit()/collect() keep "
       "up to `lanes` batches in flight (async=True: one lane thread each)")
       .def(py::init([](int device, float hw_ratio, bool hw, bool async, int lanes, bool reuse,
-                       bool handle_per_lane) {
+                       bool handle_per_lane, bool interleaved) {
              internal::NvJpegDecoderOptions o;
              o.device = device;
              o.hw_ratio = hw_ratio;
@@ -316,13 +316,14 @@ void BindData(py::module_& m) {
              o.lanes = lanes;
              o.reuse_state = reuse;
              o.hw_handle_per_lane = handle_per_lane;
+             o.interleaved = interleaved;
              auto d = std::make_unique<PyNvJpegDecoder>();
              d->dec = ValueOrThrow(NvJpegBatchDecoder::Create(o));
              return d;
            }),
            py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true,
            py::arg("async_") = false, py::arg("lanes") = 2, py::arg("reuse_state") = true,
-           py::arg("hw_handle_per_lane") = false)
+           py::arg("hw_handle_per_lane") = false, py::arg("interleaved") = false)
       .def(
           "decode",
           [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {

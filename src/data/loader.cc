@@ -423,6 +423,8 @@ struct TuningSwitches {
   int decode_lanes = 2;  // LOONGFORGE_LOADER_DECODE_LANES (async_decode only)
   // LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE=1: one hardware nvJPEG handle per lane.
   bool hw_handle_per_lane = false;
+  // LOONGFORGE_LOADER_DECODE_INTERLEAVED=1: nvJPEG writes interleaved RGB (RGBI).
+  bool interleaved = false;
 };
 
 StatusOr<TuningSwitches> ReadTuningSwitches() {
@@ -437,6 +439,8 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
   }
   if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE"))
     t.hw_handle_per_lane = std::string(h) == "1";
+  if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED"))
+    t.interleaved = std::string(h) == "1";
   const char* env = std::getenv("LOONGFORGE_LOADER_DISABLE");
   if (!env) return t;
   std::string list(env);
@@ -1346,6 +1350,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.lanes = tuning.async_decode ? tuning.decode_lanes : 2;
     dopt.reuse_state = tuning.decode_reuse;
     dopt.hw_handle_per_lane = tuning.hw_handle_per_lane;
+    dopt.interleaved = tuning.interleaved;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
     // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's (one per

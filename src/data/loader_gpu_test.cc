@@ -300,7 +300,7 @@ void ExpectIdenticalBatches(const std::vector<HostBatch>& a, const std::vector<H
 // flight the loader hands out, over two epochs (continuation included) and with corrupt images
 // taking the CPU path on the lanes, exactly the batches of the one-batch-at-a-time path
 // (LOONGFORGE_LOADER_DISABLE=async_decode) and of the per-batch re-initializing decoder, in
-// sampler order, images bit for bit.
+// sampler order, images bit for bit; with interleaved nvJPEG output, the same up to decode noise.
 TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   std::string why;
   if (Skip(&why)) GTEST_SKIP() << why;
@@ -333,6 +333,11 @@ TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   ExpectIdenticalBatches(sync, run(nullptr, nullptr), "async, 2 lanes");
   ExpectIdenticalBatches(sync, run(nullptr, "3"), "async, 3 lanes");
   ExpectIdenticalBatches(sync, run("async_decode,decode_reuse", nullptr), "re-init per batch");
+  // Interleaved nvJPEG output (RGBI): the same batches up to the decoder's colour conversion.
+  ::setenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED", "1", 1);
+  const auto rgbi = run(nullptr, nullptr);
+  ::unsetenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED");
+  ExpectSameBatches(sync, rgbi, 0.04, 0.8, "interleaved output");
   ::setenv("LOONGFORGE_LOADER_DECODE_LANES", "1", 1);
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
   ::unsetenv("LOONGFORGE_LOADER_DECODE_LANES");

@@ -263,23 +263,27 @@ Status NvJpegBatchDecoder::Impl::RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvj
   std::vector<size_t> lengths(idx.size());
   std::vector<nvjpegImage_t> dest(idx.size());
   int max_w = 0, max_h = 0;
+  const bool inter = opts.interleaved;
+  const nvjpegOutputFormat_t fmt = inter ? NVJPEG_OUTPUT_RGBI : NVJPEG_OUTPUT_RGB;
   for (size_t k = 0; k < idx.size(); ++k) {
     const size_t i = idx[k];
-    const size_t pitch = RoundUp(L.width[i], kPitchAlign);
+    // Planar: 3 planes of `pitch` x height; interleaved: one plane of RGB triplets.
+    const size_t pitch = RoundUp((inter ? 3 : 1) * static_cast<size_t>(L.width[i]), kPitchAlign);
     const size_t plane = pitch * L.height[i];
-    LF_RETURN_IF_ERROR(Ensure(L, i, 3 * plane));
+    LF_RETURN_IF_ERROR(Ensure(L, i, (inter ? 1 : 3) * plane));
     auto* base = static_cast<unsigned char*>(L.bufs[i].p);
     nvjpegImage_t& d = dest[k];
     for (int c = 0; c < NVJPEG_MAX_COMPONENT; ++c) {
-      d.channel[c] = c < 3 ? base + c * plane : nullptr;
-      d.pitch[c] = c < 3 ? pitch : 0;
+      const bool used = inter ? c == 0 : c < 3;
+      d.channel[c] = used ? base + c * plane : nullptr;
+      d.pitch[c] = used ? pitch : 0;
     }
     data[k] = reinterpret_cast<const unsigned char*>(L.jpegs[i].data());
     lengths[k] = L.jpegs[i].size();
     DecodedImage& o = out[i];
-    for (int c = 0; c < 3; ++c) o.plane[c] = base + c * plane;
+    for (int c = 0; c < 3; ++c) o.plane[c] = inter ? base + c : base + c * plane;
     o.pitch = static_cast<int64_t>(pitch);
-    o.pixel_stride = 1;
+    o.pixel_stride = inter ? 3 : 1;
     o.width = static_cast<int32_t>(L.width[i]);
     o.height = static_cast<int32_t>(L.height[i]);
     max_w = std::max(max_w, o.width);
@@ -293,8 +297,8 @@ Status NvJpegBatchDecoder::Impl::RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvj
     L.pre_n = std::max(L.pre_n, n);
     L.pre_w = std::max(L.pre_w, max_w);
     L.pre_h = std::max(L.pre_h, max_h);
-    nvjpegStatus_t pr = nvjpegDecodeBatchedPreAllocate(h, st, L.pre_n, L.pre_w, L.pre_h,
-                                                       NVJPEG_CSS_444, NVJPEG_OUTPUT_RGB);
+    nvjpegStatus_t pr =
+        nvjpegDecodeBatchedPreAllocate(h, st, L.pre_n, L.pre_w, L.pre_h, NVJPEG_CSS_444, fmt);
     if (pr != NVJPEG_STATUS_SUCCESS) {
       std::lock_guard<std::mutex> lock(info_mu);
       if (!prealloc_warned)
@@ -308,7 +312,7 @@ Status NvJpegBatchDecoder::Impl::RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvj
   if (!opts.reuse_state || *inited != n) {
     *inited = -1;
     // max_cpu_threads = 1: the calling thread does the host part (0 is rejected by nvJPEG).
-    rc = nvjpegDecodeBatchedInitialize(h, st, n, 1, NVJPEG_OUTPUT_RGB);
+    rc = nvjpegDecodeBatchedInitialize(h, st, n, 1, fmt);
     if (rc == NVJPEG_STATUS_SUCCESS) *inited = n;
     std::lock_guard<std::mutex> lock(info_mu);
     ++info.state_inits;

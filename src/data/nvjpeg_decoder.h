@@ -74,6 +74,9 @@ struct NvJpegDecoderOptions {
   // which nvJPEG allows: only states, streams and buffers must be per thread). For A/B runs, in
   // case the library serializes hardware decodes per handle.
   bool hw_handle_per_lane = false;
+  // nvJPEG writes interleaved RGB (NVJPEG_OUTPUT_RGBI, one plane; the fused kernel reads it with
+  // pixel_stride 3, as the CPU fallback's images) instead of planar RGB. For A/B runs.
+  bool interleaved = false;
   // Initialize/pre-allocate a state only when needed (off: nvjpegDecodeBatchedInitialize before
   // every batch and no padding or pre-allocation, the behaviour before this option).
   bool reuse_state = true;

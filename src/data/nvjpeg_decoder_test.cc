@@ -57,62 +57,66 @@ std::vector<uint8_t> Download(const DecodedImage& d) {
 // non-JPEG inputs must be DataLoss naming the record, in a batch that otherwise decodes.
 TEST(NvJpegDecoder, MatchesCpuDecodeAndReportsCorrupt) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  NvJpegDecoderOptions o;
-  auto dec = NvJpegBatchDecoder::Create(o);
-  ASSERT_TRUE(dec.ok()) << dec.status();
-  std::vector<std::string> files;
-  std::vector<std::vector<uint8_t>> want;
-  std::vector<std::pair<int, int>> dims;
-  for (int i = 0; i < 24; ++i) {
-    int w = 64 + 37 * (i % 7), h = 48 + 29 * (i % 5);
-    auto rgb = testing::RandomRgb(w, h, 1000 + i);
-    int subsamp = i % 3 == 0 ? TJSAMP_444 : TJSAMP_420;
-    int flags = i == 5 ? TJFLAG_PROGRESSIVE : 0;
-    if (i == 7) subsamp = TJSAMP_GRAY;
-    files.push_back(Encode(rgb, w, h, subsamp, flags));
-    internal::RgbImage ref;
-    internal::JpegDecoder cpu;
-    EXPECT_TRUE(cpu.Decode(files.back(), 0, 0, &ref, "ref").ok());
-    want.push_back(ref.pixels);
-    dims.push_back({w, h});
-  }
-  const size_t truncated = files.size(), garbage = files.size() + 1;
-  files.push_back(files[3].substr(0, files[3].size() / 2));
-  files.push_back(std::string(500, '\x42'));
-  std::vector<std::string_view> views(files.begin(), files.end());
-  auto name_of = [](size_t i) { return "rec" + std::to_string(i); };
-  // Several batches: the auto split warms up, measures both paths, then splits.
-  for (int batch = 0; batch < 5; ++batch) {
-    std::vector<DecodedImage> out;
-    std::vector<Status> st;
-    ASSERT_TRUE((*dec)->Decode(views, name_of, &out, &st).ok());
-    ASSERT_EQ(cudaEventSynchronize((*dec)->ready_event()), cudaSuccess);
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(st[i].ok()) << "image " << i << ": " << st[i];
-      ASSERT_EQ(out[i].width, dims[i].first);
-      ASSERT_EQ(out[i].height, dims[i].second);
-      auto got = Download(out[i]);
-      double sum = 0;
-      for (size_t k = 0; k < got.size(); ++k) sum += std::abs(int(got[k]) - int(want[i][k]));
-      // IDCT and chroma upsampling differ between the libraries: measured 4-9 levels on average
-      // on an H200 for these noisy, chroma-rich random images; a wrong plane order, pitch or
-      // size gives tens.
-      EXPECT_LT(sum / got.size(), 12.0) << "image " << i << " batch " << batch;
+  for (bool interleaved : {false, true}) {  // planar RGB, then NVJPEG_OUTPUT_RGBI
+    NvJpegDecoderOptions o;
+    o.interleaved = interleaved;
+    auto dec = NvJpegBatchDecoder::Create(o);
+    ASSERT_TRUE(dec.ok()) << dec.status();
+    std::vector<std::string> files;
+    std::vector<std::vector<uint8_t>> want;
+    std::vector<std::pair<int, int>> dims;
+    for (int i = 0; i < 24; ++i) {
+      int w = 64 + 37 * (i % 7), h = 48 + 29 * (i % 5);
+      auto rgb = testing::RandomRgb(w, h, 1000 + i);
+      int subsamp = i % 3 == 0 ? TJSAMP_444 : TJSAMP_420;
+      int flags = i == 5 ? TJFLAG_PROGRESSIVE : 0;
+      if (i == 7) subsamp = TJSAMP_GRAY;
+      files.push_back(Encode(rgb, w, h, subsamp, flags));
+      internal::RgbImage ref;
+      internal::JpegDecoder cpu;
+      EXPECT_TRUE(cpu.Decode(files.back(), 0, 0, &ref, "ref").ok());
+      want.push_back(ref.pixels);
+      dims.push_back({w, h});
     }
-    EXPECT_EQ(st[truncated].code(), StatusCode::kDataLoss) << st[truncated];
-    EXPECT_NE(st[truncated].message().find("rec" + std::to_string(truncated)), std::string::npos);
-    EXPECT_EQ(st[garbage].code(), StatusCode::kDataLoss) << st[garbage];
-    ASSERT_TRUE((*dec)->ReleaseAfter((*dec)->stream()).ok());
+    const size_t truncated = files.size(), garbage = files.size() + 1;
+    files.push_back(files[3].substr(0, files[3].size() / 2));
+    files.push_back(std::string(500, '\x42'));
+    std::vector<std::string_view> views(files.begin(), files.end());
+    auto name_of = [](size_t i) { return "rec" + std::to_string(i); };
+    // Several batches: the auto split warms up, measures both paths, then splits.
+    for (int batch = 0; batch < 5; ++batch) {
+      std::vector<DecodedImage> out;
+      std::vector<Status> st;
+      ASSERT_TRUE((*dec)->Decode(views, name_of, &out, &st).ok());
+      ASSERT_EQ(cudaEventSynchronize((*dec)->ready_event()), cudaSuccess);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(st[i].ok()) << "image " << i << ": " << st[i];
+        ASSERT_EQ(out[i].width, dims[i].first);
+        ASSERT_EQ(out[i].height, dims[i].second);
+        auto got = Download(out[i]);
+        double sum = 0;
+        for (size_t k = 0; k < got.size(); ++k) sum += std::abs(int(got[k]) - int(want[i][k]));
+        // IDCT and chroma upsampling differ between the libraries: measured 4-9 levels on average
+        // on an H200 for these noisy, chroma-rich random images; a wrong plane order, pitch or
+        // size gives tens.
+        EXPECT_LT(sum / got.size(), 12.0)
+            << "image " << i << " batch " << batch << " interleaved " << interleaved;
+      }
+      EXPECT_EQ(st[truncated].code(), StatusCode::kDataLoss) << st[truncated];
+      EXPECT_NE(st[truncated].message().find("rec" + std::to_string(truncated)), std::string::npos);
+      EXPECT_EQ(st[garbage].code(), StatusCode::kDataLoss) << st[garbage];
+      ASSERT_TRUE((*dec)->ReleaseAfter((*dec)->stream()).ok());
+    }
+    auto info = (*dec)->info();
+    EXPECT_GE(info.images_cpu, 5 * 3);  // progressive, truncated, garbage at least
+    EXPECT_GT(info.images_hw + info.images_cuda, 0);
+    std::printf(
+        "[nvjpeg] backend=%s hw=%d reason=%s ratio=%.3f measured=%d hw=%lld cuda=%lld "
+        "cpu=%lld\n",
+        info.backend.c_str(), info.hw_available, info.reason.c_str(), info.hw_ratio,
+        info.ratio_measured, (long long)info.images_hw, (long long)info.images_cuda,
+        (long long)info.images_cpu);
   }
-  auto info = (*dec)->info();
-  EXPECT_GE(info.images_cpu, 5 * 3);  // progressive, truncated, garbage at least
-  EXPECT_GT(info.images_hw + info.images_cuda, 0);
-  std::printf(
-      "[nvjpeg] backend=%s hw=%d reason=%s ratio=%.3f measured=%d hw=%lld cuda=%lld "
-      "cpu=%lld\n",
-      info.backend.c_str(), info.hw_available, info.reason.c_str(), info.hw_ratio,
-      info.ratio_measured, (long long)info.images_hw, (long long)info.images_cuda,
-      (long long)info.images_cpu);
 }
 
 // Guards against device memory leaks: 100k decodes (100 batches of 1000 small images, two in
