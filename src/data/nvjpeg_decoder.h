@@ -11,7 +11,8 @@
 //   cpu       progressive/lossless JPEGs, anything nvJPEG cannot parse, streams without an EOI
 //             marker (truncated), and whole sub-batches nvJPEG rejected: decoded per image by
 //             libjpeg-turbo (the CPU loader's JpegDecoder, same errors) and uploaded.
-// Both nvJPEG paths are batched (nvjpegDecodeBatched) and run on the decoder's own stream.
+// Both nvJPEG paths are batched (nvjpegDecodeBatched) and run on their lane's own streams
+// (Note [Decode lanes]).
 // The hardware/cuda split follows DALI's hw_decoder_load: `hw_ratio` of the hardware-eligible
 // images go to the engine and the rest to the CUDA backend, so both finish together. Auto mode
 // (hw_ratio < 0) measures per-image latency of each path on the first batches (one warm-up batch,
