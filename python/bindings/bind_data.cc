@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <deque>
 
 #include "bindings.h"
 #include "dlpack_capsule.h"
@@ -284,53 +285,129 @@ void BindData(py::module_& m) {
 
 #ifdef LOONGFORGE_WITH_NVJPEG
   using internal::NvJpegBatchDecoder;
-  py::class_<NvJpegBatchDecoder>(m, "NvJpegDecoder",
-                                 "nvJPEG batch decoder alone (benchmarks): decode() is synchronous")
-      .def(py::init([](int device, float hw_ratio, bool hw) {
+  // The decoder and the bytes of the batches submitted and not yet collected (`held` is declared
+  // first so the decoder, whose lanes may read them, is destroyed before them).
+  struct PyNvJpegDecoder {
+    std::deque<py::list> held;
+    std::unique_ptr<NvJpegBatchDecoder> dec;
+  };
+  auto views_of = [](const py::list& files) {
+    std::vector<std::string_view> views;
+    for (const py::handle f : files) {
+      char* p = nullptr;
+      Py_ssize_t len = 0;
+      if (PyBytes_AsStringAndSize(f.ptr(), &p, &len) != 0) throw py::error_already_set();
+      views.emplace_back(p, static_cast<size_t>(len));
+    }
+    return views;
+  };
+  auto name_of = [](size_t i) { return "image " + std::to_string(i); };
+  py::class_<PyNvJpegDecoder>(
+      m, "NvJpegDecoder",
+      "nvJPEG batch decoder alone (benchmarks): decode() is synchronous; submit()/collect() keep "
+      "up to `lanes` batches in flight (async=True: one lane thread each)")
+      .def(py::init([](int device, float hw_ratio, bool hw, bool async, int lanes, bool reuse,
+                       bool handle_per_lane, bool interleaved) {
              internal::NvJpegDecoderOptions o;
              o.device = device;
              o.hw_ratio = hw_ratio;
              o.allow_hardware = hw;
-             return ValueOrThrow(NvJpegBatchDecoder::Create(o));
+             o.async = async;
+             o.lanes = lanes;
+             o.reuse_state = reuse;
+             o.hw_handle_per_lane = handle_per_lane;
+             o.interleaved = interleaved;
+             auto d = std::make_unique<PyNvJpegDecoder>();
+             d->dec = ValueOrThrow(NvJpegBatchDecoder::Create(o));
+             return d;
            }),
-           py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true)
+           py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true,
+           py::arg("async_") = false, py::arg("lanes") = 2, py::arg("reuse_state") = true,
+           py::arg("hw_handle_per_lane") = false, py::arg("interleaved") = false)
       .def(
           "decode",
-          [](NvJpegBatchDecoder& dec, const std::vector<py::bytes>& files) {
-            std::vector<std::string_view> views;
-            for (const py::bytes& f : files) {
-              char* p = nullptr;
-              Py_ssize_t len = 0;
-              PyBytes_AsStringAndSize(f.ptr(), &p, &len);
-              views.emplace_back(p, static_cast<size_t>(len));
-            }
+          [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {
+            if (!d.held.empty()) ThrowStatus(FailedPreconditionError("collect() first"));
+            std::vector<std::string_view> views = views_of(files);
             py::gil_scoped_release nogil;
             std::vector<internal::DecodedImage> out;
             std::vector<Status> st;
-            ThrowIfError(dec.Decode(
-                views, [](size_t i) { return "image " + std::to_string(i); }, &out, &st));
-            ThrowIfError(dec.ReleaseAfter(dec.stream()));
-            cudaError_t e = cudaStreamSynchronize(dec.stream());
+            ThrowIfError(d.dec->Decode(views, name_of, &out, &st));
+            ThrowIfError(d.dec->ReleaseAfter(d.dec->stream()));
+            cudaError_t e = cudaStreamSynchronize(d.dec->stream());
             if (e != cudaSuccess) ThrowStatus(InternalError(cudaGetErrorString(e)));
             int ok = 0;
             for (const Status& s : st) ok += s.ok();
             return ok;
           },
           py::arg("files"), "Decodes a batch of JPEG bytes on the GPU; returns how many decoded.")
-      .def("info", [](NvJpegBatchDecoder& dec) {
-        internal::NvJpegDecoderInfo i = dec.info();
-        py::dict d;
-        d["hw_available"] = i.hw_available;
-        d["backend"] = i.backend;
-        d["reason"] = i.reason;
-        d["hw_ratio"] = i.hw_ratio;
-        d["ratio_measured"] = i.ratio_measured;
-        d["hw_ms_per_image"] = i.hw_ms_per_image;
-        d["cuda_ms_per_image"] = i.cuda_ms_per_image;
-        d["images_hw"] = i.images_hw;
-        d["images_cuda"] = i.images_cuda;
-        d["images_cpu"] = i.images_cpu;
-        return d;
+      .def(
+          "submit",
+          [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {
+            std::vector<std::string_view> views = views_of(files);
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = d.dec->Submit(std::move(views), name_of);
+            }
+            ThrowIfError(s);
+            d.held.push_back(files);
+          },
+          py::arg("files"),
+          "Queues a batch (at most `lanes` submitted and not collected); the list is kept until "
+          "collect() hands the batch out.")
+      .def(
+          "collect",
+          [](PyNvJpegDecoder& d) {
+            internal::NvJpegBatchDecoder::Result r;
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = d.dec->Collect(&r);
+              // Complete (as decode()), then the lane may be reused.
+              if (s.ok() && r.ready) {
+                cudaError_t e = cudaEventSynchronize(r.ready);
+                if (e != cudaSuccess) s = InternalError(cudaGetErrorString(e));
+              }
+              if (s.ok()) s = d.dec->ReleaseAfter(r.stream);
+            }
+            if (!d.held.empty()) d.held.pop_front();
+            ThrowIfError(s);
+            int ok = 0;
+            for (const Status& st : r.status) ok += st.ok();
+            return ok;
+          },
+          "Waits for the oldest submitted batch's decode to complete; returns how many decoded.")
+      .def("in_flight", [](PyNvJpegDecoder& d) { return d.dec->in_flight(); })
+      .def(
+          "drain",
+          [](PyNvJpegDecoder& d) {
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = d.dec->Drain();
+            }
+            d.held.clear();
+            ThrowIfError(s);
+          },
+          "Waits for and drops every batch not collected.")
+      .def("info", [](PyNvJpegDecoder& d) {
+        internal::NvJpegDecoderInfo i = d.dec->info();
+        py::dict r;
+        r["hw_available"] = i.hw_available;
+        r["backend"] = i.backend;
+        r["reason"] = i.reason;
+        r["hw_ratio"] = i.hw_ratio;
+        r["ratio_measured"] = i.ratio_measured;
+        r["hw_ms_per_image"] = i.hw_ms_per_image;
+        r["cuda_ms_per_image"] = i.cuda_ms_per_image;
+        r["images_hw"] = i.images_hw;
+        r["images_cuda"] = i.images_cuda;
+        r["images_cpu"] = i.images_cpu;
+        r["lanes"] = i.lanes;
+        r["async"] = i.async;
+        r["state_inits"] = i.state_inits;
+        return r;
       });
 #endif
 }

@@ -41,8 +41,11 @@
 // -----------------
 // With device = kCuda, stage 1 is unchanged (no decode tasks are queued) and lf-collate becomes
 // the GPU stage. For each batch, in sampler order:
-//   2a. nvJPEG batched decode on the decoder's stream into its double-buffered device images
-//       (Note [GPU decode paths] in nvjpeg_decoder.h); failed images mark their sample corrupt.
+//   2a. nvJPEG batched decode on a decoder lane's stream into that lane's device images (Note
+//       [GPU decode paths] and Note [Decode lanes] in nvjpeg_decoder.h): lf-collate submits up
+//       to `decode_lanes` batches ahead, so the decode of batch k+1 runs on its own lane thread
+//       while lf-collate finishes batch k; failed images mark their sample corrupt.
+//       (LOONGFORGE_LOADER_DISABLE=async_decode: one batch at a time, decoded on lf-collate.)
 //   2b. the transform stream waits for the decode (event) and for the slot's `released` event,
 //       then one fused kernel per batch crops/resizes/jitters/normalizes every kept image straight
 //       into the slot's device image buffer, at its compacted index; the decoder's buffer set is
@@ -58,8 +61,8 @@
 // recorded on the consumer's stream (SetConsumerStream; torch's current stream in Python), and the
 // next batch written into that slot waits for it on the GPU: the record_stream discipline, so the
 // consumer's queued kernels never read a slot being rewritten. The Work of a batch (its LMDB read
-// transaction, whose pages nvJPEG reads) is kept until two later batches have been decoded: by
-// then its decode has finished (the decoder reuses a buffer set only after its consumer ran).
+// transaction, whose pages nvJPEG reads) is kept until `lanes` later batches have been decoded:
+// by then its decode has finished (a lane decodes again only after its last consumer ran).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -411,10 +414,33 @@ struct TuningSwitches {
   bool stage3_device = true;  // stage 3 by the CUDA kernel (off: host twin + copy of the arrays)
   bool prefault = true;       // lf-fetch touches the batch's JPEG pages before nvJPEG reads them
   bool reserve = true;        // GPU slots allocated at Create instead of by the first batches
+  // Note [Decode lanes] (nvjpeg_decoder.h): lane threads keep `decode_lanes` batches in nvJPEG
+  // (off: lf-collate decodes each batch itself, then launches its kernels).
+  bool async_decode = true;
+  // nvJPEG states initialized once per batch size, pre-allocated and padded (off: initialized
+  // before every batch).
+  bool decode_reuse = true;
+  int decode_lanes = 2;  // LOONGFORGE_LOADER_DECODE_LANES (async_decode only)
+  // LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE=1: one hardware nvJPEG handle per lane.
+  bool hw_handle_per_lane = false;
+  // LOONGFORGE_LOADER_DECODE_INTERLEAVED=1: nvJPEG writes interleaved RGB (RGBI).
+  bool interleaved = false;
 };
 
 StatusOr<TuningSwitches> ReadTuningSwitches() {
   TuningSwitches t;
+  if (const char* lanes = std::getenv("LOONGFORGE_LOADER_DECODE_LANES")) {
+    char* end = nullptr;
+    const long v = std::strtol(lanes, &end, 10);
+    if (end == lanes || *end != '\0' || v < 2 || v > 16)
+      return InvalidArgumentError(std::string("LOONGFORGE_LOADER_DECODE_LANES: '") + lanes +
+                                  "' is not a lane count in [2, 16]");
+    t.decode_lanes = static_cast<int>(v);
+  }
+  if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE"))
+    t.hw_handle_per_lane = std::string(h) == "1";
+  if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED"))
+    t.interleaved = std::string(h) == "1";
   const char* env = std::getenv("LOONGFORGE_LOADER_DISABLE");
   if (!env) return t;
   std::string list(env);
@@ -429,9 +455,14 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
       t.prefault = false;
     else if (name == "reserve")
       t.reserve = false;
+    else if (name == "async_decode")
+      t.async_decode = false;
+    else if (name == "decode_reuse")
+      t.decode_reuse = false;
     else if (!name.empty())
-      return InvalidArgumentError("LOONGFORGE_LOADER_DISABLE: unknown switch '" + name +
-                                  "' (known: stage3_device, prefault, reserve)");
+      return InvalidArgumentError(
+          "LOONGFORGE_LOADER_DISABLE: unknown switch '" + name +
+          "' (known: stage3_device, prefault, reserve, async_decode, decode_reuse)");
     pos = end + 1;
   }
   return t;
@@ -475,8 +506,17 @@ struct DataLoader::Impl {
 #ifdef LOONGFORGE_WITH_NVJPEG
   std::unique_ptr<internal::NvJpegBatchDecoder> decoder;
   cudaStream_t xform = nullptr;  // "transform" stream: fused kernel + stage-3 copy
-  Histogram *h_gpu_decode = nullptr, *h_gpu_submit = nullptr;
-  Status GpuCollate(Work& w, std::shared_ptr<Batch>* out);
+  Histogram *h_gpu_decode = nullptr, *h_gpu_wait = nullptr, *h_gpu_submit = nullptr;
+  // A batch handed to the decoder (Note [Decode lanes]): its Work and the (sample, camera) of
+  // each submitted image.
+  struct GpuPending {
+    WorkPtr w;
+    std::shared_ptr<std::vector<std::pair<int, int>>> who;
+  };
+  Status GpuSubmit(const WorkPtr& w, GpuPending* p);
+  Status GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
+                   std::shared_ptr<Batch>* out);
+  void GpuCollateLoop();
 #endif
 
   ~Impl() {
@@ -861,21 +901,13 @@ void DataLoader::Impl::Publish(Work& w, const Stage3Plan& p, std::shared_ptr<Bat
 }
 
 void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
-  WorkPtr w;
-  // GPU: the last two batches' Works stay alive while nvJPEG may read their JPEG bytes
-  // (Note [GPU loader]); on exit the device is drained before they are dropped.
-  std::deque<WorkPtr> retire;
-  struct Drain {
-    Impl* im;
-    std::deque<WorkPtr>* q;
-    ~Drain() {
-      if (!q->empty()) im->SyncDevice();
-      q->clear();
-    }
-  } drain{this, &retire};
-#ifdef LOONGFORGE_WITH_CUDA
-  if (gpu) LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device_id));  // this thread's CUDA calls
+#ifdef LOONGFORGE_WITH_NVJPEG
+  if (gpu) {
+    GpuCollateLoop();
+    return;
+  }
 #endif
+  WorkPtr w;
   while (!stop.load()) {
     Status s = work_q->Pop(&w, std::chrono::hours(24 * 365));
     if (!s.ok()) break;  // closed: stop
@@ -905,15 +937,7 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
     Status cs;
     {
       ScopedTimerMs timer(h_collate);
-#ifdef LOONGFORGE_WITH_NVJPEG
-      cs = gpu ? GpuCollate(*w, &batch) : Collate(*w, &batch);
-#else
       cs = Collate(*w, &batch);
-#endif
-    }
-    if (gpu) {
-      retire.push_back(std::move(w));
-      while (retire.size() > 2) retire.pop_front();
     }
     w.reset();  // ends the read transaction
     if (!cs.ok()) {
@@ -946,39 +970,154 @@ void DataLoader::Impl::StopThreads() {
 
 void DataLoader::Impl::SyncDevice() {
 #ifdef LOONGFORGE_WITH_NVJPEG
+  // The decoder first: its lanes may wait for `released` events recorded on xform's work.
+  if (decoder) {
+    Status s = decoder->Drain();
+    if (!s.ok()) LF_LOG(ERROR) << "loader: draining the nvJPEG decoder: " << s;
+  }
   if (xform) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(xform));
-  if (decoder) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(decoder->stream()));
 #endif
 }
 
 #ifdef LOONGFORGE_WITH_NVJPEG
-// Stages 2 and 3 of the GPU loader (Note [GPU loader]).
-Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
-  const Schema& sc = reader->schema();
-  const int cams = static_cast<int>(sc.cameras.size());
+// Stage 2 and 3 of the GPU loader (Note [GPU loader]), with the decode of up to `decode_lanes`
+// batches in flight (Note [Decode lanes] in nvjpeg_decoder.h): lf-collate submits batch k+1 to
+// the decoder before it finishes batch k (collects its images, launches its kernels, publishes
+// it), so the JPEG engines always have a batch while the host works on another. Batches are
+// finished in submission order, which is sampler order. With async_decode off there is one
+// batch in flight and the decoder decodes it inside Submit(), as before lanes existed.
+void DataLoader::Impl::GpuCollateLoop() {
+  LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device_id));  // this thread's CUDA calls
+  const size_t depth = tuning.async_decode ? static_cast<size_t>(tuning.decode_lanes) : 1;
+  // A finished batch's Work (its LMDB transaction, whose pages nvJPEG reads) is kept until
+  // `lanes` later batches were collected: by then its lane decoded again, which it does only
+  // after the batch's consumer kernels (and so its decode) finished. On exit the decoder is
+  // drained and the device synchronized before Works are dropped (lanes may still read them).
+  const size_t lanes = tuning.async_decode ? static_cast<size_t>(tuning.decode_lanes) : 2;
+  std::deque<WorkPtr> retire;
+  std::deque<GpuPending> inflight;
+  struct Drain {
+    Impl* im;
+    std::deque<WorkPtr>* retire;
+    std::deque<GpuPending>* inflight;
+    ~Drain() {
+      if (!retire->empty() || !inflight->empty()) im->SyncDevice();
+      inflight->clear();
+      retire->clear();
+    }
+  } drain{this, &retire, &inflight};
+  // Finishes the oldest batch in flight; false: stop (error delivered or queue closed).
+  auto finish_oldest = [&]() -> bool {
+    GpuPending p = std::move(inflight.front());
+    inflight.pop_front();
+    if (p.w->epoch_end)  // after the epoch's last batch, before the next epoch's first
+      return out_q
+          ->Push(OutOfRangeError("end of epoch " + std::to_string(p.w->epoch)),
+                 std::chrono::hours(24 * 365))
+          .ok();
+    std::shared_ptr<Batch> batch;
+    Status cs;
+    {
+      ScopedTimerMs timer(h_collate);
+      cs = GpuFinish(*p.w, *p.who, &batch);
+    }
+    retire.push_back(std::move(p.w));
+    while (retire.size() > lanes) retire.pop_front();
+    if (!cs.ok()) {
+      out_q->Push(cs, std::chrono::hours(24 * 365)).IgnoreError();
+      return false;
+    }
+    h_latency->Record(batch->latency_ms);
+    c_batches->fetch_add(1);
+    return out_q->Push(std::move(batch), std::chrono::hours(24 * 365)).ok();
+  };
+  while (!stop.load()) {
+    // Batches in the decoder (epoch-end markers in `inflight` hold no lane).
+    if (static_cast<size_t>(decoder->in_flight()) >= depth) {
+      if (!finish_oldest()) return;
+      continue;
+    }
+    WorkPtr w;
+    if (inflight.empty()) {
+      if (!work_q->Pop(&w, std::chrono::hours(24 * 365)).ok()) break;  // closed: stop
+    } else if (!work_q->TryPop(&w)) {
+      // Nothing fetched yet: finish what is in flight instead of waiting with it.
+      if (!finish_oldest()) return;
+      continue;
+    }
+    if (w->epoch_end) {
+      // In order with the batches (Note [Epoch continuation]): the next epoch's first batches are
+      // submitted while this epoch's last ones are still being decoded.
+      inflight.push_back(GpuPending{std::move(w), nullptr});
+      continue;
+    }
+    // GPU Works have no decode tasks (pending is 0 once queued); kept for symmetry.
+    {
+      std::unique_lock<std::mutex> lock(w->mu);
+      if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
+        lock.unlock();
+        out_q
+            ->Push(DeadlineExceededError("loader: batch " + std::to_string(w->index) +
+                                         " not ready within " + std::to_string(opts.timeout_ms) +
+                                         " ms"),
+                   timeout())
+            .IgnoreError();
+        return;
+      }
+    }
+    if (stop.load()) break;
+    GpuPending p;
+    Status s = GpuSubmit(w, &p);
+    if (!s.ok()) {
+      out_q->Push(s, std::chrono::hours(24 * 365)).IgnoreError();
+      return;
+    }
+    inflight.push_back(std::move(p));
+  }
+}
+
+Status DataLoader::Impl::GpuSubmit(const WorkPtr& wp, GpuPending* p) {
+  const Work& w = *wp;
+  const int cams = static_cast<int>(reader->schema().cameras.size());
   const size_t n = w.samples.size();
   std::vector<std::string_view> views;
-  std::vector<std::pair<int, int>> who;  // (sample, camera) of each view
+  auto who = std::make_shared<std::vector<std::pair<int, int>>>();  // (sample, camera) per view
   views.reserve(n * cams);
-  who.reserve(n * cams);
+  who->reserve(n * cams);
   for (size_t i = 0; i < n; ++i) {
     if (!w.sample_status[i].ok()) continue;
     for (int c = 0; c < cams; ++c) {
       views.push_back(w.jpeg[i * cams + c]);
-      who.emplace_back(static_cast<int>(i), c);
+      who->emplace_back(static_cast<int>(i), c);
     }
   }
-  auto name_of = [&](size_t k) {
+  // Called on a decoder lane for corrupt images: reads only what stays constant while the Work
+  // is in flight (Work and `who` outlive the decode: GpuCollateLoop).
+  const Work* wr = &w;
+  const std::vector<std::pair<int, int>>* whor = who.get();
+  auto name_of = [this, wr, whor](size_t k) {
     return reader->path() + ": record '" +
-           SampleKey(w.samples[who[k].first], camera_modality[who[k].second]) + "'";
+           SampleKey(wr->samples[(*whor)[k].first], camera_modality[(*whor)[k].second]) + "'";
   };
-  std::vector<internal::DecodedImage> decoded;
-  std::vector<Status> dstatus;
+  p->w = wp;
+  p->who = std::move(who);
+  ScopedTimerMs timer(h_gpu_decode);
+  return decoder->Submit(std::move(views), std::move(name_of));
+}
+
+Status DataLoader::Impl::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
+                                   std::shared_ptr<Batch>* out) {
+  const Schema& sc = reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const size_t n = w.samples.size();
+  internal::NvJpegBatchDecoder::Result res;
   {
-    ScopedTimerMs timer(h_gpu_decode);
-    LF_RETURN_IF_ERROR(decoder->Decode(views, name_of, &decoded, &dstatus));
+    ScopedTimerMs timer(h_gpu_wait);
+    LF_RETURN_IF_ERROR(decoder->Collect(&res));
   }
-  for (size_t k = 0; k < views.size(); ++k)
+  std::vector<internal::DecodedImage>& decoded = res.images;
+  std::vector<Status>& dstatus = res.status;
+  for (size_t k = 0; k < who.size(); ++k)
     if (!dstatus[k].ok()) w.SetError(static_cast<size_t>(who[k].first), std::move(dstatus[k]));
   // Which samples stay (corrupt policy), the batch's shape, and the compacted output index of
   // each kept sample.
@@ -989,7 +1128,7 @@ Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
   Slot* slot = w.slot;
   internal::GpuImageTask* tasks = slot->host_tasks;  // pinned: the task copy is truly async
   int nt = 0;
-  for (size_t k = 0; k < views.size(); ++k) {
+  for (size_t k = 0; k < who.size(); ++k) {
     const auto [i, c] = who[k];
     if (rank[i] < 0) continue;
     const internal::DecodedImage& d = decoded[k];
@@ -1019,7 +1158,7 @@ Status DataLoader::Impl::GpuCollate(Work& w, std::shared_ptr<Batch>* out) {
   c_images->fetch_add(nt);
   {
     ScopedTimerMs timer(h_gpu_submit);
-    LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, decoder->ready_event(), 0));
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, res.ready, 0));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, slot->released, 0));
     internal::GpuResizeParams p;
     p.out_w = p.out_h = opts.image_size;
@@ -1207,12 +1346,22 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.hw_ratio = o.hw_decode_ratio;
     dopt.cpu_pool = impl->decode_pool.get();
     dopt.timeout_ms = o.timeout_ms;
+    dopt.async = tuning.async_decode;
+    dopt.lanes = tuning.async_decode ? tuning.decode_lanes : 2;
+    dopt.reuse_state = tuning.decode_reuse;
+    dopt.hw_handle_per_lane = tuning.hw_handle_per_lane;
+    dopt.interleaved = tuning.interleaved;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
-    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's, out_q and
-    // two held by the consumer. More are allocated on demand.
-    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 4));
+    // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's (one per
+    // decode lane with async_decode), out_q and two held by the consumer. More are allocated on
+    // demand.
+    const int collating = tuning.async_decode ? tuning.decode_lanes : 1;
+    if (tuning.reserve) LF_RETURN_IF_ERROR(impl->pool->Reserve(2 * o.prefetch + 3 + collating));
+    // Host time handing a batch to the decoder (async_decode off: the whole decode) and waiting
+    // for its decoded images.
     impl->h_gpu_decode = impl->metrics.GetHistogram("gpu_decode_submit_ms");
+    impl->h_gpu_wait = impl->metrics.GetHistogram("gpu_decode_wait_ms");
     impl->h_gpu_submit = impl->metrics.GetHistogram("gpu_kernel_submit_ms");
   }
 #endif

@@ -281,6 +281,68 @@ TEST_F(GpuLoaderTest, StaticBucketsDeviceStage3MatchCpu) {
   ExpectSameBatches(RunEpoch(**cpu2, 1), RunEpoch(**gpu2, 1), 0.04, 0.8, "dynamic");
 }
 
+// Exact equality of two runs (images bit for bit too).
+void ExpectIdenticalBatches(const std::vector<HostBatch>& a, const std::vector<HostBatch>& b,
+                            const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(a[k].index, b[k].index) << what << " batch " << k;
+    EXPECT_EQ(a[k].sample_index, b[k].sample_index) << what << " batch " << k;
+    EXPECT_EQ(a[k].size, b[k].size) << what;
+    EXPECT_EQ(a[k].tokens, b[k].tokens) << what;
+    EXPECT_EQ(a[k].state, b[k].state) << what;
+    EXPECT_EQ(a[k].action, b[k].action) << what;
+    EXPECT_TRUE(a[k].images == b[k].images) << what << " batch " << k << ": images differ";
+  }
+}
+
+// Guards the asynchronous decode (Note [Decode lanes]): with lane threads and 2 or 3 batches in
+// flight the loader hands out, over two epochs (continuation included) and with corrupt images
+// taking the CPU path on the lanes, exactly the batches of the one-batch-at-a-time path
+// (LOONGFORGE_LOADER_DISABLE=async_decode) and of the per-batch re-initializing decoder, in
+// sampler order, images bit for bit; with interleaved nvJPEG output, the same up to decode noise.
+TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
+  std::string why;
+  if (Skip(&why)) GTEST_SKIP() << why;
+  testing::TestDbOptions to;
+  to.samples = 48;
+  to.corrupt_jpeg = {5};
+  to.truncated_jpeg = {20};
+  std::string db = Db(to);
+  LoaderOptions o = Opts(db, true);
+  o.hw_decode_ratio = 1.f;  // a fixed split: the measured one depends on timing
+  o.color_jitter = true;
+  auto run = [&](const char* disable, const char* lanes) {
+    if (disable) ::setenv("LOONGFORGE_LOADER_DISABLE", disable, 1);
+    if (lanes) ::setenv("LOONGFORGE_LOADER_DECODE_LANES", lanes, 1);
+    auto dl = DataLoader::Create(o);
+    ::unsetenv("LOONGFORGE_LOADER_DISABLE");
+    ::unsetenv("LOONGFORGE_LOADER_DECODE_LANES");
+    EXPECT_TRUE(dl.ok()) << dl.status();
+    std::vector<HostBatch> all;
+    if (!dl.ok()) return all;
+    for (int ep = 4; ep < 6; ++ep) {
+      auto e = RunEpoch(**dl, ep);
+      all.insert(all.end(), e.begin(), e.end());
+    }
+    EXPECT_EQ((*dl)->corrupt_skipped(), 4);
+    return all;
+  };
+  const auto sync = run("async_decode", nullptr);
+  ASSERT_EQ(sync.size(), 2u * 48 / 4);
+  ExpectIdenticalBatches(sync, run(nullptr, nullptr), "async, 2 lanes");
+  ExpectIdenticalBatches(sync, run(nullptr, "3"), "async, 3 lanes");
+  ExpectIdenticalBatches(sync, run("async_decode,decode_reuse", nullptr), "re-init per batch");
+  // Interleaved nvJPEG output (RGBI): the same batches up to the decoder's colour conversion.
+  ::setenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED", "1", 1);
+  const auto rgbi = run(nullptr, nullptr);
+  ::unsetenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED");
+  ExpectSameBatches(sync, rgbi, 0.04, 0.8, "interleaved output");
+  ::setenv("LOONGFORGE_LOADER_DECODE_LANES", "1", 1);
+  EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
+  ::unsetenv("LOONGFORGE_LOADER_DECODE_LANES");
+}
+
 #ifdef LOONGFORGE_WITH_CUDA
 // Guards device memory: slots and decode buffers are reused, so free device memory stays flat
 // over epochs and over stopped-and-restarted epochs.

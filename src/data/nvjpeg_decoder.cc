@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
 
 #include "gpu_util.h"
 #include "image_ops.h"
@@ -87,60 +89,159 @@ struct DeviceBuffer {
 
 }  // namespace
 
-struct NvJpegBatchDecoder::Impl {
-  NvJpegDecoderOptions opts;
+// One lane: Note [Decode lanes].
+struct NvJpegLane {
+  enum class State : uint8_t { kFree, kQueued, kDone };
+  int id = 0;
   cudaStream_t stream = nullptr;       // hardware decode, CPU-path uploads, ready events
   cudaStream_t cuda_stream = nullptr;  // CUDA-backend decode, so it overlaps the engine's work
-  cudaEvent_t cuda_done = nullptr;
-  nvjpegHandle_t hw = nullptr, sw = nullptr, parse_handle = nullptr;
-  nvjpegJpegState_t hw_state[2] = {nullptr, nullptr}, sw_state[2] = {nullptr, nullptr};
+  cudaEvent_t cuda_done = nullptr, ready = nullptr, released = nullptr;
+  bool released_recorded = false;
+  nvjpegHandle_t hw = nullptr;      // the hardware handle this lane decodes with
+  nvjpegHandle_t own_hw = nullptr;  // hw_handle_per_lane: owned by the lane
+  nvjpegJpegState_t hw_state = nullptr, sw_state = nullptr;
   nvjpegJpegStream_t parser = nullptr;
-  cudaEvent_t ready[2] = {nullptr, nullptr}, released[2] = {nullptr, nullptr};
-  bool released_recorded[2] = {false, false};
-  std::vector<DeviceBuffer> bufs[2];
-  int set = 1;                 // buffer set of the last Decode(); the next one uses set ^ 1
-  int auto_phase = 3;          // 0 warm-up, 1 measure hardware, 2 measure cuda, 3 fixed ratio
-  mutable std::mutex info_mu;  // info is read by other threads (metrics)
-  NvJpegDecoderInfo info;
+  int hw_batch = -1, sw_batch = -1;     // batch size the state was initialized for; -1: re-init
+  int pre_n = 0, pre_w = 0, pre_h = 0;  // hardware pre-allocation made for
+  std::vector<DeviceBuffer> bufs;
   // Per-batch scratch, reused.
   std::vector<Path> path;
   std::vector<uint32_t> width, height;
   std::vector<RgbImage> cpu_images;
+  // The batch (guarded by Impl::mu while queued; the lane owns it while it runs).
+  State state = State::kFree;
+  std::vector<std::string_view> jpegs;
+  std::function<std::string(size_t)> name_of;
+  NvJpegBatchDecoder::Result result;
+  Status job_status;
+  std::thread thread;
+};
+
+struct NvJpegBatchDecoder::Impl {
+  NvJpegDecoderOptions opts;
+  nvjpegHandle_t hw = nullptr, sw = nullptr, parse_handle = nullptr;
+  std::vector<std::unique_ptr<NvJpegLane>> lanes;
+  uint64_t submitted = 0;
+  std::deque<int> fifo;   // lanes of the submitted, not yet collected batches, in order
+  int collected = -1;     // lane of the last collected batch
+  mutable std::mutex mu;  // lane states and fifo
+  std::condition_variable work_cv, done_cv;
+  bool stop = false;
+  int running = 0;       // lane jobs running right now
+  std::mutex serial_mu;  // async: the auto split's measured batches run alone
+  int auto_phase = 3;    // 0 warm-up, 1 measure hardware, 2 measure cuda, 3 fixed ratio
+  bool prealloc_warned = false;
+  mutable std::mutex info_mu;  // info and auto_phase, read by other threads (metrics)
+  NvJpegDecoderInfo info;
 
   ~Impl();
-  Status Ensure(int s, size_t i, size_t bytes);
+  Status CreateLane(int id);
+  void LaneLoop(NvJpegLane* L);
+  Status RunJob(NvJpegLane& L);
+  Status Ensure(NvJpegLane& L, size_t i, size_t bytes);
   // Runs one nvjpegDecodeBatched over `idx`. *failed: nvJPEG rejected the batch (the caller
   // retries those images on the CPU); a non-OK return is a device failure.
-  Status RunBatched(nvjpegHandle_t h, nvjpegJpegState_t st, int s, const std::vector<size_t>& idx,
-                    const std::vector<std::string_view>& jpegs, std::vector<DecodedImage>* out,
-                    cudaStream_t on, bool* failed);
-  Status RunCpu(int s, const std::vector<size_t>& idx, const std::vector<std::string_view>& jpegs,
-                const std::function<std::string(size_t)>& name_of, std::vector<DecodedImage>* out,
-                std::vector<Status>* status);
+  Status RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvjpegJpegState_t st, int* inited,
+                    const std::vector<size_t>& idx, cudaStream_t on, bool* failed);
+  Status RunCpu(NvJpegLane& L, const std::vector<size_t>& idx);
+  // Waits until no lane job is queued or running (reports stalls; cannot give up: the jobs read
+  // the caller's memory).
+  void WaitIdle(std::unique_lock<std::mutex>& lock, const char* what);
 };
 
 NvJpegBatchDecoder::Impl::~Impl() {
-  if (stream) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (cuda_stream) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(cuda_stream));
-  for (int s = 0; s < 2; ++s) {
-    if (hw_state[s]) nvjpegJpegStateDestroy(hw_state[s]);
-    if (sw_state[s]) nvjpegJpegStateDestroy(sw_state[s]);
-    for (DeviceBuffer& b : bufs[s])
-      if (b.p) LF_CUDA_WARN_IF_ERROR(cudaFree(b.p));
-    if (ready[s]) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(ready[s]));
-    if (released[s]) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(released[s]));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    stop = true;
+    work_cv.notify_all();
+    WaitIdle(lock, "shutdown");
   }
-  if (parser) nvjpegJpegStreamDestroy(parser);
+  for (auto& L : lanes)
+    if (L->thread.joinable()) L->thread.join();
+  // States are destroyed after their streams are idle.
+  for (auto& L : lanes) {
+    if (L->stream) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(L->stream));
+    if (L->cuda_stream) LF_CUDA_WARN_IF_ERROR(cudaStreamSynchronize(L->cuda_stream));
+  }
+  for (auto& L : lanes) {
+    if (L->hw_state) nvjpegJpegStateDestroy(L->hw_state);
+    if (L->sw_state) nvjpegJpegStateDestroy(L->sw_state);
+    if (L->parser) nvjpegJpegStreamDestroy(L->parser);
+    if (L->own_hw) nvjpegDestroy(L->own_hw);
+    for (DeviceBuffer& b : L->bufs)
+      if (b.p) LF_CUDA_WARN_IF_ERROR(cudaFree(b.p));
+    for (cudaEvent_t e : {L->cuda_done, L->ready, L->released})
+      if (e) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(e));
+    if (L->cuda_stream) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(L->cuda_stream));
+    if (L->stream) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(L->stream));
+  }
   if (hw) nvjpegDestroy(hw);
   if (sw) nvjpegDestroy(sw);
-  if (cuda_done) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(cuda_done));
-  if (cuda_stream) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(cuda_stream));
-  if (stream) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream));
 }
 
-Status NvJpegBatchDecoder::Impl::Ensure(int s, size_t i, size_t bytes) {
-  if (bufs[s].size() <= i) bufs[s].resize(i + 1);
-  DeviceBuffer& b = bufs[s][i];
+void NvJpegBatchDecoder::Impl::WaitIdle(std::unique_lock<std::mutex>& lock, const char* what) {
+  auto idle = [&] {
+    if (running > 0) return false;
+    // A queued job is picked up by its lane thread (which runs it even when stopping).
+    for (auto& L : lanes)
+      if (L->state == NvJpegLane::State::kQueued && L->thread.joinable()) return false;
+    return true;
+  };
+  while (!done_cv.wait_for(lock, std::chrono::milliseconds(opts.timeout_ms), idle))
+    LF_LOG(ERROR) << "nvJPEG decoder (" << what << "): a lane's batch has been in nvJPEG for more "
+                  << "than " << opts.timeout_ms << " ms";
+}
+
+Status NvJpegBatchDecoder::Impl::CreateLane(int id) {
+  auto L = std::make_unique<NvJpegLane>();
+  L->id = id;
+  LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&L->stream, cudaStreamNonBlocking));
+  LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&L->cuda_stream, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&L->cuda_done, &L->ready, &L->released})
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  NvJpegLane* raw = L.get();
+  lanes.push_back(std::move(L));  // owned from here: ~Impl destroys what was created
+  raw->hw = hw;
+  if (hw && opts.hw_handle_per_lane && id > 0) {
+    LF_NVJPEG_RETURN_IF_ERROR(nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr,
+                                             NVJPEG_FLAGS_DEFAULT, &raw->own_hw));
+    raw->hw = raw->own_hw;
+    if (opts.reuse_state) {
+      if (opts.device_padding) nvjpegSetDeviceMemoryPadding(opts.device_padding, raw->hw);
+      if (opts.pinned_padding) nvjpegSetPinnedMemoryPadding(opts.pinned_padding, raw->hw);
+    }
+  }
+  if (raw->hw) LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(raw->hw, &raw->hw_state));
+  LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(sw, &raw->sw_state));
+  LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStreamCreate(parse_handle, &raw->parser));
+  return Status::Ok();
+}
+
+void NvJpegBatchDecoder::Impl::LaneLoop(NvJpegLane* L) {
+  LF_CUDA_WARN_IF_ERROR(cudaSetDevice(opts.device));
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    // Woken by Submit or shutdown; the timeout only bounds each wait.
+    work_cv.wait_for(lock, std::chrono::milliseconds(200),
+                     [&] { return stop || L->state == NvJpegLane::State::kQueued; });
+    if (L->state != NvJpegLane::State::kQueued) {
+      if (stop) return;
+      continue;
+    }
+    ++running;
+    lock.unlock();
+    Status s = RunJob(*L);
+    lock.lock();
+    L->job_status = std::move(s);
+    L->state = NvJpegLane::State::kDone;
+    --running;
+    done_cv.notify_all();
+  }
+}
+
+Status NvJpegBatchDecoder::Impl::Ensure(NvJpegLane& L, size_t i, size_t bytes) {
+  if (L.bufs.size() <= i) L.bufs.resize(i + 1);
+  DeviceBuffer& b = L.bufs[i];
   if (b.capacity >= bytes) return Status::Ok();
   // Grows only (to the largest image seen in this slot): after warm-up nothing is allocated.
   if (b.p) LF_CUDA_RETURN_IF_ERROR(cudaFree(b.p));
@@ -152,66 +253,97 @@ Status NvJpegBatchDecoder::Impl::Ensure(int s, size_t i, size_t bytes) {
   return Status::Ok();
 }
 
-Status NvJpegBatchDecoder::Impl::RunBatched(nvjpegHandle_t h, nvjpegJpegState_t st, int s,
-                                            const std::vector<size_t>& idx,
-                                            const std::vector<std::string_view>& jpegs,
-                                            std::vector<DecodedImage>* out, cudaStream_t on,
-                                            bool* failed) {
+Status NvJpegBatchDecoder::Impl::RunBatched(NvJpegLane& L, nvjpegHandle_t h, nvjpegJpegState_t st,
+                                            int* inited, const std::vector<size_t>& idx,
+                                            cudaStream_t on, bool* failed) {
   *failed = false;
   if (idx.empty()) return Status::Ok();
+  std::vector<DecodedImage>& out = L.result.images;
   std::vector<const unsigned char*> data(idx.size());
   std::vector<size_t> lengths(idx.size());
   std::vector<nvjpegImage_t> dest(idx.size());
+  int max_w = 0, max_h = 0;
+  const bool inter = opts.interleaved;
+  const nvjpegOutputFormat_t fmt = inter ? NVJPEG_OUTPUT_RGBI : NVJPEG_OUTPUT_RGB;
   for (size_t k = 0; k < idx.size(); ++k) {
     const size_t i = idx[k];
-    const size_t pitch = RoundUp(width[i], kPitchAlign);
-    const size_t plane = pitch * height[i];
-    LF_RETURN_IF_ERROR(Ensure(s, i, 3 * plane));
-    auto* base = static_cast<unsigned char*>(bufs[s][i].p);
+    // Planar: 3 planes of `pitch` x height; interleaved: one plane of RGB triplets.
+    const size_t pitch = RoundUp((inter ? 3 : 1) * static_cast<size_t>(L.width[i]), kPitchAlign);
+    const size_t plane = pitch * L.height[i];
+    LF_RETURN_IF_ERROR(Ensure(L, i, (inter ? 1 : 3) * plane));
+    auto* base = static_cast<unsigned char*>(L.bufs[i].p);
     nvjpegImage_t& d = dest[k];
     for (int c = 0; c < NVJPEG_MAX_COMPONENT; ++c) {
-      d.channel[c] = c < 3 ? base + c * plane : nullptr;
-      d.pitch[c] = c < 3 ? pitch : 0;
+      const bool used = inter ? c == 0 : c < 3;
+      d.channel[c] = used ? base + c * plane : nullptr;
+      d.pitch[c] = used ? pitch : 0;
     }
-    data[k] = reinterpret_cast<const unsigned char*>(jpegs[i].data());
-    lengths[k] = jpegs[i].size();
-    DecodedImage& o = (*out)[i];
-    for (int c = 0; c < 3; ++c) o.plane[c] = base + c * plane;
+    data[k] = reinterpret_cast<const unsigned char*>(L.jpegs[i].data());
+    lengths[k] = L.jpegs[i].size();
+    DecodedImage& o = out[i];
+    for (int c = 0; c < 3; ++c) o.plane[c] = inter ? base + c : base + c * plane;
     o.pitch = static_cast<int64_t>(pitch);
-    o.pixel_stride = 1;
-    o.width = static_cast<int32_t>(width[i]);
-    o.height = static_cast<int32_t>(height[i]);
+    o.pixel_stride = inter ? 3 : 1;
+    o.width = static_cast<int32_t>(L.width[i]);
+    o.height = static_cast<int32_t>(L.height[i]);
+    max_w = std::max(max_w, o.width);
+    max_h = std::max(max_h, o.height);
   }
-  // max_cpu_threads = 1: the calling thread does the host part (0 is rejected by nvJPEG).
-  nvjpegStatus_t rc =
-      nvjpegDecodeBatchedInitialize(h, st, static_cast<int>(idx.size()), 1, NVJPEG_OUTPUT_RGB);
+  const int n = static_cast<int>(idx.size());
+  nvjpegStatus_t rc = NVJPEG_STATUS_SUCCESS;
+  // Hardware states: pre-allocated for the largest batch and frame seen (a hint; nvJPEG still
+  // grows its buffers if needed), before the (re-)initialization it forces.
+  if (opts.reuse_state && h == L.hw && (n > L.pre_n || max_w > L.pre_w || max_h > L.pre_h)) {
+    L.pre_n = std::max(L.pre_n, n);
+    L.pre_w = std::max(L.pre_w, max_w);
+    L.pre_h = std::max(L.pre_h, max_h);
+    nvjpegStatus_t pr =
+        nvjpegDecodeBatchedPreAllocate(h, st, L.pre_n, L.pre_w, L.pre_h, NVJPEG_CSS_444, fmt);
+    if (pr != NVJPEG_STATUS_SUCCESS) {
+      std::lock_guard<std::mutex> lock(info_mu);
+      if (!prealloc_warned)
+        LF_LOG(WARNING) << "nvjpegDecodeBatchedPreAllocate failed (NVJPEG_STATUS_"
+                        << NvjpegStatusName(pr) << "): nvJPEG allocates on demand";
+      prealloc_warned = true;
+    }
+    *inited = -1;
+  }
+  // nvJPEG's contract: initialize once per batch size, and again after a failed batch.
+  if (!opts.reuse_state || *inited != n) {
+    *inited = -1;
+    // max_cpu_threads = 1: the calling thread does the host part (0 is rejected by nvJPEG).
+    rc = nvjpegDecodeBatchedInitialize(h, st, n, 1, fmt);
+    if (rc == NVJPEG_STATUS_SUCCESS) *inited = n;
+    std::lock_guard<std::mutex> lock(info_mu);
+    ++info.state_inits;
+  }
   if (rc == NVJPEG_STATUS_SUCCESS)
     rc = nvjpegDecodeBatched(h, st, data.data(), lengths.data(), dest.data(), on);
   if (rc != NVJPEG_STATUS_SUCCESS) {
+    *inited = -1;
     if (rc == NVJPEG_STATUS_ALLOCATOR_FAILURE || rc == NVJPEG_STATUS_EXECUTION_FAILED)
       return NvjpegError(rc, "nvjpegDecodeBatched");  // the device's fault, not the data's
     *failed = true;
     LF_LOG(WARNING) << "nvjpegDecodeBatched rejected a batch of " << idx.size()
                     << " images (NVJPEG_STATUS_" << NvjpegStatusName(rc)
                     << "): decoding them on the CPU";
-    for (size_t i : idx) (*out)[i] = DecodedImage();
+    for (size_t i : idx) out[i] = DecodedImage();
   }
   return Status::Ok();
 }
 
-Status NvJpegBatchDecoder::Impl::RunCpu(int s, const std::vector<size_t>& idx,
-                                        const std::vector<std::string_view>& jpegs,
-                                        const std::function<std::string(size_t)>& name_of,
-                                        std::vector<DecodedImage>* out,
-                                        std::vector<Status>* status) {
+Status NvJpegBatchDecoder::Impl::RunCpu(NvJpegLane& L, const std::vector<size_t>& idx) {
   if (idx.empty()) return Status::Ok();
-  if (cpu_images.size() < jpegs.size()) cpu_images.resize(jpegs.size());
+  const std::vector<std::string_view>& jpegs = L.jpegs;
+  std::vector<DecodedImage>* out = &L.result.images;
+  std::vector<Status>* status = &L.result.status;
+  if (L.cpu_images.size() < jpegs.size()) L.cpu_images.resize(jpegs.size());
   std::vector<Status> results(idx.size());
   auto work = [&](size_t k) {
     thread_local JpegDecoder decoder;
     const size_t i = idx[k];
     // Full-size decode: the GPU path never uses DCT scaling, so both paths see the same pixels.
-    results[k] = decoder.Decode(jpegs[i], 0, 0, &cpu_images[i], name_of(i));
+    results[k] = decoder.Decode(jpegs[i], 0, 0, &L.cpu_images[i], L.name_of(i));
   };
   if (opts.cpu_pool && idx.size() > 1) {
     std::mutex mu;
@@ -241,14 +373,14 @@ Status NvJpegBatchDecoder::Impl::RunCpu(int s, const std::vector<size_t>& idx,
       (*out)[i] = DecodedImage();
       continue;
     }
-    const RgbImage& im = cpu_images[i];
+    const RgbImage& im = L.cpu_images[i];
     const size_t row = 3 * static_cast<size_t>(im.width);
     const size_t pitch = RoundUp(row, kPitchAlign);
-    LF_RETURN_IF_ERROR(Ensure(s, i, pitch * im.height));
-    auto* base = static_cast<uint8_t*>(bufs[s][i].p);
+    LF_RETURN_IF_ERROR(Ensure(L, i, pitch * im.height));
+    auto* base = static_cast<uint8_t*>(L.bufs[i].p);
     // From pageable memory: returns once the bytes are staged, so cpu_images may be reused.
     LF_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(base, pitch, im.pixels.data(), row, row, im.height,
-                                              cudaMemcpyHostToDevice, stream));
+                                              cudaMemcpyHostToDevice, L.stream));
     DecodedImage& o = (*out)[i];
     for (int c = 0; c < 3; ++c) o.plane[c] = base + c;
     o.pitch = static_cast<int64_t>(pitch);
@@ -259,30 +391,147 @@ Status NvJpegBatchDecoder::Impl::RunCpu(int s, const std::vector<size_t>& idx,
   return Status::Ok();
 }
 
+// One batch on lane L (the body of the former Decode()).
+Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
+  if (L.released_recorded)
+    LF_RETURN_IF_ERROR(WaitEvent(L.released, opts.timeout_ms,
+                                 "nvJPEG decoder: waiting for the consumer of a buffer set"));
+  const std::vector<std::string_view>& jpegs = L.jpegs;
+  const size_t n = jpegs.size();
+  L.result.images.assign(n, DecodedImage());
+  L.result.status.assign(n, Status::Ok());
+  L.result.ready = L.ready;
+  L.result.stream = L.stream;
+  L.result.lane = L.id;
+  L.path.assign(n, Path::kCpu);
+  L.width.assign(n, 0);
+  L.height.assign(n, 0);
+  // Async: the auto split's warm-up and measured batches run alone (timed without the other
+  // lanes' decodes); afterwards lanes run concurrently.
+  std::unique_lock<std::mutex> serial(serial_mu, std::defer_lock);
+  int phase = 3;
+  float hw_ratio = 0.f;
+  {
+    std::lock_guard<std::mutex> lock(info_mu);
+    phase = auto_phase;
+  }
+  if (opts.async && phase != 3) serial.lock();
+  {
+    std::lock_guard<std::mutex> lock(info_mu);
+    phase = auto_phase;
+    hw_ratio = info.hw_ratio;
+  }
+  std::vector<size_t> hw_idx, cuda_idx, cpu_idx;
+  // Headers on the CPU: choose each image's path.
+  for (size_t i = 0; i < n; ++i) {
+    const std::string_view j = jpegs[i];
+    Path p = Path::kCpu;
+    if (j.size() >= 4 && static_cast<uint8_t>(j[0]) == 0xFF && static_cast<uint8_t>(j[1]) == 0xD8 &&
+        HasEoi(j) &&
+        nvjpegJpegStreamParseHeader(parse_handle, reinterpret_cast<const unsigned char*>(j.data()),
+                                    j.size(), L.parser) == NVJPEG_STATUS_SUCCESS) {
+      nvjpegJpegEncoding_t enc = NVJPEG_ENCODING_UNKNOWN;
+      unsigned comps = 0, w = 0, h = 0;
+      if (nvjpegJpegStreamGetJpegEncoding(L.parser, &enc) == NVJPEG_STATUS_SUCCESS &&
+          (enc == NVJPEG_ENCODING_BASELINE_DCT ||
+           enc == NVJPEG_ENCODING_EXTENDED_SEQUENTIAL_DCT_HUFFMAN) &&
+          nvjpegJpegStreamGetComponentsNum(L.parser, &comps) == NVJPEG_STATUS_SUCCESS &&
+          (comps == 1 || comps == 3) &&
+          nvjpegJpegStreamGetFrameDimensions(L.parser, &w, &h) == NVJPEG_STATUS_SUCCESS && w > 0 &&
+          h > 0 && w <= static_cast<unsigned>(kMaxSide) && h <= static_cast<unsigned>(kMaxSide)) {
+        L.width[i] = w;
+        L.height[i] = h;
+        p = Path::kCuda;
+        int unsupported = -1;
+        if (hw &&
+            nvjpegDecodeBatchedSupported(hw, L.parser, &unsupported) == NVJPEG_STATUS_SUCCESS &&
+            unsupported == 0)
+          p = Path::kHardware;
+      }
+    }
+    L.path[i] = p;
+    (p == Path::kHardware ? hw_idx : p == Path::kCuda ? cuda_idx : cpu_idx).push_back(i);
+  }
+  // Split the hardware-eligible images (Note [GPU decode paths]).
+  const bool measure_hw = phase == 1 && !hw_idx.empty();
+  const bool measure_cuda = phase == 2 && !hw_idx.empty();
+  size_t keep_hw = hw_idx.size();
+  if (measure_cuda)
+    keep_hw = 0;
+  else if (!measure_hw && phase != 0)
+    keep_hw = static_cast<size_t>(std::lround(hw_ratio * hw_idx.size()));
+  cuda_idx.insert(cuda_idx.end(), hw_idx.begin() + keep_hw, hw_idx.end());
+  hw_idx.resize(keep_hw);
+
+  LF_RETURN_IF_ERROR(RunCpu(L, cpu_idx));
+  bool hw_failed = false, cuda_failed = false;
+  // CUDA backend first, on its own stream: its host part runs before the engine's, and its
+  // kernels overlap the engine's decode (which may hold this thread until it is done).
+  auto t0 = std::chrono::steady_clock::now();
+  LF_RETURN_IF_ERROR(
+      RunBatched(L, sw, L.sw_state, &L.sw_batch, cuda_idx, L.cuda_stream, &cuda_failed));
+  if (measure_cuda) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(L.cuda_stream));
+  auto t1 = std::chrono::steady_clock::now();
+  LF_RETURN_IF_ERROR(RunBatched(L, L.hw, L.hw_state, &L.hw_batch, hw_idx, L.stream, &hw_failed));
+  if (measure_hw) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(L.stream));
+  auto t2 = std::chrono::steady_clock::now();
+  // Join the CUDA-backend stream into the main one (the ready event covers both).
+  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(L.cuda_done, L.cuda_stream));
+  LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(L.stream, L.cuda_done, 0));
+  if (hw_failed) LF_RETURN_IF_ERROR(RunCpu(L, hw_idx));
+  if (cuda_failed) LF_RETURN_IF_ERROR(RunCpu(L, cuda_idx));
+
+  {
+    std::lock_guard<std::mutex> lock(info_mu);
+    NvJpegDecoderInfo& in = info;
+    in.batch_retries += hw_failed + cuda_failed;
+    (hw_failed ? in.images_cpu : in.images_hw) += static_cast<int64_t>(hw_idx.size());
+    (cuda_failed ? in.images_cpu : in.images_cuda) += static_cast<int64_t>(cuda_idx.size());
+    in.images_cpu += static_cast<int64_t>(cpu_idx.size());
+    // Auto split: warm-up, then one measured batch per path.
+    auto ms = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    if (phase == 0 && auto_phase == 0 && !hw_idx.empty()) {
+      auto_phase = 1;
+    } else if (measure_hw && auto_phase == 1 && !hw_failed) {
+      in.hw_ms_per_image = ms(t1, t2) / hw_idx.size();
+      auto_phase = 2;
+    } else if (measure_cuda && auto_phase == 2 && !cuda_failed && !cuda_idx.empty()) {
+      in.cuda_ms_per_image = ms(t0, t1) / cuda_idx.size();
+      const double r_hw = 1.0 / std::max(in.hw_ms_per_image, 1e-6);
+      const double r_cuda = 1.0 / std::max(in.cuda_ms_per_image, 1e-6);
+      in.hw_ratio = static_cast<float>(r_hw / (r_hw + r_cuda));
+      in.ratio_measured = true;
+      auto_phase = 3;
+      LF_LOG(INFO) << "nvJPEG decoder: hardware " << in.hw_ms_per_image << " ms/image, cuda "
+                   << in.cuda_ms_per_image << " ms/image: hw_ratio " << in.hw_ratio;
+    }
+  }
+  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(L.ready, L.stream));
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<NvJpegBatchDecoder>> NvJpegBatchDecoder::Create(
     const NvJpegDecoderOptions& opts) {
+  if (opts.lanes < 2 || opts.lanes > 16)
+    return InvalidArgumentError("nvJPEG decoder: lanes must be in [2, 16], got " +
+                                std::to_string(opts.lanes));
   std::unique_ptr<NvJpegBatchDecoder> d(new NvJpegBatchDecoder());
   d->impl_ = std::make_unique<Impl>();
   Impl& im = *d->impl_;
   im.opts = opts;
   LF_CUDA_RETURN_IF_ERROR(cudaSetDevice(opts.device));
-  LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking));
-  LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&im.cuda_stream, cudaStreamNonBlocking));
-  LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.cuda_done, cudaEventDisableTiming));
-  for (int s = 0; s < 2; ++s) {
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.ready[s], cudaEventDisableTiming));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.released[s], cudaEventDisableTiming));
-  }
   NvJpegDecoderInfo& info = im.info;
   if (opts.allow_hardware) {
     nvjpegStatus_t rc =
         nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &im.hw);
     if (rc == NVJPEG_STATUS_SUCCESS) {
-      for (int s = 0; s < 2 && rc == NVJPEG_STATUS_SUCCESS; ++s)
-        rc = nvjpegJpegStateCreate(im.hw, &im.hw_state[s]);
+      // A state can be created (the engine is usable), else the CUDA backend alone.
+      nvjpegJpegState_t probe = nullptr;
+      rc = nvjpegJpegStateCreate(im.hw, &probe);
+      if (probe) nvjpegJpegStateDestroy(probe);
       if (rc != NVJPEG_STATUS_SUCCESS) {
-        for (auto& st : im.hw_state)
-          if (st) nvjpegJpegStateDestroy(st), st = nullptr;
         nvjpegDestroy(im.hw);
         im.hw = nullptr;
         info.reason = std::string("hardware backend state creation failed: NVJPEG_STATUS_") +
@@ -314,12 +563,20 @@ StatusOr<std::unique_ptr<NvJpegBatchDecoder>> NvJpegBatchDecoder::Create(
       return NvjpegError(rc, "nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT)");
     }
   }
-  for (int s = 0; s < 2; ++s)
-    LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStateCreate(im.sw, &im.sw_state[s]));
+  if (opts.reuse_state) {
+    // Padded allocations: buffers that grow by a few KB between batches are not re-allocated.
+    for (nvjpegHandle_t h : {im.hw, im.sw}) {
+      if (!h) continue;
+      if (opts.device_padding) nvjpegSetDeviceMemoryPadding(opts.device_padding, h);
+      if (opts.pinned_padding) nvjpegSetPinnedMemoryPadding(opts.pinned_padding, h);
+    }
+  }
   im.parse_handle = im.hw ? im.hw : im.sw;
-  LF_NVJPEG_RETURN_IF_ERROR(nvjpegJpegStreamCreate(im.parse_handle, &im.parser));
+  for (int l = 0; l < opts.lanes; ++l) LF_RETURN_IF_ERROR(im.CreateLane(l));
   info.hw_available = im.hw != nullptr;
   info.backend = im.hw ? "hardware+" + sw_name : sw_name;
+  info.lanes = opts.lanes;
+  info.async = opts.async;
   if (!im.hw) {
     info.hw_ratio = 0.f;
   } else if (opts.hw_ratio >= 0.f) {
@@ -328,124 +585,129 @@ StatusOr<std::unique_ptr<NvJpegBatchDecoder>> NvJpegBatchDecoder::Create(
     info.hw_ratio = 1.f;
     im.auto_phase = 0;
   }
+  if (opts.async) {
+    for (auto& L : im.lanes) {
+      NvJpegLane* lane = L.get();
+      L->thread = std::thread([&im, lane] { im.LaneLoop(lane); });
+      pthread_setname_np(L->thread.native_handle(), "lf-nvjpeg");
+    }
+  }
   return d;
 }
 
 NvJpegBatchDecoder::~NvJpegBatchDecoder() = default;
 
+Status NvJpegBatchDecoder::Submit(std::vector<std::string_view> jpegs,
+                                  std::function<std::string(size_t)> name_of) {
+  Impl& im = *impl_;
+  NvJpegLane& L = *im.lanes[im.submitted % im.lanes.size()];
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (L.state != NvJpegLane::State::kFree)
+      return FailedPreconditionError("nvJPEG decoder: more than " +
+                                     std::to_string(im.lanes.size()) +
+                                     " batches submitted and not collected");
+    if (im.stop) return CancelledError("nvJPEG decoder: shutting down");
+    L.jpegs = std::move(jpegs);
+    L.name_of = std::move(name_of);
+    L.job_status = Status::Ok();
+    im.fifo.push_back(L.id);
+    ++im.submitted;
+    if (im.opts.async) {
+      L.state = NvJpegLane::State::kQueued;
+      im.work_cv.notify_all();
+      return Status::Ok();
+    }
+  }
+  // Synchronous: decode here.
+  L.job_status = im.RunJob(L);
+  L.state = NvJpegLane::State::kDone;
+  return Status::Ok();
+}
+
+Status NvJpegBatchDecoder::Collect(Result* out) {
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.mu);
+  if (im.fifo.empty()) return FailedPreconditionError("nvJPEG decoder: nothing submitted");
+  NvJpegLane& L = *im.lanes[im.fifo.front()];
+  if (!im.done_cv.wait_for(lock, std::chrono::milliseconds(im.opts.timeout_ms),
+                           [&] { return L.state == NvJpegLane::State::kDone; }))
+    return DeadlineExceededError("nvJPEG decoder: a batch of " + std::to_string(L.jpegs.size()) +
+                                 " images was not decoded within " +
+                                 std::to_string(im.opts.timeout_ms) + " ms");
+  im.fifo.pop_front();
+  L.state = NvJpegLane::State::kFree;
+  im.collected = L.id;
+  L.jpegs.clear();
+  L.name_of = nullptr;
+  Status s = std::move(L.job_status);
+  *out = std::move(L.result);
+  L.result = Result();
+  return s;
+}
+
+int NvJpegBatchDecoder::in_flight() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<int>(impl_->fifo.size());
+}
+
+Status NvJpegBatchDecoder::Drain() {
+  Impl& im = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(im.mu);
+    im.WaitIdle(lock, "drain");
+    for (int l : im.fifo) {
+      NvJpegLane& L = *im.lanes[l];
+      L.state = NvJpegLane::State::kFree;
+      L.jpegs.clear();
+      L.name_of = nullptr;
+      L.result = Result();
+    }
+    im.fifo.clear();
+  }
+  Status first;
+  for (auto& L : im.lanes) {
+    Status s;
+    if (cudaEventRecord(L->cuda_done, L->cuda_stream) != cudaSuccess ||
+        cudaStreamWaitEvent(L->stream, L->cuda_done, 0) != cudaSuccess ||
+        cudaEventRecord(L->ready, L->stream) != cudaSuccess)
+      s = InternalError(std::string("nvJPEG decoder: drain: ") +
+                        cudaGetErrorString(cudaGetLastError()));
+    else
+      s = WaitEvent(L->ready, im.opts.timeout_ms, "nvJPEG decoder: drain");
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
 Status NvJpegBatchDecoder::Decode(const std::vector<std::string_view>& jpegs,
                                   const std::function<std::string(size_t)>& name_of,
                                   std::vector<DecodedImage>* out, std::vector<Status>* status) {
-  Impl& im = *impl_;
-  const int s = im.set ^ 1;
-  if (im.released_recorded[s])
-    LF_RETURN_IF_ERROR(WaitEvent(im.released[s], im.opts.timeout_ms,
-                                 "nvJPEG decoder: waiting for the consumer of a buffer set"));
-  const size_t n = jpegs.size();
-  out->assign(n, DecodedImage());
-  status->assign(n, Status::Ok());
-  im.path.assign(n, Path::kCpu);
-  im.width.assign(n, 0);
-  im.height.assign(n, 0);
-  std::vector<size_t> hw_idx, cuda_idx, cpu_idx;
-  // Headers on the CPU: choose each image's path.
-  for (size_t i = 0; i < n; ++i) {
-    const std::string_view j = jpegs[i];
-    Path p = Path::kCpu;
-    if (j.size() >= 4 && static_cast<uint8_t>(j[0]) == 0xFF && static_cast<uint8_t>(j[1]) == 0xD8 &&
-        HasEoi(j) &&
-        nvjpegJpegStreamParseHeader(im.parse_handle,
-                                    reinterpret_cast<const unsigned char*>(j.data()), j.size(),
-                                    im.parser) == NVJPEG_STATUS_SUCCESS) {
-      nvjpegJpegEncoding_t enc = NVJPEG_ENCODING_UNKNOWN;
-      unsigned comps = 0, w = 0, h = 0;
-      if (nvjpegJpegStreamGetJpegEncoding(im.parser, &enc) == NVJPEG_STATUS_SUCCESS &&
-          (enc == NVJPEG_ENCODING_BASELINE_DCT ||
-           enc == NVJPEG_ENCODING_EXTENDED_SEQUENTIAL_DCT_HUFFMAN) &&
-          nvjpegJpegStreamGetComponentsNum(im.parser, &comps) == NVJPEG_STATUS_SUCCESS &&
-          (comps == 1 || comps == 3) &&
-          nvjpegJpegStreamGetFrameDimensions(im.parser, &w, &h) == NVJPEG_STATUS_SUCCESS && w > 0 &&
-          h > 0 && w <= static_cast<unsigned>(kMaxSide) && h <= static_cast<unsigned>(kMaxSide)) {
-        im.width[i] = w;
-        im.height[i] = h;
-        p = Path::kCuda;
-        int unsupported = -1;
-        if (im.hw &&
-            nvjpegDecodeBatchedSupported(im.hw, im.parser, &unsupported) == NVJPEG_STATUS_SUCCESS &&
-            unsupported == 0)
-          p = Path::kHardware;
-      }
-    }
-    im.path[i] = p;
-    (p == Path::kHardware ? hw_idx : p == Path::kCuda ? cuda_idx : cpu_idx).push_back(i);
-  }
-  // Split the hardware-eligible images (Note [GPU decode paths]).
-  const bool measure_hw = im.auto_phase == 1 && !hw_idx.empty();
-  const bool measure_cuda = im.auto_phase == 2 && !hw_idx.empty();
-  size_t keep_hw = hw_idx.size();
-  if (measure_cuda)
-    keep_hw = 0;
-  else if (!measure_hw && im.auto_phase != 0)
-    keep_hw = static_cast<size_t>(std::lround(im.info.hw_ratio * hw_idx.size()));
-  cuda_idx.insert(cuda_idx.end(), hw_idx.begin() + keep_hw, hw_idx.end());
-  hw_idx.resize(keep_hw);
-
-  LF_RETURN_IF_ERROR(im.RunCpu(s, cpu_idx, jpegs, name_of, out, status));
-  bool hw_failed = false, cuda_failed = false;
-  // CUDA backend first, on its own stream: its host part runs before the engine's, and its
-  // kernels overlap the engine's decode (which may hold this thread until it is done).
-  auto t0 = std::chrono::steady_clock::now();
-  LF_RETURN_IF_ERROR(
-      im.RunBatched(im.sw, im.sw_state[s], s, cuda_idx, jpegs, out, im.cuda_stream, &cuda_failed));
-  if (measure_cuda) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.cuda_stream));
-  auto t1 = std::chrono::steady_clock::now();
-  LF_RETURN_IF_ERROR(
-      im.RunBatched(im.hw, im.hw_state[s], s, hw_idx, jpegs, out, im.stream, &hw_failed));
-  if (measure_hw) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(im.stream));
-  auto t2 = std::chrono::steady_clock::now();
-  // Join the CUDA-backend stream into the main one (the ready event covers both).
-  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.cuda_done, im.cuda_stream));
-  LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(im.stream, im.cuda_done, 0));
-  if (hw_failed) LF_RETURN_IF_ERROR(im.RunCpu(s, hw_idx, jpegs, name_of, out, status));
-  if (cuda_failed) LF_RETURN_IF_ERROR(im.RunCpu(s, cuda_idx, jpegs, name_of, out, status));
-
-  std::lock_guard<std::mutex> lock(im.info_mu);
-  NvJpegDecoderInfo& info = im.info;
-  info.batch_retries += hw_failed + cuda_failed;
-  (hw_failed ? info.images_cpu : info.images_hw) += static_cast<int64_t>(hw_idx.size());
-  (cuda_failed ? info.images_cpu : info.images_cuda) += static_cast<int64_t>(cuda_idx.size());
-  info.images_cpu += static_cast<int64_t>(cpu_idx.size());
-  // Auto split: warm-up, then one measured batch per path.
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  if (im.auto_phase == 0 && !hw_idx.empty()) {
-    im.auto_phase = 1;
-  } else if (measure_hw && !hw_failed) {
-    info.hw_ms_per_image = ms(t1, t2) / hw_idx.size();
-    im.auto_phase = 2;
-  } else if (measure_cuda && !cuda_failed && !cuda_idx.empty()) {
-    info.cuda_ms_per_image = ms(t0, t1) / cuda_idx.size();
-    const double r_hw = 1.0 / std::max(info.hw_ms_per_image, 1e-6);
-    const double r_cuda = 1.0 / std::max(info.cuda_ms_per_image, 1e-6);
-    info.hw_ratio = static_cast<float>(r_hw / (r_hw + r_cuda));
-    info.ratio_measured = true;
-    im.auto_phase = 3;
-    LF_LOG(INFO) << "nvJPEG decoder: hardware " << info.hw_ms_per_image << " ms/image, cuda "
-                 << info.cuda_ms_per_image << " ms/image: hw_ratio " << info.hw_ratio;
-  }
-  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.ready[s], im.stream));
-  im.set = s;
-  return Status::Ok();
+  LF_RETURN_IF_ERROR(Submit(jpegs, name_of));
+  Result r;
+  Status s = Collect(&r);
+  *out = std::move(r.images);
+  *status = std::move(r.status);
+  return s;
 }
 
 Status NvJpegBatchDecoder::ReleaseAfter(cudaStream_t consumer) {
   Impl& im = *impl_;
-  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(im.released[im.set], consumer));
-  im.released_recorded[im.set] = true;
+  if (im.collected < 0) return FailedPreconditionError("nvJPEG decoder: nothing collected");
+  NvJpegLane& L = *im.lanes[im.collected];
+  LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(L.released, consumer));
+  L.released_recorded = true;
   return Status::Ok();
 }
 
-cudaEvent_t NvJpegBatchDecoder::ready_event() const { return impl_->ready[impl_->set]; }
-cudaStream_t NvJpegBatchDecoder::stream() const { return impl_->stream; }
+cudaEvent_t NvJpegBatchDecoder::ready_event() const {
+  const Impl& im = *impl_;
+  return im.lanes[std::max(im.collected, 0)]->ready;
+}
+cudaStream_t NvJpegBatchDecoder::stream() const {
+  const Impl& im = *impl_;
+  return im.lanes[std::max(im.collected, 0)]->stream;
+}
 NvJpegDecoderInfo NvJpegBatchDecoder::info() const {
   std::lock_guard<std::mutex> lock(impl_->info_mu);
   return impl_->info;

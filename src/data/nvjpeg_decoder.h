@@ -11,15 +11,36 @@
 //   cpu       progressive/lossless JPEGs, anything nvJPEG cannot parse, streams without an EOI
 //             marker (truncated), and whole sub-batches nvJPEG rejected: decoded per image by
 //             libjpeg-turbo (the CPU loader's JpegDecoder, same errors) and uploaded.
-// Both nvJPEG paths are batched (nvjpegDecodeBatched) and run on the decoder's own stream.
+// Both nvJPEG paths are batched (nvjpegDecodeBatched) and run on their lane's own streams
+// (Note [Decode lanes]).
 // The hardware/cuda split follows DALI's hw_decoder_load: `hw_ratio` of the hardware-eligible
 // images go to the engine and the rest to the CUDA backend, so both finish together. Auto mode
 // (hw_ratio < 0) measures per-image latency of each path on the first batches (one warm-up batch,
 // one all-hardware, one all-cuda) and sets hw_ratio = r_hw / (r_hw + r_cuda) from the rates.
 //
-// Output buffers are per image slot, double-buffered (two sets), grown to the largest image seen
-// and reused: device memory is flat after the first batches. Decode() waits (host side, with a
+// Output buffers are per image slot, one set per lane (below), grown to the largest image seen
+// and reused: device memory is flat after the first batches. A lane waits (host side, with a
 // timeout) until the consumer released the set it is about to overwrite (ReleaseAfter()).
+//
+// Note [Decode lanes]
+// -------------------
+// The hardware backend's nvjpegDecodeBatched() holds the calling thread for about the whole
+// decode of its batch (measured on the H200: 9-12 ms of host time per 256-image batch, the batch
+// interval itself), so with one caller the JPEG engines idle while the host parses and stages
+// the next batch, and at every batch's tail. A lane is one nvJPEG state pair (hardware + CUDA
+// backend), one header parser, one output buffer set and one CUDA stream pair. Batch k runs on
+// lane k % lanes. Synchronous mode (async = false, lanes = 2): Submit() decodes in the caller's
+// thread, as Decode() always did. Asynchronous mode (async = true): every lane has a thread
+// ("lf-nvjpeg"), Submit() hands the batch over and returns at once, and up to `lanes` batches
+// are in nvJPEG at the same time, so batch k+1 is parsed and submitted while batch k is still in
+// the engines and while its consumer's kernels run. Collect() returns batches in submission
+// order. At most `lanes` batches may be submitted and not collected (FailedPrecondition
+// otherwise); a lane's next batch waits for its previous consumer (ReleaseAfter()).
+// Per-state reuse (reuse_state): nvjpegDecodeBatchedInitialize() runs only when a state's batch
+// size changes or after a rejected batch (nvJPEG's documented contract), the hardware states are
+// pre-allocated for the largest frame seen (nvjpegDecodeBatchedPreAllocate()), and the handles
+// pad their allocations (DALI's 16 MiB device / 8 MiB pinned), so nvJPEG does not re-initialize
+// or re-allocate (cudaFree synchronizes the device) per batch.
 #pragma once
 
 #if defined(LOONGFORGE_WITH_CUDA) && defined(LOONGFORGE_WITH_NVJPEG)
@@ -46,6 +67,22 @@ struct NvJpegDecoderOptions {
   bool allow_hardware = true;
   ThreadPool* cpu_pool = nullptr;  // CPU fallbacks run here in parallel; nullptr: inline
   int64_t timeout_ms = 60000;
+  // Note [Decode lanes]: lane threads and `lanes` batches in flight (off: decode in the caller's
+  // thread on two alternating lanes, the behaviour before lanes existed).
+  bool async = false;
+  int lanes = 2;  // >= 2
+  // Each lane gets its own NVJPEG_BACKEND_HARDWARE handle (else one handle shared by the lanes,
+  // which nvJPEG allows: only states, streams and buffers must be per thread). For A/B runs, in
+  // case the library serializes hardware decodes per handle.
+  bool hw_handle_per_lane = false;
+  // nvJPEG writes interleaved RGB (NVJPEG_OUTPUT_RGBI, one plane; the fused kernel reads it with
+  // pixel_stride 3, as the CPU fallback's images) instead of planar RGB. For A/B runs.
+  bool interleaved = false;
+  // Initialize/pre-allocate a state only when needed (off: nvjpegDecodeBatchedInitialize before
+  // every batch and no padding or pre-allocation, the behaviour before this option).
+  bool reuse_state = true;
+  size_t device_padding = size_t{16} << 20;  // nvjpegSetDeviceMemoryPadding (reuse_state only)
+  size_t pinned_padding = size_t{8} << 20;   // nvjpegSetPinnedMemoryPadding (reuse_state only)
 };
 
 struct NvJpegDecoderInfo {
@@ -56,10 +93,13 @@ struct NvJpegDecoderInfo {
   bool ratio_measured = false;
   double hw_ms_per_image = 0, cuda_ms_per_image = 0;  // from the auto measurement
   int64_t images_hw = 0, images_cuda = 0, images_cpu = 0, batch_retries = 0;
+  int lanes = 0;
+  bool async = false;
+  int64_t state_inits = 0;  // nvjpegDecodeBatchedInitialize calls (reuse_state: a few in all)
 };
 
 // One decoded image in device memory, as GpuImageTask wants it (planar from nvJPEG, interleaved
-// from the CPU fallback). Valid until the next-but-one Decode().
+// from the CPU fallback). Valid until its lane decodes again (Note [Decode lanes]).
 struct DecodedImage {
   const uint8_t* plane[3] = {nullptr, nullptr, nullptr};
   int64_t pitch = 0;
@@ -75,19 +115,37 @@ class NvJpegBatchDecoder {
   NvJpegBatchDecoder(const NvJpegBatchDecoder&) = delete;
   NvJpegBatchDecoder& operator=(const NvJpegBatchDecoder&) = delete;
 
-  // Decodes `jpegs` (host memory that must stay valid until ready_event() completes) into the
-  // next buffer set. (*status)[i] is DataLoss naming `name_of(i)` for a corrupt image, whose
-  // (*out)[i] is then empty. Returns a non-OK Status only for device/library failures that are
-  // not the data's fault. GPU work is queued on stream(); ready_event() marks its end.
-  // Not thread-safe: one caller thread.
+  // One decoded batch, in submission order (Collect()).
+  struct Result {
+    std::vector<DecodedImage> images;  // valid until this lane's next batch (ReleaseAfter())
+    std::vector<Status> status;        // DataLoss naming name_of(i) for a corrupt image
+    cudaEvent_t ready = nullptr;       // the batch's GPU work ends here
+    cudaStream_t stream = nullptr;     // the lane's stream (ready is recorded on it)
+    int lane = -1;
+  };
+  // Queues `jpegs` for decode on the next lane (Note [Decode lanes]). The bytes (host memory) and
+  // whatever `name_of` reads must stay valid until the batch's ready event completed (or Drain()
+  // returned). (*status)[i] of the Result is DataLoss naming `name_of(i)` for a
+  // corrupt image, whose image is then empty. A non-OK Status (here or from Collect()) is a
+  // device/library failure that is not the data's fault. Submit/Collect/ReleaseAfter/Drain: one
+  // caller thread.
+  Status Submit(std::vector<std::string_view> jpegs, std::function<std::string(size_t)> name_of);
+  // Waits (with the timeout) for the oldest submitted batch and hands it out.
+  Status Collect(Result* out);
+  // Batches submitted and not yet collected.
+  int in_flight() const;
+  // Waits for every submitted batch, drops the ones not collected (their lanes become free) and
+  // waits for the lanes' streams: after it no nvJPEG call runs and no GPU work is queued.
+  Status Drain();
+  // Submit + Collect of one batch (synchronous callers: tests, the binding's decode()).
   Status Decode(const std::vector<std::string_view>& jpegs,
                 const std::function<std::string(size_t)>& name_of, std::vector<DecodedImage>* out,
                 std::vector<Status>* status);
-  // The consumer has queued its last read of the last Decode()'s images on `consumer`; that set
-  // is overwritten only after this point of `consumer` is reached.
+  // The consumer has queued its last read of the last collected batch's images on `consumer`;
+  // that lane's buffer set is overwritten only after this point of `consumer` is reached.
   Status ReleaseAfter(cudaStream_t consumer);
-  cudaEvent_t ready_event() const;
-  cudaStream_t stream() const;
+  cudaEvent_t ready_event() const;  // of the last collected batch
+  cudaStream_t stream() const;      // of the last collected batch's lane
   NvJpegDecoderInfo info() const;
 
  private:
