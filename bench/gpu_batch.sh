@@ -6,6 +6,10 @@
 #   bash bench/gpu_batch.sh B          build, memory traces + bench, checkpoint tests + bench
 #   bash bench/gpu_batch.sh C          build, the issue-9 ablation (ROWS/BATCHES/... env)
 #   bash bench/gpu_batch.sh curves     build, GPU pytest of the graphs, the issue-9 loss curves
+#   bash bench/gpu_batch.sh D          build; decoder/loader/ckpt/cuFile/allocator GPU tests (beside
+#                                      them a MemSculptor diagnosis run of the trainer), the loader
+#                                      bench, the checkpoint writer bench; then, if time is left
+#                                      (D_BUDGET s in all), the lean step + torch.compile row
 # Output under $OUT (default results/gpu).
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -62,6 +66,51 @@ case "${1:-A}" in
     timeout "${C_T:-540}" bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 | grep -v "^pack:" | tail -60
     cp /tmp/lf_abl/"${NAME:-ablation}"/results.json "$OUT/ablation_${NAME:-ablation}.json"
     el "ablation"
+    ;;
+  D)
+    build
+    db=$(bash bench/e2e/make_db.sh build-gpu/loongforge 2>/dev/null)
+    mkdir -p /tmp/lf_memdiag
+    # MemSculptor in the eager trainer: record 6 steps (trace kept), plan, 6 more steps.
+    (LOONGFORGE_MEM_TRACE=/tmp/lf_memdiag/trainer_b16.trace LOONGFORGE_MEM_RECORD_STEPS=6 \
+      timeout 200 "$PY" -m loongforge.train --config n16 --data "$db" --mode loongforge \
+      --batch-size 16 --steps 12 --warmup 4 --loader-threads 4 --quiet \
+      --json-out /tmp/lf_memdiag/trainer_b16.json --adamw auto --cuda-graph off --sync-free off \
+      --token-buckets "" >/tmp/lf_memdiag/trainer.log 2>&1; echo "memdiag rc=$?") &
+    diag=$!
+    timeout 170 build-gpu/loongforge_tests \
+      --gtest_filter='NvJpegDecoder.*:GpuLoaderTest.*:CkptCuda.*:CkptCufile*:MemCuda.*' \
+      >"$OUT/ctest.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/ctest.log" | head -30; el "gtest"
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_data_gpu.py \
+      tests/python/test_ckpt_cufile.py tests/python/test_ckpt.py tests/python/test_memory.py \
+      >"$OUT/pytest.log" 2>&1
+    tail -8 "$OUT/pytest.log"; el "pytest"
+    wait $diag
+    "$PY" -c "
+import json; s=json.load(open('/tmp/lf_memdiag/trainer_b16.json')); m=s['figures']['memory']
+ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_hits',
+'planned_misses','planned_skips','planned_steps','pool_allocs','num_allocs','last_miss',
+'fragmentation')}, 'step p50', s['figures']['step_ms_p50'])" 2>&1 | tail -3
+    tail -3 /tmp/lf_memdiag/trainer.log
+    zstd -q -f /tmp/lf_memdiag/trainer_b16.trace 2>/dev/null || gzip -f /tmp/lf_memdiag/trainer_b16.trace
+    tar czf "$OUT/memdiag.tgz" -C /tmp/lf_memdiag . ; el "memdiag"
+    timeout 200 "$PY" bench/loader/gpu_bench.py --out "$OUT" >"$OUT/loader_bench.log" 2>&1
+    tail -45 "$OUT/loader_bench.log"; el "loader bench"
+    timeout 130 "$PY" bench/ckpt/gpu_bench.py --skip-baselines --modes on --writers posix,cufile \
+      --budget-s 90 --dir /tmp/lf_ckpt_gpu --out "$OUT/bench_ckpt_writers.json" \
+      >"$OUT/bench_ckpt_writers.log" 2>&1
+    tail -25 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
+    left=$(( ${D_BUDGET:-585} - ($(date +%s) - t0) ))
+    if [ "$left" -gt 100 ]; then
+      NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
+        RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
+        grep -v "^pack:" | tail -8
+      cp /tmp/lf_abl/compile/results.json "$OUT/ablation_compile.json" 2>/dev/null
+    else
+      echo "no time left for the compile row ($left s)"
+    fi
+    el "done"
     ;;
   curves)
     build
