@@ -10,6 +10,8 @@
 #                                      them a MemSculptor diagnosis run of the trainer), the loader
 #                                      bench, the checkpoint writer bench; then, if time is left
 #                                      (D_BUDGET s in all), the lean step + torch.compile row
+#   bash bench/gpu_batch.sh E          build; the cuFile writer's tests and bench (+ cufile.log);
+#                                      then the compile row if time is left (E_BUDGET s in all)
 # Output under $OUT (default results/gpu).
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -103,6 +105,28 @@ ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_
     tail -25 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
     left=$(( ${D_BUDGET:-585} - ($(date +%s) - t0) ))
     if [ "$left" -gt 100 ]; then
+      NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
+        RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
+        grep -v "^pack:" | tail -8
+      cp /tmp/lf_abl/compile/results.json "$OUT/ablation_compile.json" 2>/dev/null
+    else
+      echo "no time left for the compile row ($left s)"
+    fi
+    el "done"
+    ;;
+  E)
+    build
+    timeout 60 build-gpu/loongforge_tests --gtest_filter='CkptCufile*:CkptCuda.*' >"$OUT/ctest.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|rror" "$OUT/ctest.log" | head -20; el "gtest"
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_ckpt_cufile.py 2>&1 | tail -4
+    timeout 150 "$PY" bench/ckpt/gpu_bench.py --skip-baselines --modes on --writers posix,cufile \
+      --budget-s 60 --dir /tmp/lf_ckpt_gpu --out "$OUT/bench_ckpt_writers.json" \
+      >"$OUT/bench_ckpt_writers.log" 2>&1
+    tail -22 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
+    find . /tmp -maxdepth 3 -name cufile.log 2>/dev/null | head -3 | while read -r f; do
+      echo "== $f"; tail -15 "$f"; done
+    left=$(( ${E_BUDGET:-300} - ($(date +%s) - t0) ))
+    if [ "$left" -gt 110 ]; then
       NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
         RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
         grep -v "^pack:" | tail -8

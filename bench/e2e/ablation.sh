@@ -10,4 +10,4 @@ $PY bench/e2e/ablation.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATC
   --rows "${ROWS:-default,eager,static,syncfree,graphs,compile,fused}" --steps "${STEPS:-30}" \
   --warmup "${WARMUP:-10}" --buckets "${BUCKETS:-64}" --steps-for "${STEPS_FOR:-}" \
   --batches-for "${BATCHES_FOR:-}" --timeout "${RUN_TIMEOUT:-240}" \
-  --out "$out/${NAME:-ablation}" ${EXTRA:+--extra "$EXTRA"}
+  --out "$out/${NAME:-ablation}" ${EXTRA:+"--extra=$EXTRA"}

@@ -214,26 +214,37 @@ class CufileSessionImpl : public CufileSession {
   }
 
   StatusOr<std::unique_ptr<ChunkSink>> NewSink(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // O_RDWR, not O_WRONLY: cuFile reads back around unaligned writes (read-modify-write).
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + path);
-    int dio_fd = -1;
-    if (direct_) {  // GPUDirect needs an O_DIRECT descriptor; compat mode is fine without one
-      dio_fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-      if (dio_fd < 0)
-        LF_LOG(WARNING) << "open " << path << " with O_DIRECT: " << std::strerror(errno)
-                        << "; cuFile uses its compat path for it";
-    }
-    CUfileDescr_t descr{};
-    descr.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-    descr.handle.fd = dio_fd >= 0 ? dio_fd : fd;
-    CUfileHandle_t fh = nullptr;
-    CUfileError_t e = cuFileHandleRegister(&fh, &descr);
-    if (e.err != CU_FILE_SUCCESS) {
+    // Register the plain descriptor, else an O_DIRECT one (GPUDirect needs O_DIRECT; compat mode
+    // works with either, but some libcufile versions refuse one or the other): the first that
+    // cuFile takes is used, and every refusal goes into the error.
+    std::string tried;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool use_direct = (attempt == 0) == direct_;
+      int dio_fd = -1;
+      if (use_direct) {
+        dio_fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+        if (dio_fd < 0) {
+          tried +=
+              std::string(tried.empty() ? "" : "; ") + "O_DIRECT open: " + std::strerror(errno);
+          continue;
+        }
+      }
+      CUfileDescr_t descr{};
+      descr.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+      descr.handle.fd = use_direct ? dio_fd : fd;
+      CUfileHandle_t fh = nullptr;
+      CUfileError_t e = cuFileHandleRegister(&fh, &descr);
+      if (e.err == CU_FILE_SUCCESS)
+        return std::unique_ptr<ChunkSink>(new CufileSink(path, fd, dio_fd, fh, &regs_, &mu_));
+      tried += std::string(tried.empty() ? "" : "; ") + (use_direct ? "O_DIRECT fd: " : "fd: ") +
+               CufileErrorText(e);
       if (dio_fd >= 0) ::close(dio_fd);
-      ::close(fd);
-      return UnavailableError("cuFileHandleRegister " + path + ": " + CufileErrorText(e));
     }
-    return std::unique_ptr<ChunkSink>(new CufileSink(path, fd, dio_fd, fh, &regs_, &mu_));
+    ::close(fd);
+    return UnavailableError("cuFileHandleRegister " + path + " (" + mode_ + "): " + tried);
   }
 
  private:
@@ -253,6 +264,13 @@ StatusOr<std::unique_ptr<CufileSession>> OpenCufileSession() {
   CUfileError_t pe = cuFileSetParameterBool(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE, true);
   if (pe.err != CU_FILE_SUCCESS && pe.err != CU_FILE_DRIVER_ALREADY_OPEN)
     LF_LOG(WARNING) << "cuFileSetParameterBool(ALLOW_COMPAT_MODE): " << CufileErrorText(pe);
+  // Without nvidia-fs there is no GPUDirect path to probe: force compat mode, so cuFile neither
+  // tries the driver per file nor refuses descriptors it cannot hand to it.
+  if (::access("/proc/driver/nvidia-fs", F_OK) != 0) {
+    CUfileError_t fe = cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE, true);
+    if (fe.err != CU_FILE_SUCCESS && fe.err != CU_FILE_DRIVER_ALREADY_OPEN)
+      LF_LOG(WARNING) << "cuFileSetParameterBool(FORCE_COMPAT_MODE): " << CufileErrorText(fe);
+  }
   CUfileError_t e = cuFileDriverOpen();
   if (e.err != CU_FILE_SUCCESS)
     return UnavailableError("cufile: cuFileDriverOpen failed: " + CufileErrorText(e));
