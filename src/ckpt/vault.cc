@@ -244,6 +244,7 @@ class CheckpointVault::Impl {
     if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
       return UnavailableError("checkpoint vault " + dir_ +
                               " is open for writing by another process (LOCK is held)");
+    if (cufile_) LF_RETURN_IF_ERROR(ProbeCufile());
     // Seed change detection and the writer's chunk index from the latest committed checkpoint.
     if (auto latest = Latest()) {
       LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(*latest));
@@ -275,6 +276,22 @@ class CheckpointVault::Impl {
       }
     }
     return InvalidArgumentError("unknown writer");
+  }
+
+  // writer=cufile: cuFile must take a file in the segments directory, or Open fails now instead
+  // of every checkpoint failing later in the background. libcufile refuses files on some volumes
+  // even in compat mode (e.g. in containers without udev data for the block device: cufile.log
+  // then says "unable to get volume attributes").
+  Status ProbeCufile() {
+    const std::string probe = seg_dir_ + "/.cufile-probe";
+    auto sink = cufile_->NewSink(probe);
+    Status s = sink.ok() ? (*sink)->Close() : sink.status();
+    ::unlink(probe.c_str());
+    if (s.ok()) return s;
+    return UnavailableError("writer=cufile: cuFile cannot write files in " + seg_dir_ + " (" +
+                            s.message() +
+                            "); cufile.log in the working directory has cuFile's reason; "
+                            "use writer=posix or writer=auto");
   }
 
   // Frees a device staging arena (deregistering it from cuFile first).

@@ -87,6 +87,15 @@ bool HaveCufileDevice(std::string* why) {
     *why = "cuFile is not built in";
     return false;
   }
+  // Where libcufile refuses to register files here (Open probes it), the writer cannot run: the
+  // refusal itself is checked by CkptCufile.OpenFailsClearlyWhereCufileCannotWrite.
+  VaultOptions o;
+  o.writer = Writer::kCufile;
+  auto v = CheckpointVault::Open(CufileTempDir("probe"), o);
+  if (!v.ok()) {
+    *why = "cuFile cannot write files on this machine: " + v.status().ToString();
+    return false;
+  }
   return true;
 }
 
@@ -323,6 +332,36 @@ TEST(CkptCufile, DiskFullIsResourceExhaustedAndKeepsOlderCheckpoints) {
       if (ht.info.name == "layer0") EXPECT_EQ(ht.data, first);
   }
   ::umount2(dir.c_str(), MNT_DETACH);
+}
+
+// Guards the Open-time probe: writer=cufile either opens (and leaves no probe file behind) or,
+// where libcufile refuses files in the vault (the H200 container: no udev data for its disk),
+// fails at Open with Unavailable naming the directory and pointing at cufile.log, while
+// writer=auto still works on the same directory.
+TEST(CkptCufile, OpenFailsClearlyWhereCufileCannotWrite) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  if (!GetBuildInfo().cufile) GTEST_SKIP() << "cuFile is not built in";
+  std::string dir = CufileTempDir("openprobe");
+  {
+    VaultOptions o;
+    o.writer = Writer::kCufile;
+    auto v = CheckpointVault::Open(dir, o);
+    if (v.ok()) {
+      EXPECT_FALSE(fs::exists(dir + "/segments/.cufile-probe"));
+      return;
+    }
+    EXPECT_EQ(v.status().code(), StatusCode::kUnavailable) << v.status();
+    EXPECT_NE(v.status().message().find(dir + "/segments"), std::string::npos) << v.status();
+    EXPECT_NE(v.status().message().find("cufile.log"), std::string::npos) << v.status();
+    EXPECT_FALSE(fs::exists(dir + "/segments/.cufile-probe"));
+  }
+  VaultOptions o;
+  auto v = CheckpointVault::Open(dir, o);  // the failed Open released the vault's lock
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::vector<uint8_t> bytes(10000, 3);
+  ASSERT_TRUE((*v)->Save(1, {{"w", "u8", {10000}, bytes.data(), -1}}).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
 }
 #endif  // LOONGFORGE_WITH_CUDA
 
