@@ -49,10 +49,10 @@ Status RunPlan(const Args& a, const std::string& path) {
   std::map<std::string, std::vector<const mem::LifetimeTable*>> by_sig;
   for (const auto& t : tables) by_sig[t.signature].push_back(&t);
   std::vector<mem::SignaturePlan> sig_plans;
+  const int64_t carry_zone = mem::CarryZoneBytes(tables);  // as MemAllocator::PlanFromTrace
   for (const auto& [sig, steps] : by_sig) {
-    mem::SignaturePlan sp = mem::PlanSignature(steps);
-    LF_RETURN_IF_ERROR_CTX(mem::CheckPlan(sp.envelope, sp.plan),
-                           path + ": signature '" + sig + "'");
+    mem::SignaturePlan sp = mem::PlanSignature(steps, carry_zone);
+    LF_RETURN_IF_ERROR_CTX(mem::CheckSignaturePlan(sp), path + ": signature '" + sig + "'");
     sig_plans.push_back(std::move(sp));
   }
   auto vs_steps = [](const mem::SignaturePlan& sp) {

@@ -231,6 +231,13 @@ struct MemAllocator::Impl {
   // Note [Lifetime-guided fallback]: the plan a diverged step left, and its position there.
   std::shared_ptr<const Plan> shadow_plan;
   int64_t shadow_long_events = 0;
+  // Note [Carry zones] (planner.cc): the zone this step's carries went to (-1: none planned).
+  int carry_zone_now = -1;
+  // Note [Sibling plans] (planner.cc): the plan group the step began with (arena_plan is its
+  // member group_index), and the step's transient allocs and frees so far.
+  std::shared_ptr<const Plan> group_root;
+  size_t group_index = 0;
+  int64_t step_events = 0;
 
   bool recording = false;
   Trace trace;
@@ -674,15 +681,61 @@ struct MemAllocator::Impl {
     pool.free_blocks.insert(Coalesce(pool, b));
   }
 
+  // Note [Sibling plans] (planner.cc): the member of the step's plan group to serve allocation k
+  // from, the current one included: it must fit the request and have every planned allocation
+  // live now at the same offset, no smaller. Preferred: slot k recorded at this event count (the
+  // step's structure), then the tightest slot. -1: none.
+  int ChooseMember(size_t k, size_t size, StreamId stream) const {
+    const Plan& root = *group_root;
+    const Plan& cur = *arena_plan;
+    const size_t m = root.siblings.size() + 1;
+    int best = -1;
+    bool best_seq = false;
+    int64_t best_size = 0;
+    for (size_t j = 0; j < m; ++j) {
+      const Plan& q = j == 0 ? root : *root.siblings[j - 1];
+      if (k >= q.sizes.size() || q.streams[k] != stream || static_cast<size_t>(q.sizes[k]) < size) {
+        continue;
+      }
+      const bool seq = k < q.alloc_seqs.size() && q.alloc_seqs[k] == step_events;
+      if (best >= 0 && (best_seq > seq || (best_seq == seq && best_size <= q.sizes[k]))) continue;
+      bool agree = true;
+      for (size_t i = 0; i < k && agree && j != group_index; ++i) {
+        agree = !planned_live[i] ||
+                (q.offsets[i] == cur.offsets[i] && q.sizes[i] >= cur.sizes[i]);
+      }
+      if (!agree) continue;
+      best = static_cast<int>(j);
+      best_seq = seq;
+      best_size = q.sizes[k];
+    }
+    return best;
+  }
+
   // Planned path; returns nullptr when the step diverges (Note [Planned arena safety]).
   void* TryPlanned(size_t size, StreamId stream, Live* rec, bool* pool_served) {
-    const Plan& p = *arena_plan;
     *pool_served = false;
-    if (cursor >= p.sizes.size()) return Diverge();
     size_t k = cursor;
-    // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
-    if (p.streams[k] != stream) return Diverge();
-    if (static_cast<size_t>(p.sizes[k]) < size) return Diverge();
+    auto fits = [&](const Plan& q) {
+      // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
+      return k < q.sizes.size() && q.streams[k] == stream && static_cast<size_t>(q.sizes[k]) >= size;
+    };
+    bool ok = fits(*arena_plan);
+    if (!group_root->siblings.empty() &&
+        (static_cast<int64_t>(k) <= group_root->sibling_prefix || !ok ||
+         k >= arena_plan->alloc_seqs.size() || arena_plan->alloc_seqs[k] != step_events)) {
+      int j = ChooseMember(k, size, stream);
+      if (j >= 0 && static_cast<size_t>(j) != group_index) {
+        group_index = static_cast<size_t>(j);
+        arena_plan = j == 0 ? group_root : group_root->siblings[j - 1];
+        if (planned_live.size() < arena_plan->sizes.size()) {
+          planned_live.resize(arena_plan->sizes.size(), 0);
+        }
+      }
+      ok = j >= 0;
+    }
+    if (!ok) return Diverge();
+    const Plan& p = *arena_plan;
     ++cursor;
     // Slot k's bytes still held (the live step frees later than the recorded one, or something
     // from the last step occupies them): this allocation alone comes from the pool and slot k
@@ -695,10 +748,13 @@ struct MemAllocator::Impl {
       *pool_served = true;
       return nullptr;
     }
-    if (p.offsets[k] == kNotPlanned) {
+    if (p.offsets[k] == kNotPlanned ||
+        (!p.carries.empty() && p.carries[k] && streams_seen.size() > 1)) {
+      // Several streams: a carry left live at BeginStep would block the next step's plan.
       *pool_served = true;
       return nullptr;
     }
+    if (!p.carries.empty() && p.carries[k]) carry_zone_now = p.carry_zone;
     planned_live[k] = 1;
     ++planned_live_count;
     rec->plan_index = static_cast<int32_t>(k);
@@ -805,6 +861,7 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
     if (kind == PoolKind::kTransient && m.step_open) {
       rec.in_step = true;
       ++m.step_made_live;
+      ++m.step_events;
     }
     if (kind == PoolKind::kTransient && (m.recording || m.probing)) {
       int64_t now = NowNs();
@@ -832,6 +889,7 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   Live rec = it->second;
   m.live.erase(it);
   if (rec.in_step) --m.step_made_live;
+  if (rec.kind == PoolKind::kTransient && m.step_open) ++m.step_events;
   if (rec.kind == PoolKind::kTransient && (m.recording || m.probing)) {
     int64_t now = NowNs();
     if (m.recording) m.trace.AddFree(rec.id, stream, now);
@@ -859,6 +917,11 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   const int64_t max_peak = plans_.MaxPeakBytes();
   int64_t largest = plan ? std::max(plan->peak_bytes, max_peak) : 0;
   std::lock_guard<std::mutex> lock(m.mu);
+  // Note [Carry zones]: the last step's carries are in carry_zone_now; this step puts its own in
+  // the other zone.
+  if (plan && plan->mirror && m.carry_zone_now == plan->carry_zone) plan = plan->mirror;
+  m.carry_zone_now = -1;
+  m.step_events = 0;
   m.step_planned = false;
   m.step_open = true;
   m.cursor = 0;
@@ -926,6 +989,8 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     m.AddReserved(static_cast<int64_t>(want));
   }
   m.arena_plan = plan;
+  m.group_root = plan;
+  m.group_index = 0;
   m.planned_live.assign(plan->sizes.size(), 0);
   m.step_planned = true;
   ++m.planned_steps;
@@ -1002,9 +1067,12 @@ StatusOr<std::vector<Plan>> MemAllocator::PlanFromTrace(const Trace& trace) {
   std::map<std::string, std::vector<const LifetimeTable*>> by_sig;
   for (const auto& t : tables) by_sig[t.signature].push_back(&t);
   std::vector<Plan> out;
+  // Note [Carry zones] (planner.cc): one zone size for every signature, so whichever step comes
+  // next finds the last one's carries where its plan expects them.
+  const int64_t carry_zone = CarryZoneBytes(tables);
   for (const auto& [sig, steps] : by_sig) {
-    SignaturePlan sp = PlanSignature(steps);
-    LF_RETURN_IF_ERROR_CTX(CheckPlan(sp.envelope, sp.plan), "plan for step '" + sig + "'");
+    SignaturePlan sp = PlanSignature(steps, carry_zone);
+    LF_RETURN_IF_ERROR_CTX(CheckSignaturePlan(sp), "plan for step '" + sig + "'");
     out.push_back(sp.plan);
     plans_.Put(std::move(sp.plan));
   }

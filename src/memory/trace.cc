@@ -92,6 +92,7 @@ StatusOr<std::vector<LifetimeTable>> Trace::Lifetimes() const {
         int64_t seq = cur.num_events++;
         if (it == live_in_step.end()) {
           ++cur.foreign_frees;
+          cur.last_foreign_free_seq = seq;
           break;
         }
         Lifetime& lt = cur.allocs[it->second];
