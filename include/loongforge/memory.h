@@ -204,9 +204,11 @@ struct SignaturePlan {
   LifetimeTable envelope;
   int merged_steps = 0;  // steps covered by the base plan (the base and same-structure steps)
   int structures = 0;    // step structures planned: the base plan and its siblings
+  // The largest peak among the plan, its siblings and its mirror's group: the arena it needs.
+  int64_t group_peak_bytes = 0;
   // The tables plan.siblings[j] were planned over (for CheckPlan), in order.
   std::vector<LifetimeTable> sibling_envelopes;
-  int total_steps = 0;   // steps given
+  int total_steps = 0;  // steps given
   // Largest LowerBoundBytes among all the steps given (the base's): what the arena must hold.
   // With carry zones, carries count (LowerBoundBytes(t, true)).
   int64_t max_step_lower_bound_bytes = 0;

@@ -682,10 +682,12 @@ struct MemAllocator::Impl {
   }
 
   // Note [Sibling plans] (planner.cc): the member of the step's plan group to serve allocation k
-  // from, the current one included: it must fit the request and have every planned allocation
-  // live now at the same offset, no smaller. Preferred: slot k recorded at this event count (the
-  // step's structure), then the tightest slot. -1: none.
-  int ChooseMember(size_t k, size_t size, StreamId stream) const {
+  // from, the current one included. It must fit the request and hold every planned allocation
+  // live now at the same offset, no smaller (then its must_be_free lists hold for the step as it
+  // is). Preferred: slot k recorded at this event count (the step's structure), then the
+  // tightest slot. With `require_seq`, only members whose slot k was recorded at this count.
+  // -1: none.
+  int ChooseMember(size_t k, size_t size, StreamId stream, bool require_seq) const {
     const Plan& root = *group_root;
     const Plan& cur = *arena_plan;
     const size_t m = root.siblings.size() + 1;
@@ -698,11 +700,11 @@ struct MemAllocator::Impl {
         continue;
       }
       const bool seq = k < q.alloc_seqs.size() && q.alloc_seqs[k] == step_events;
+      if (require_seq && !seq) continue;
       if (best >= 0 && (best_seq > seq || (best_seq == seq && best_size <= q.sizes[k]))) continue;
       bool agree = true;
       for (size_t i = 0; i < k && agree && j != group_index; ++i) {
-        agree = !planned_live[i] ||
-                (q.offsets[i] == cur.offsets[i] && q.sizes[i] >= cur.sizes[i]);
+        agree = !planned_live[i] || (q.offsets[i] == cur.offsets[i] && q.sizes[i] >= cur.sizes[i]);
       }
       if (!agree) continue;
       best = static_cast<int>(j);
@@ -718,13 +720,24 @@ struct MemAllocator::Impl {
     size_t k = cursor;
     auto fits = [&](const Plan& q) {
       // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
-      return k < q.sizes.size() && q.streams[k] == stream && static_cast<size_t>(q.sizes[k]) >= size;
+      return k < q.sizes.size() && q.streams[k] == stream &&
+             static_cast<size_t>(q.sizes[k]) >= size;
     };
     bool ok = fits(*arena_plan);
-    if (!group_root->siblings.empty() &&
-        (static_cast<int64_t>(k) <= group_root->sibling_prefix || !ok ||
-         k >= arena_plan->alloc_seqs.size() || arena_plan->alloc_seqs[k] != step_events)) {
-      int j = ChooseMember(k, size, stream);
+    if (!group_root->siblings.empty()) {
+      // Before the members part ways, the tightest fitting one; after, another member only when
+      // the current one cannot serve k, or when its slot k was recorded at another event count
+      // and a member's was recorded at this one (the step took another branch).
+      const bool choosing = static_cast<int64_t>(k) <= group_root->sibling_prefix;
+      const bool seq_ok =
+          k < arena_plan->alloc_seqs.size() && arena_plan->alloc_seqs[k] == step_events;
+      int j = -1;
+      if (choosing || !ok) {
+        j = ChooseMember(k, size, stream, /*require_seq=*/false);
+        ok = j >= 0;
+      } else if (!seq_ok) {
+        j = ChooseMember(k, size, stream, /*require_seq=*/true);
+      }
       if (j >= 0 && static_cast<size_t>(j) != group_index) {
         group_index = static_cast<size_t>(j);
         arena_plan = j == 0 ? group_root : group_root->siblings[j - 1];
@@ -732,7 +745,6 @@ struct MemAllocator::Impl {
           planned_live.resize(arena_plan->sizes.size(), 0);
         }
       }
-      ok = j >= 0;
     }
     if (!ok) return Diverge();
     const Plan& p = *arena_plan;

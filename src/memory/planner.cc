@@ -539,11 +539,18 @@ SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps,
   sp.structures = static_cast<int>(m);
   sp.plan = PlanGroup(&envs, ev, carry_zone_bytes, 0, base->signature);
   if (sp.plan.carry_zone >= 0) {
-    sp.plan.mirror = std::make_shared<const Plan>(
-        PlanGroup(&envs, ev, carry_zone_bytes, 1, base->signature));
+    sp.plan.mirror =
+        std::make_shared<const Plan>(PlanGroup(&envs, ev, carry_zone_bytes, 1, base->signature));
   }
   sp.envelope = envs[0];
   sp.sibling_envelopes.assign(envs.begin() + 1, envs.end());
+  for (const Plan* root : {static_cast<const Plan*>(&sp.plan), sp.plan.mirror.get()}) {
+    if (root == nullptr) continue;
+    sp.group_peak_bytes = std::max(sp.group_peak_bytes, root->peak_bytes);
+    for (const auto& sib : root->siblings) {
+      sp.group_peak_bytes = std::max(sp.group_peak_bytes, sib->peak_bytes);
+    }
+  }
   return sp;
 }
 
