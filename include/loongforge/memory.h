@@ -215,8 +215,10 @@ struct SignaturePlan {
 };
 // The plan MemAllocator installs for one signature, from its recorded steps in order (at least
 // one): the largest step, widened by every step of the same structure. MemAllocator serves an
-// allocation from a plan when it is no larger than planned, so the plan serves all merged steps;
-// steps of another structure diverge into the pool, which serves them inside the arena.
+// allocation from a plan when it is no larger than planned, so the plan serves all merged steps.
+// Each other structure among the steps gets a sibling plan, planned together with it (Note
+// [Sibling plans]); steps that match no plan diverge into the pool, which serves them inside the
+// arena.
 // With carry_zone_bytes > 0 (CarryZoneBytes over every recorded step, all signatures alike), the
 // plan places carries in zone 0 and its `mirror` in zone 1 (Note [Carry zones]).
 SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps,
@@ -396,8 +398,9 @@ class MemAllocator {
   Trace StopRecording();
   bool recording() const;
 
-  // Plans each signature of `trace` (PlanSignature: its last recorded step, widened by earlier
-  // steps of the same structure) and installs the plans. Returns the plans installed.
+  // Plans each signature of `trace` (PlanSignature: its largest recorded step, widened by the
+  // steps of the same structure, with sibling plans for other structures and carry zones sized
+  // by CarryZoneBytes over the whole trace) and installs the plans. Returns the plans installed.
   StatusOr<std::vector<Plan>> PlanFromTrace(const Trace& trace);
   Status InstallPlan(Plan plan);
   const PlanCache& plans() const { return plans_; }
