@@ -696,7 +696,8 @@ struct MemAllocator::Impl {
     int64_t best_size = 0;
     for (size_t j = 0; j < m; ++j) {
       const Plan& q = j == 0 ? root : *root.siblings[j - 1];
-      if (k >= q.sizes.size() || q.streams[k] != stream || static_cast<size_t>(q.sizes[k]) < size) {
+      if (k >= q.sizes.size() || q.streams[k] != stream || static_cast<size_t>(q.sizes[k]) < size ||
+          static_cast<size_t>(q.peak_bytes) > arena_size) {
         continue;
       }
       const bool seq = k < q.alloc_seqs.size() && q.alloc_seqs[k] == step_events;
@@ -974,8 +975,11 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     return (static_cast<size_t>(n) + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes *
            kLargeSegmentRoundBytes;
   };
-  size_t need = static_cast<size_t>(plan->peak_bytes);
-  size_t want = round(largest);
+  // The step may move to any member of the plan's group (Note [Sibling plans]): all must fit.
+  int64_t group_peak = plan->peak_bytes;
+  for (const auto& sib : plan->siblings) group_peak = std::max(group_peak, sib->peak_bytes);
+  size_t need = static_cast<size_t>(group_peak);
+  size_t want = round(std::max(largest, group_peak));
   // Grow when this plan does not fit; shrink when the largest plan was evicted.
   if (!m.occupants.empty() && need > m.arena_size) {
     // The arena is too small for this plan but cannot move while occupied: run from the pool,
@@ -989,7 +993,7 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     StatusOr<void*> a = m.backend->Reserve(want);
     if (!a.ok()) {
       m.ReleaseCachedLocked();
-      want = round(plan->peak_bytes);  // at least this step's plan
+      want = round(group_peak);  // at least this step's plans
       a = m.backend->Reserve(want);
     }
     if (!a.ok()) {
