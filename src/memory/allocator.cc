@@ -1095,9 +1095,17 @@ StatusOr<std::vector<Plan>> MemAllocator::PlanFromTrace(const Trace& trace) {
   return out;
 }
 
-Status MemAllocator::InstallPlan(Plan plan) {
+namespace {
+
+// InstallPlan's checks, for a plan and (Note [Sibling plans], Note [Carry zones]) its siblings and
+// mirror: tables of one length, every placed allocation inside the arena, must_be_free entries
+// earlier, carry flags where carries are placed.
+Status ValidatePlan(const Plan& plan, int depth) {
   size_t n = plan.sizes.size();
-  if (plan.offsets.size() != n || plan.streams.size() != n || plan.must_be_free.size() != n) {
+  if (plan.offsets.size() != n || plan.streams.size() != n || plan.must_be_free.size() != n ||
+      (!plan.carries.empty() && plan.carries.size() != n) ||
+      (!plan.alloc_seqs.empty() && plan.alloc_seqs.size() != n) ||
+      (!plan.siblings.empty() && plan.alloc_seqs.size() != n)) {
     return InvalidArgumentError("plan '" + plan.signature + "' has inconsistent table sizes");
   }
   for (size_t i = 0; i < n; ++i) {
@@ -1112,6 +1120,29 @@ Status MemAllocator::InstallPlan(Plan plan) {
       }
     }
   }
+  if (depth > 0 && (!plan.siblings.empty() || plan.mirror)) {
+    return InvalidArgumentError("plan '" + plan.signature + "': nested sibling or mirror plans");
+  }
+  for (const auto& sib : plan.siblings) {
+    if (sib == nullptr || sib->carry_zone != plan.carry_zone) {
+      return InvalidArgumentError("plan '" + plan.signature + "': bad sibling plan");
+    }
+    LF_RETURN_IF_ERROR(ValidatePlan(*sib, depth + 1));
+  }
+  if (plan.mirror) {
+    // The mirror is a group's base like the plan itself: it may have siblings of its own.
+    if (depth > 0) return InvalidArgumentError("plan '" + plan.signature + "': nested mirror");
+    Plan m = *plan.mirror;
+    m.mirror.reset();
+    LF_RETURN_IF_ERROR(ValidatePlan(m, 0));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status MemAllocator::InstallPlan(Plan plan) {
+  LF_RETURN_IF_ERROR(ValidatePlan(plan, 0));
   plans_.Put(std::move(plan));
   return Status::Ok();
 }
