@@ -997,6 +997,29 @@ TEST(MemAllocator, SiblingPlansAndCarryZonesKeepMoeStepsPlanned) {
   EXPECT_EQ(a->Stats().allocated_bytes, 0);
 }
 
+// Guards InstallPlan's checks on plan groups: a sibling whose slot lies outside its arena, or
+// whose tables disagree in length, is refused before it can hand out memory.
+TEST(MemAllocator, InstallPlanValidatesSiblings) {
+  auto a = MakeAllocator(64 * kMiB, 4 * kMiB);
+  Trace t;
+  t.MarkStep("g");
+  t.AddAlloc(1, 4096, 0, 0);
+  t.AddAlloc(2, 8192, 0, 0);
+  t.AddFree(1, 0, 0);
+  t.AddFree(2, 0, 0);
+  LifetimeTable table = std::move(*t.Lifetimes())[0];
+  Plan base = PlanStep(table, "g");
+  Plan sib = base;
+  sib.offsets[1] = sib.peak_bytes;  // past the end of its arena
+  base.siblings.push_back(std::make_shared<const Plan>(sib));
+  EXPECT_EQ(a->InstallPlan(base).code(), StatusCode::kInvalidArgument);
+  base.siblings[0] = std::make_shared<const Plan>(PlanStep(table, "g"));
+  base.alloc_seqs.pop_back();  // a group needs every slot's event count
+  EXPECT_EQ(a->InstallPlan(base).code(), StatusCode::kInvalidArgument);
+  base.alloc_seqs = PlanStep(table, "g").alloc_seqs;
+  EXPECT_TRUE(a->InstallPlan(base).ok());
+}
+
 // Guards the safety of sibling switching and carry zones: random MoE-like steps (expert sizes,
 // workspace position, when the last step's carry is freed), recorded or not, never hand out
 // overlapping live bytes, and every byte is accounted for.
