@@ -233,6 +233,7 @@ struct MemAllocator::Impl {
   int64_t shadow_long_events = 0;
   // Note [Carry zones] (planner.cc): the zone this step's carries went to (-1: none planned).
   int carry_zone_now = -1;
+  int64_t first_sight_zone = 0;  // carry zone of first-sight plans: the largest seen so far
   // Note [Sibling plans] (planner.cc): the plan group the step began with (arena_plan is its
   // member group_index), and the step's transient allocs and frees so far.
   std::shared_ptr<const Plan> group_root;
@@ -1044,7 +1045,19 @@ void MemAllocator::PlanFirstSight() {
     return;
   }
   if (tables->empty()) return;  // no allocations: nothing to plan
-  Plan plan = PlanStep(tables->front(), signature);
+  // Note [Carry zones] (planner.cc): zones as large as the largest carries seen on first sight
+  // (plans made earlier with smaller zones cost skips, never safety).
+  int64_t zone = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.first_sight_zone = std::max(m.first_sight_zone, CarryZoneBytes(*tables));
+    zone = m.first_sight_zone;
+  }
+  Plan plan = PlanStepWithCarries(tables->front(), zone, 0, signature);
+  if (plan.carry_zone >= 0) {
+    plan.mirror =
+        std::make_shared<const Plan>(PlanStepWithCarries(tables->front(), zone, 1, signature));
+  }
   Status checked = CheckPlan(tables->front(), plan);
   if (!checked.ok()) {  // a planner bug: keep the pool serving this signature rather than abort
     LF_LOG(ERROR) << "MemSculptor: invalid plan for step '" << signature

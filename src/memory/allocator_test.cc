@@ -956,7 +956,10 @@ bool RunMoeStep(MemAllocator* a, const MoeStep& st, std::vector<Tracked>* carrie
 // workspace steps and served every carry from a pool segment); the carries alternate between
 // two addresses (the two zones), and nothing is reserved beyond the arena.
 TEST(MemAllocator, SiblingPlansAndCarryZonesKeepMoeStepsPlanned) {
-  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.plan_unseen_signatures = false;  // the warm-up step stays unplanned: recorded plans only
+  auto a = MakeAllocatorWith(o, 512 * kMiB);
   const std::vector<MoeStep> kinds = {{6 * kMiB, false}, {9 * kMiB, true}, {5 * kMiB, false}};
   std::vector<Tracked> carried;
   std::vector<void*> carries;

@@ -50,7 +50,8 @@
 // bytes of the step. Safety does not rest on the zones: the previous step's carries are arena
 // occupants (allocator.cc, Note [Arena occupants]), so a slot over one still live is skipped.
 // With several streams, carries are served by the pool as before (a carry live at BeginStep
-// would keep the next step off its plan).
+// would keep the next step off its plan). Plans made on first sight (allocator.cc, Note [First
+// sight]) use zones as large as the largest carries seen so far on first sight.
 //
 // Note [Sibling plans]
 // One signature may produce steps of several structures: on the MoE trace, an expert's GEMM
