@@ -49,15 +49,15 @@ Status RunPlan(const Args& a, const std::string& path) {
   std::map<std::string, std::vector<const mem::LifetimeTable*>> by_sig;
   for (const auto& t : tables) by_sig[t.signature].push_back(&t);
   std::vector<mem::SignaturePlan> sig_plans;
+  const int64_t carry_zone = mem::CarryZoneBytes(tables);  // as MemAllocator::PlanFromTrace
   for (const auto& [sig, steps] : by_sig) {
-    mem::SignaturePlan sp = mem::PlanSignature(steps);
-    LF_RETURN_IF_ERROR_CTX(mem::CheckPlan(sp.envelope, sp.plan),
-                           path + ": signature '" + sig + "'");
+    mem::SignaturePlan sp = mem::PlanSignature(steps, carry_zone);
+    LF_RETURN_IF_ERROR_CTX(mem::CheckSignaturePlan(sp), path + ": signature '" + sig + "'");
     sig_plans.push_back(std::move(sp));
   }
   auto vs_steps = [](const mem::SignaturePlan& sp) {
     return sp.max_step_lower_bound_bytes > 0
-               ? static_cast<double>(sp.plan.peak_bytes - sp.max_step_lower_bound_bytes) /
+               ? static_cast<double>(sp.group_peak_bytes - sp.max_step_lower_bound_bytes) /
                      sp.max_step_lower_bound_bytes
                : 0.0;
   };
@@ -86,6 +86,8 @@ Status RunPlan(const Args& a, const std::string& path) {
       j["signatures"].push_back({{"signature", sp.plan.signature},
                                  {"steps", sp.total_steps},
                                  {"merged_steps", sp.merged_steps},
+                                 {"structures", sp.structures},
+                                 {"group_peak_bytes", sp.group_peak_bytes},
                                  {"algorithm", sp.plan.algorithm},
                                  {"peak_bytes", sp.plan.peak_bytes},
                                  {"lower_bound_bytes", sp.plan.lower_bound_bytes},
@@ -110,13 +112,15 @@ Status RunPlan(const Args& a, const std::string& path) {
   std::printf("largest step: lower bound %s, peak %s, overhead %.2f%%\n",
               mem::FormatBytes(bound).c_str(), mem::FormatBytes(peak).c_str(), 100 * overhead);
   std::printf(
-      "\nper signature (the plan the allocator installs: envelope of same-structure steps)\n");
-  std::printf("%-16s %6s %7s %12s %12s %9s %14s %9s\n", "signature", "steps", "merged",
+      "\nper signature (the plans the allocator installs: one per step structure, each the envelope"
+      " of its steps; vs steps: the largest of them, carry-zone mirrors included, against the"
+      " largest step's bound)\n");
+  std::printf("%-16s %6s %7s %6s %12s %12s %9s %14s %9s\n", "signature", "steps", "merged", "plans",
               "lower bound", "peak", "overhead", "max step bound", "vs steps");
   for (const auto& sp : sig_plans) {
-    std::printf("%-16s %6d %7d %12s %12s %8.2f%% %14s %8.2f%%\n",
+    std::printf("%-16s %6d %7d %6d %12s %12s %8.2f%% %14s %8.2f%%\n",
                 sp.plan.signature.empty() ? "-" : sp.plan.signature.c_str(), sp.total_steps,
-                sp.merged_steps, mem::FormatBytes(sp.plan.lower_bound_bytes).c_str(),
+                sp.merged_steps, sp.structures, mem::FormatBytes(sp.plan.lower_bound_bytes).c_str(),
                 mem::FormatBytes(sp.plan.peak_bytes).c_str(), 100 * sp.plan.overhead(),
                 mem::FormatBytes(sp.max_step_lower_bound_bytes).c_str(), 100 * vs_steps(sp));
   }

@@ -65,8 +65,15 @@ struct Lifetime {
   int64_t alloc_seq = 0;
   int64_t free_seq = 0;  // == LifetimeTable::num_events when not freed in this step
   bool freed_in_step = false;
+  // Not freed in this step and still live at the end of the next recorded step: a persistent
+  // tensor made during a step (gradients and optimizer state on the first training step), not a
+  // carry (Note [Carry zones] in src/memory/planner.cc). Plans leave it to the pool.
+  bool persistent = false;
   int64_t alloc_ns = 0, free_ns = 0;  // free_ns = -1 when not freed in this step
 };
+
+// Outlives its step but is freed in the next one (Note [Carry zones]).
+inline bool IsCarry(const Lifetime& lt) { return !lt.freed_in_step && !lt.persistent; }
 
 struct LifetimeTable {
   int step = 0;
@@ -75,6 +82,9 @@ struct LifetimeTable {
   std::vector<Lifetime> allocs;  // in allocation order
   // Frees in this step of allocations made before it (persistent tensors, last step's outputs).
   int64_t foreign_frees = 0;
+  // Sequence number of the last such free (-1 when none): until then the previous step's carried
+  // tensors are live (Note [Carry zones] in src/memory/planner.cc).
+  int64_t last_foreign_free_seq = -1;
 };
 
 // An alloc/free trace over one or more steps. Not thread-safe (MemAllocator locks around it).
@@ -130,12 +140,33 @@ struct Plan {
   // for those not freed in it): a lifetime forecast for the pool once a step diverged
   // (Note [Lifetime-guided fallback] in src/memory/allocator.cc).
   std::vector<int64_t> lifetimes;
+  // Event sequence number of each allocation in the recorded step (allocs and frees counted from
+  // the step's start): tells a live step's structure apart at a branch (Note [Sibling plans]).
+  std::vector<int64_t> alloc_seqs;
   // For allocation k: earlier planned allocations whose address ranges overlap k's. They must all
   // be freed before k is handed out (Note [Planned arena safety]).
   std::vector<std::vector<int32_t>> must_be_free;
   int64_t peak_bytes = 0;         // arena size
   int64_t lower_bound_bytes = 0;  // max over time of live planned bytes (no plan can beat it)
   int64_t other_peak_bytes = 0;   // the peak of the algorithm not chosen
+  // Note [Carry zones] (src/memory/planner.cc): allocations that outlive the step ("carries") are
+  // placed in zone `carry_zone` (0 or 1) of two zones of `carry_zone_bytes` at the bottom of the
+  // arena, [z * carry_zone_bytes, (z + 1) * carry_zone_bytes); the other zone holds the previous
+  // step's carries until its last foreign free. -1: carries are not placed (the pool serves them).
+  int carry_zone = -1;
+  int64_t carry_zone_bytes = 0;
+  std::vector<uint8_t> carries;  // per allocation: 1 when it outlives the step (empty: none)
+  // The same step planned with its carries in the other zone (null without carry zones): the
+  // allocator alternates the two so a step's carries never land on the previous step's.
+  std::shared_ptr<const Plan> mirror;
+  // Note [Sibling plans] (src/memory/planner.cc): plans of the same signature for steps of other
+  // structures (say, a workspace allocated only above some load), planned together with this
+  // one and set on it (a group's first plan): each allocation that is live where two structures
+  // branch has the same offset in both, so a step can switch plans there.
+  std::vector<std::shared_ptr<const Plan>> siblings;
+  // The most leading slots two members of the group have in common (same offset, size, stream):
+  // up to there the step still chooses among them.
+  int64_t sibling_prefix = 0;
   // (peak - lower bound) / lower bound; 0 when lower bound is 0.
   double overhead() const {
     return lower_bound_bytes > 0
@@ -155,8 +186,18 @@ Plan PlanGreedyByBreadth(const LifetimeTable& table);
 // different streams) overlap in address, every offset is aligned and lies inside [0, peak), and
 // peak >= lower bound. The error names the offending pair.
 Status CheckPlan(const LifetimeTable& table, const Plan& plan);
-// Max over time of the sum of live rounded sizes of placed allocations.
-int64_t LowerBoundBytes(const LifetimeTable& table);
+// Max over time of the sum of live rounded sizes of placed allocations (with `with_carries`, the
+// allocations that outlive the step count too, live to its end).
+int64_t LowerBoundBytes(const LifetimeTable& table, bool with_carries = false);
+// Note [Carry zones]: plans `table` with its carries at fixed offsets in zone `out_zone` (0 or 1)
+// of two zones of `zone_bytes` at the arena's bottom, and the other zone kept free until the
+// step's last foreign free (where the previous step's carries are). Carries that do not fit the
+// zone are not placed. zone_bytes == 0 is PlanStep.
+Plan PlanStepWithCarries(const LifetimeTable& table, int64_t zone_bytes, int out_zone,
+                         const std::string& signature = "");
+// The zone size that holds the carries of any of `tables`: the largest sum of rounded sizes of
+// one step's allocations that outlive it (0 when none does).
+int64_t CarryZoneBytes(const std::vector<LifetimeTable>& tables);
 
 // Envelope plans (Note [Envelope plans] in src/memory/planner.cc). Two steps have the same
 // structure when they have as many events and allocation k has the same lifetime [alloc_seq,
@@ -168,16 +209,29 @@ struct SignaturePlan {
   // The base step (the one with the most live bytes), each size widened to the largest of the
   // merged steps.
   LifetimeTable envelope;
-  int merged_steps = 0;  // steps covered (the base and the steps of the same structure)
-  int total_steps = 0;   // steps given
+  int merged_steps = 0;  // steps covered by the base plan (the base and same-structure steps)
+  int structures = 0;    // step structures planned: the base plan and its siblings
+  // The largest peak among the plan, its siblings and its mirror's group: the arena it needs.
+  int64_t group_peak_bytes = 0;
+  // The tables plan.siblings[j] were planned over (for CheckPlan), in order.
+  std::vector<LifetimeTable> sibling_envelopes;
+  int total_steps = 0;  // steps given
   // Largest LowerBoundBytes among all the steps given (the base's): what the arena must hold.
+  // With carry zones, carries count (LowerBoundBytes(t, true)).
   int64_t max_step_lower_bound_bytes = 0;
 };
 // The plan MemAllocator installs for one signature, from its recorded steps in order (at least
 // one): the largest step, widened by every step of the same structure. MemAllocator serves an
-// allocation from a plan when it is no larger than planned, so the plan serves all merged steps;
-// steps of another structure diverge into the pool, which serves them inside the arena.
-SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps);
+// allocation from a plan when it is no larger than planned, so the plan serves all merged steps.
+// Each other structure among the steps gets a sibling plan, planned together with it (Note
+// [Sibling plans]); steps that match no plan diverge into the pool, which serves them inside the
+// arena.
+// With carry_zone_bytes > 0 (CarryZoneBytes over every recorded step, all signatures alike), the
+// plan places carries in zone 0 and its `mirror` in zone 1 (Note [Carry zones]).
+SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps,
+                            int64_t carry_zone_bytes = 0);
+// CheckPlan over every plan of `sp`: the base, its siblings, and the mirror's.
+Status CheckSignaturePlan(const SignaturePlan& sp);
 
 // Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):
 // putting a new signature into a full cache evicts the least recently used one (Get and Put both
@@ -354,8 +408,9 @@ class MemAllocator {
   Trace StopRecording();
   bool recording() const;
 
-  // Plans each signature of `trace` (PlanSignature: its last recorded step, widened by earlier
-  // steps of the same structure) and installs the plans. Returns the plans installed.
+  // Plans each signature of `trace` (PlanSignature: its largest recorded step, widened by the
+  // steps of the same structure, with sibling plans for other structures and carry zones sized
+  // by CarryZoneBytes over the whole trace) and installs the plans. Returns the plans installed.
   StatusOr<std::vector<Plan>> PlanFromTrace(const Trace& trace);
   Status InstallPlan(Plan plan);
   const PlanCache& plans() const { return plans_; }

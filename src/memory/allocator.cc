@@ -231,6 +231,14 @@ struct MemAllocator::Impl {
   // Note [Lifetime-guided fallback]: the plan a diverged step left, and its position there.
   std::shared_ptr<const Plan> shadow_plan;
   int64_t shadow_long_events = 0;
+  // Note [Carry zones] (planner.cc): the zone this step's carries went to (-1: none planned).
+  int carry_zone_now = -1;
+  int64_t first_sight_zone = 0;  // carry zone of first-sight plans: the largest seen so far
+  // Note [Sibling plans] (planner.cc): the plan group the step began with (arena_plan is its
+  // member group_index), and the step's transient allocs and frees so far.
+  std::shared_ptr<const Plan> group_root;
+  size_t group_index = 0;
+  int64_t step_events = 0;
 
   bool recording = false;
   Trace trace;
@@ -676,16 +684,79 @@ struct MemAllocator::Impl {
     pool.free_blocks.insert(Coalesce(pool, b));
   }
 
+  // Note [Sibling plans] (planner.cc): the member of the step's plan group to serve allocation k
+  // from, the current one included. It must fit the request and hold every planned allocation
+  // live now at the same offset, no smaller (then its must_be_free lists hold for the step as it
+  // is). Preferred: slot k recorded at this event count (the step's structure), then the
+  // tightest slot. With `require_seq`, only members whose slot k was recorded at this count.
+  // -1: none.
+  int ChooseMember(size_t k, size_t size, StreamId stream, bool require_seq) const {
+    const Plan& root = *group_root;
+    const Plan& cur = *arena_plan;
+    const size_t m = root.siblings.size() + 1;
+    int best = -1;
+    bool best_seq = false;
+    int64_t best_size = 0;
+    for (size_t j = 0; j < m; ++j) {
+      const Plan& q = j == 0 ? root : *root.siblings[j - 1];
+      if (k >= q.sizes.size() || q.streams[k] != stream || static_cast<size_t>(q.sizes[k]) < size ||
+          static_cast<size_t>(q.peak_bytes) > arena_size) {
+        continue;
+      }
+      const bool seq = k < q.alloc_seqs.size() && q.alloc_seqs[k] == step_events;
+      if (require_seq && !seq) continue;
+      if (best >= 0 && (best_seq > seq || (best_seq == seq && best_size <= q.sizes[k]))) continue;
+      bool agree = true;
+      for (size_t i = 0; i < k && agree && j != group_index; ++i) {
+        agree = !planned_live[i] || (q.offsets[i] == cur.offsets[i] && q.sizes[i] >= cur.sizes[i]);
+      }
+      if (!agree) continue;
+      best = static_cast<int>(j);
+      best_seq = seq;
+      best_size = q.sizes[k];
+    }
+    return best;
+  }
+
   // Planned path; returns nullptr when the step diverges (Note [Planned arena safety]).
   void* TryPlanned(size_t size, StreamId stream, Live* rec, bool* pool_served) {
-    const Plan& p = *arena_plan;
     *pool_served = false;
-    if (cursor >= p.sizes.size()) return Diverge("more allocations than planned", size, 0);
     size_t k = cursor;
-    // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
-    if (p.streams[k] != stream) return Diverge("another stream than planned", size, p.sizes[k]);
-    if (static_cast<size_t>(p.sizes[k]) < size)
-      return Diverge("larger than planned", size, p.sizes[k]);
+    auto fits = [&](const Plan& q) {
+      // No larger than planned (Note [Envelope plans] in planner.cc), on the planned stream.
+      return k < q.sizes.size() && q.streams[k] == stream &&
+             static_cast<size_t>(q.sizes[k]) >= size;
+    };
+    bool ok = fits(*arena_plan);
+    if (!group_root->siblings.empty()) {
+      // Before the members part ways, the tightest fitting one; after, another member only when
+      // the current one cannot serve k, or when its slot k was recorded at another event count
+      // and a member's was recorded at this one (the step took another branch).
+      const bool choosing = static_cast<int64_t>(k) <= group_root->sibling_prefix;
+      const bool seq_ok =
+          k < arena_plan->alloc_seqs.size() && arena_plan->alloc_seqs[k] == step_events;
+      int j = -1;
+      if (choosing || !ok) {
+        j = ChooseMember(k, size, stream, /*require_seq=*/false);
+        ok = j >= 0;
+      } else if (!seq_ok) {
+        j = ChooseMember(k, size, stream, /*require_seq=*/true);
+      }
+      if (j >= 0 && static_cast<size_t>(j) != group_index) {
+        group_index = static_cast<size_t>(j);
+        arena_plan = j == 0 ? group_root : group_root->siblings[j - 1];
+        if (planned_live.size() < arena_plan->sizes.size()) {
+          planned_live.resize(arena_plan->sizes.size(), 0);
+        }
+      }
+    }
+    if (!ok) {
+      const Plan& q = *arena_plan;
+      if (k >= q.sizes.size()) return Diverge("more allocations than planned", size, 0);
+      return Diverge(q.streams[k] != stream ? "another stream than planned" : "larger than planned",
+                     size, q.sizes[k]);
+    }
+    const Plan& p = *arena_plan;
     ++cursor;
     // Slot k's bytes still held (the live step frees later than the recorded one, or something
     // from the last step occupies them): this allocation alone comes from the pool and slot k
@@ -698,10 +769,13 @@ struct MemAllocator::Impl {
       *pool_served = true;
       return nullptr;
     }
-    if (p.offsets[k] == kNotPlanned) {
+    if (p.offsets[k] == kNotPlanned ||
+        (!p.carries.empty() && p.carries[k] && streams_seen.size() > 1)) {
+      // Several streams: a carry left live at BeginStep would block the next step's plan.
       *pool_served = true;
       return nullptr;
     }
+    if (!p.carries.empty() && p.carries[k]) carry_zone_now = p.carry_zone;
     planned_live[k] = 1;
     ++planned_live_count;
     rec->plan_index = static_cast<int32_t>(k);
@@ -811,6 +885,7 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
     if (kind == PoolKind::kTransient && m.step_open) {
       rec.in_step = true;
       ++m.step_made_live;
+      ++m.step_events;
     }
     if (kind == PoolKind::kTransient && (m.recording || m.probing)) {
       int64_t now = NowNs();
@@ -838,6 +913,7 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   Live rec = it->second;
   m.live.erase(it);
   if (rec.in_step) --m.step_made_live;
+  if (rec.kind == PoolKind::kTransient && m.step_open) ++m.step_events;
   if (rec.kind == PoolKind::kTransient && (m.recording || m.probing)) {
     int64_t now = NowNs();
     if (m.recording) m.trace.AddFree(rec.id, stream, now);
@@ -865,6 +941,11 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   const int64_t max_peak = plans_.MaxPeakBytes();
   int64_t largest = plan ? std::max(plan->peak_bytes, max_peak) : 0;
   std::lock_guard<std::mutex> lock(m.mu);
+  // Note [Carry zones]: the last step's carries are in carry_zone_now; this step puts its own in
+  // the other zone.
+  if (plan && plan->mirror && m.carry_zone_now == plan->carry_zone) plan = plan->mirror;
+  m.carry_zone_now = -1;
+  m.step_events = 0;
   m.step_planned = false;
   m.step_open = true;
   m.step_signature = signature;
@@ -908,8 +989,11 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     return (static_cast<size_t>(n) + kLargeSegmentRoundBytes - 1) / kLargeSegmentRoundBytes *
            kLargeSegmentRoundBytes;
   };
-  size_t need = static_cast<size_t>(plan->peak_bytes);
-  size_t want = round(largest);
+  // The step may move to any member of the plan's group (Note [Sibling plans]): all must fit.
+  int64_t group_peak = plan->peak_bytes;
+  for (const auto& sib : plan->siblings) group_peak = std::max(group_peak, sib->peak_bytes);
+  size_t need = static_cast<size_t>(group_peak);
+  size_t want = round(std::max(largest, group_peak));
   // Grow when this plan does not fit; shrink when the largest plan was evicted.
   if (!m.occupants.empty() && need > m.arena_size) {
     // The arena is too small for this plan but cannot move while occupied: run from the pool,
@@ -925,7 +1009,7 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     StatusOr<void*> a = m.backend->Reserve(want);
     if (!a.ok()) {
       m.ReleaseCachedLocked();
-      want = round(plan->peak_bytes);  // at least this step's plan
+      want = round(group_peak);  // at least this step's plans
       a = m.backend->Reserve(want);
     }
     if (!a.ok()) {
@@ -937,6 +1021,8 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     m.AddReserved(static_cast<int64_t>(want));
   }
   m.arena_plan = plan;
+  m.group_root = plan;
+  m.group_index = 0;
   m.planned_live.assign(plan->sizes.size(), 0);
   m.step_planned = true;
   ++m.planned_steps;
@@ -974,7 +1060,30 @@ void MemAllocator::PlanFirstSight() {
     return;
   }
   if (tables->empty()) return;  // no allocations: nothing to plan
-  Plan plan = PlanStep(tables->front(), signature);
+  // One step cannot tell carries (freed in the next step) from persistent tensors made during it
+  // (a training loop's first step: gradients, optimizer state). Two zones double whatever they
+  // hold, so when what outlives the step exceeds a quarter of its own live peak, none of it is a
+  // carry: the pool keeps it (real eager trainer, n16 b16: 20 GiB outlive step 1, zones would
+  // have reserved 40 GiB more).
+  {
+    LifetimeTable& t = tables->front();
+    if (4 * CarryZoneBytes(*tables) > LowerBoundBytes(t, /*with_carries=*/false)) {
+      for (Lifetime& lt : t.allocs) lt.persistent = !lt.freed_in_step;
+    }
+  }
+  // Note [Carry zones] (planner.cc): zones as large as the largest carries seen on first sight
+  // (plans made earlier with smaller zones cost skips, never safety).
+  int64_t zone = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.first_sight_zone = std::max(m.first_sight_zone, CarryZoneBytes(*tables));
+    zone = m.first_sight_zone;
+  }
+  Plan plan = PlanStepWithCarries(tables->front(), zone, 0, signature);
+  if (plan.carry_zone >= 0) {
+    plan.mirror =
+        std::make_shared<const Plan>(PlanStepWithCarries(tables->front(), zone, 1, signature));
+  }
   Status checked = CheckPlan(tables->front(), plan);
   if (!checked.ok()) {  // a planner bug: keep the pool serving this signature rather than abort
     LF_LOG(ERROR) << "MemSculptor: invalid plan for step '" << signature
@@ -1013,18 +1122,29 @@ StatusOr<std::vector<Plan>> MemAllocator::PlanFromTrace(const Trace& trace) {
   std::map<std::string, std::vector<const LifetimeTable*>> by_sig;
   for (const auto& t : tables) by_sig[t.signature].push_back(&t);
   std::vector<Plan> out;
+  // Note [Carry zones] (planner.cc): one zone size for every signature, so whichever step comes
+  // next finds the last one's carries where its plan expects them.
+  const int64_t carry_zone = CarryZoneBytes(tables);
   for (const auto& [sig, steps] : by_sig) {
-    SignaturePlan sp = PlanSignature(steps);
-    LF_RETURN_IF_ERROR_CTX(CheckPlan(sp.envelope, sp.plan), "plan for step '" + sig + "'");
+    SignaturePlan sp = PlanSignature(steps, carry_zone);
+    LF_RETURN_IF_ERROR_CTX(CheckSignaturePlan(sp), "plan for step '" + sig + "'");
     out.push_back(sp.plan);
     plans_.Put(std::move(sp.plan));
   }
   return out;
 }
 
-Status MemAllocator::InstallPlan(Plan plan) {
+namespace {
+
+// InstallPlan's checks, for a plan and (Note [Sibling plans], Note [Carry zones]) its siblings and
+// mirror: tables of one length, every placed allocation inside the arena, must_be_free entries
+// earlier, carry flags where carries are placed.
+Status ValidatePlan(const Plan& plan, int depth) {
   size_t n = plan.sizes.size();
-  if (plan.offsets.size() != n || plan.streams.size() != n || plan.must_be_free.size() != n) {
+  if (plan.offsets.size() != n || plan.streams.size() != n || plan.must_be_free.size() != n ||
+      (!plan.carries.empty() && plan.carries.size() != n) ||
+      (!plan.alloc_seqs.empty() && plan.alloc_seqs.size() != n) ||
+      (!plan.siblings.empty() && plan.alloc_seqs.size() != n)) {
     return InvalidArgumentError("plan '" + plan.signature + "' has inconsistent table sizes");
   }
   for (size_t i = 0; i < n; ++i) {
@@ -1039,6 +1159,29 @@ Status MemAllocator::InstallPlan(Plan plan) {
       }
     }
   }
+  if (depth > 0 && (!plan.siblings.empty() || plan.mirror)) {
+    return InvalidArgumentError("plan '" + plan.signature + "': nested sibling or mirror plans");
+  }
+  for (const auto& sib : plan.siblings) {
+    if (sib == nullptr || sib->carry_zone != plan.carry_zone) {
+      return InvalidArgumentError("plan '" + plan.signature + "': bad sibling plan");
+    }
+    LF_RETURN_IF_ERROR(ValidatePlan(*sib, depth + 1));
+  }
+  if (plan.mirror) {
+    // The mirror is a group's base like the plan itself: it may have siblings of its own.
+    if (depth > 0) return InvalidArgumentError("plan '" + plan.signature + "': nested mirror");
+    Plan m = *plan.mirror;
+    m.mirror.reset();
+    LF_RETURN_IF_ERROR(ValidatePlan(m, 0));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status MemAllocator::InstallPlan(Plan plan) {
+  LF_RETURN_IF_ERROR(ValidatePlan(plan, 0));
   plans_.Put(std::move(plan));
   return Status::Ok();
 }

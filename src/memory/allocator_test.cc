@@ -896,3 +896,174 @@ TEST(MemAllocator, EnvelopePlanServesSameStructureSteps) {
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+// An MoE-like step: a carry-out allocated first that outlives the step, expert buffers of
+// `expert` bytes, the previous step's carry freed after the first expert, and, when
+// `workspace`, a GEMM workspace inserted after the second expert (allocated and freed at once).
+struct MoeStep {
+  size_t expert;
+  bool workspace;
+  int workspace_at = 1;   // after which expert
+  int carry_free_at = 0;  // the previous step's carry is freed after this expert
+};
+
+// Runs one MoE-like step; `carried` holds the previous step's carry on entry and this step's on
+// exit. Returns false if any live block's pattern broke; appends the carry's address to `carries`.
+bool RunMoeStep(MemAllocator* a, const MoeStep& st, std::vector<Tracked>* carried,
+                std::vector<void*>* carries) {
+  EXPECT_TRUE(a->BeginStep("moe").ok());
+  bool ok = true;
+  uint8_t tag = 1;
+  auto alloc = [&](size_t n) {
+    auto p = a->Allocate(n, 0);
+    EXPECT_TRUE(p.ok()) << p.status();
+    Tracked t{*p, n, tag++};
+    Fill(t);
+    return t;
+  };
+  auto free = [&](const Tracked& t) {
+    ok = ok && Intact(t);
+    EXPECT_TRUE(a->Free(t.p, 0).ok());
+  };
+  Tracked out = alloc(3 * kMiB);  // the carry-out
+  carries->push_back(out.p);
+  std::vector<Tracked> saved;
+  for (int e = 0; e < 4; ++e) {
+    saved.push_back(alloc(st.expert + static_cast<size_t>(e) * 64 * 1024));
+    Tracked tmp = alloc(2 * kMiB);
+    if (e == st.carry_free_at) {
+      for (const Tracked& c : *carried) free(c);
+      carried->clear();
+    }
+    if (e == st.workspace_at && st.workspace) free(alloc(kMiB));
+    free(tmp);
+  }
+  std::vector<Tracked> grads;
+  for (int e = 3; e >= 0; --e) {
+    grads.push_back(alloc(4 * kMiB));
+    free(saved[static_cast<size_t>(e)]);
+  }
+  for (const Tracked& g : grads) free(g);
+  ok = ok && Intact(out);
+  carried->push_back(out);
+  a->EndStep();
+  return ok;
+}
+
+// Guards Note [Carry zones] and Note [Sibling plans] together, on the MoE trace's pattern: steps
+// of one signature whose expert sizes differ and some of which insert a workspace are each served
+// wholly from the arena (no miss, no pool allocation: the old allocator diverged on the
+// workspace steps and served every carry from a pool segment); the carries alternate between
+// two addresses (the two zones), and nothing is reserved beyond the arena.
+TEST(MemAllocator, SiblingPlansAndCarryZonesKeepMoeStepsPlanned) {
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.plan_unseen_signatures = false;  // the warm-up step stays unplanned: recorded plans only
+  auto a = MakeAllocatorWith(o, 512 * kMiB);
+  const std::vector<MoeStep> kinds = {{6 * kMiB, false}, {9 * kMiB, true}, {5 * kMiB, false}};
+  std::vector<Tracked> carried;
+  std::vector<void*> carries;
+  ASSERT_TRUE(RunMoeStep(a.get(), kinds[0], &carried, &carries));  // warm-up: leaves a carry
+  a->StartRecording();
+  for (const MoeStep& st : kinds) ASSERT_TRUE(RunMoeStep(a.get(), st, &carried, &carries));
+  auto plans = a->PlanFromTrace(a->StopRecording());
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 1u);
+  EXPECT_EQ((*plans)[0].siblings.size(), 1u);  // two structures: with and without a workspace
+  EXPECT_NE((*plans)[0].mirror, nullptr);
+  // The first planned step frees the last pooled carry; then nothing is pooled any more.
+  ASSERT_TRUE(RunMoeStep(a.get(), kinds[1], &carried, &carries));
+  a->ReleaseCached();
+  a->ResetPeaks();
+  const AllocatorStats before = a->Stats();
+  carries.clear();
+  const std::vector<int> order = {0, 1, 2, 1, 0, 2, 2, 1};
+  for (int k : order) {
+    ASSERT_TRUE(RunMoeStep(a.get(), kinds[static_cast<size_t>(k)], &carried, &carries));
+  }
+  const AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_hits - before.planned_hits, 13 * 5 + 14 * 3);
+  EXPECT_EQ(s.planned_misses, before.planned_misses);
+  EXPECT_EQ(s.planned_skips, before.planned_skips);
+  EXPECT_EQ(s.pool_allocs, before.pool_allocs);  // carries included
+  EXPECT_EQ(s.segments, 0);
+  EXPECT_EQ(s.peak_reserved_bytes, s.arena_bytes);
+  for (size_t i = 2; i < carries.size(); ++i) {
+    EXPECT_EQ(carries[i], carries[i - 2]) << "step " << i;
+    EXPECT_NE(carries[i], carries[i - 1]) << "step " << i;
+  }
+  // A step of a structure never recorded (a workspace in another place, a larger expert) still
+  // runs safely: it diverges into the lent arena.
+  ASSERT_TRUE(RunMoeStep(a.get(), {12 * kMiB, true}, &carried, &carries));
+  EXPECT_EQ(a->Stats().planned_misses, before.planned_misses + 1);
+  for (const Tracked& c : carried) ASSERT_TRUE(a->Free(c.p, 0).ok());
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+// Guards InstallPlan's checks on plan groups: a sibling whose slot lies outside its arena, or
+// whose tables disagree in length, is refused before it can hand out memory.
+TEST(MemAllocator, InstallPlanValidatesSiblings) {
+  auto a = MakeAllocator(64 * kMiB, 4 * kMiB);
+  Trace t;
+  t.MarkStep("g");
+  t.AddAlloc(1, 4096, 0, 0);
+  t.AddAlloc(2, 8192, 0, 0);
+  t.AddFree(1, 0, 0);
+  t.AddFree(2, 0, 0);
+  LifetimeTable table = std::move(*t.Lifetimes())[0];
+  Plan base = PlanStep(table, "g");
+  Plan sib = base;
+  sib.offsets[1] = sib.peak_bytes;  // past the end of its arena
+  base.siblings.push_back(std::make_shared<const Plan>(sib));
+  EXPECT_EQ(a->InstallPlan(base).code(), StatusCode::kInvalidArgument);
+  base.siblings[0] = std::make_shared<const Plan>(PlanStep(table, "g"));
+  base.alloc_seqs.pop_back();  // a group needs every slot's event count
+  EXPECT_EQ(a->InstallPlan(base).code(), StatusCode::kInvalidArgument);
+  base.alloc_seqs = PlanStep(table, "g").alloc_seqs;
+  EXPECT_TRUE(a->InstallPlan(base).ok());
+}
+
+// Guards the safety of sibling switching and carry zones: random MoE-like steps (expert sizes,
+// workspace position, when the last step's carry is freed), recorded or not, never hand out
+// overlapping live bytes, and every byte is accounted for.
+TEST(MemAllocator, RandomSiblingStepsNeverOverlap) {
+  std::mt19937 rng(11);
+  int64_t hits = 0, misses = 0;
+  auto random_step = [&] {
+    MoeStep st{static_cast<size_t>(2 + rng() % 8) * kMiB, rng() % 2 == 0};
+    st.workspace_at = static_cast<int>(rng() % 4);
+    st.carry_free_at = static_cast<int>(rng() % 4);
+    return st;
+  };
+  for (int round = 0; round < 4; ++round) {
+    auto a = MakeAllocator(1024 * kMiB, 4 * kMiB);
+    std::vector<Tracked> carried;
+    std::vector<void*> carries;
+    std::vector<MoeStep> recorded;
+    for (int i = 0; i < 4; ++i) recorded.push_back(random_step());
+    ASSERT_TRUE(RunMoeStep(a.get(), recorded[0], &carried, &carries));
+    a->StartRecording();
+    for (const MoeStep& st : recorded) ASSERT_TRUE(RunMoeStep(a.get(), st, &carried, &carries));
+    ASSERT_TRUE(a->PlanFromTrace(a->StopRecording()).ok());
+    for (int step = 0; step < 16; ++step) {
+      MoeStep st = rng() % 3 ? recorded[rng() % recorded.size()] : random_step();
+      ASSERT_TRUE(RunMoeStep(a.get(), st, &carried, &carries)) << "round " << round;
+      ASSERT_EQ(a->Stats().allocated_bytes, static_cast<int64_t>(RoundUp(3 * kMiB)));
+      ASSERT_LE(a->Stats().allocated_bytes, a->Stats().reserved_bytes);
+    }
+    for (const Tracked& c : carried) ASSERT_TRUE(a->Free(c.p, 0).ok());
+    EXPECT_EQ(a->Stats().allocated_bytes, 0);
+    hits += a->Stats().planned_hits;
+    misses += a->Stats().planned_misses;
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_GT(misses, 0) << "no step diverged: the fallback went untested";
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge

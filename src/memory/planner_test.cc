@@ -382,3 +382,146 @@ TEST(MemPlanner, SignaturePlanBaseIsLargestStep) {
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge
+
+namespace loongforge {
+namespace mem {
+namespace {
+
+// Three steps of one signature: a carry-in from the step before (id 1000 + step, freed after two
+// allocations), a carry-out (5) that outlives the step, and, in the "workspace" steps, an extra
+// allocation inserted after the first expert buffer (the MoE layer's GEMM workspace).
+std::vector<LifetimeTable> CarryWorkspaceSteps() {
+  Trace t;
+  t.AddAlloc(1000, 3000, 0, 0);  // before the first step: the first step's carry-in
+  uint64_t id = 1;
+  for (int s = 0; s < 3; ++s) {
+    const bool workspace = s == 1;
+    const int64_t expert = s == 0 ? 40000 : (s == 1 ? 90000 : 30000);
+    t.MarkStep("moe");
+    uint64_t in = 1000 + static_cast<uint64_t>(s), out = 1001 + static_cast<uint64_t>(s);
+    t.AddAlloc(out, 3000, 0, 0);  // carry-out, allocated first
+    uint64_t a = id++, b = id++, w = id++, c = id++;
+    t.AddAlloc(a, 20000, 0, 0);   // saved activation
+    t.AddAlloc(b, expert, 0, 0);  // expert buffer: size varies
+    t.AddFree(in, 0, 0);          // the previous step's carry goes
+    if (workspace) {
+      t.AddAlloc(w, 8192, 0, 0);
+      t.AddFree(w, 0, 0);
+    }
+    t.AddAlloc(c, 60000, 0, 0);  // gradient
+    t.AddFree(b, 0, 0);
+    t.AddFree(a, 0, 0);
+    t.AddFree(c, 0, 0);
+  }
+  return std::move(*t.Lifetimes());
+}
+
+// Guards Note [Carry zones]: allocations that outlive the step are placed in zone 0 of two
+// equal zones at the arena's bottom (zone 1 in the mirror plan); nothing of the step uses the
+// other zone before the last foreign free, where the previous step's carries are; the plan
+// counts its carries in its lower bound and stays valid (CheckSignaturePlan).
+TEST(MemPlanner, CarriesPlannedInAlternatingZones) {
+  std::vector<LifetimeTable> steps = CarryWorkspaceSteps();
+  ASSERT_EQ(steps.size(), 4u);  // the events before the first mark are step 0
+  std::vector<LifetimeTable> recorded(steps.begin() + 1, steps.end());
+  const int64_t zone = CarryZoneBytes(recorded);
+  EXPECT_EQ(zone, static_cast<int64_t>(RoundUp(3000)));
+  SignaturePlan sp = PlanSignature({&recorded[0], &recorded[2]}, zone);
+  ASSERT_TRUE(CheckSignaturePlan(sp).ok()) << CheckSignaturePlan(sp);
+  ASSERT_NE(sp.plan.mirror, nullptr);
+  const LifetimeTable& t = sp.envelope;
+  for (const Plan* p : {static_cast<const Plan*>(&sp.plan), sp.plan.mirror.get()}) {
+    ASSERT_EQ(p->carries.size(), t.allocs.size());
+    const int z = p->carry_zone;
+    EXPECT_EQ(z, p == &sp.plan ? 0 : 1);
+    EXPECT_EQ(p->offsets[0], z * zone);  // the carry-out, in its zone
+    EXPECT_TRUE(p->carries[0]);
+    for (size_t i = 1; i < t.allocs.size(); ++i) {
+      EXPECT_FALSE(p->carries[i]);
+      // Live before the carry-in's free: not in the other zone.
+      if (t.allocs[i].alloc_seq <= t.last_foreign_free_seq) {
+        const int64_t other = (1 - z) * zone;
+        EXPECT_TRUE(p->offsets[i] >= other + zone || p->offsets[i] + p->sizes[i] <= other) << i;
+      }
+    }
+    EXPECT_GE(p->peak_bytes, LowerBoundBytes(t, /*with_carries=*/true));
+  }
+  EXPECT_GT(LowerBoundBytes(t, true), LowerBoundBytes(t));
+  // Without a zone, carries are not placed (the pool serves them), as before.
+  SignaturePlan plain = PlanSignature({&recorded[0]});
+  EXPECT_EQ(plain.plan.offsets[0], kNotPlanned);
+  EXPECT_EQ(plain.plan.mirror, nullptr);
+}
+
+// Guards Lifetime::persistent: a tensor that outlives its step is a carry when the next step
+// frees it, persistent when it is still live at the next step's end (a training loop's gradients
+// and optimizer state, made in step 1); persistent ones get neither a carry zone nor an arena
+// slot, and do not size the zones. The last recorded step cannot tell: its outliving tensors stay
+// carries.
+TEST(MemPlanner, PersistentTensorsAreNotCarries) {
+  Trace t;
+  t.MarkStep("s", 0);
+  t.AddAlloc(1, 64 << 20, 0, 0);  // optimizer state: never freed
+  t.AddAlloc(2, 4096, 0, 0);      // the loss: freed in the next step
+  t.AddAlloc(3, 8192, 0, 0);      // a temporary
+  t.AddFree(3, 0, 0);
+  t.MarkStep("s", 0);
+  t.AddFree(2, 0, 0);
+  t.AddAlloc(4, 4096, 0, 0);  // this step's loss, freed in the third
+  t.AddAlloc(5, 8192, 0, 0);
+  t.AddFree(5, 0, 0);
+  t.MarkStep("s", 0);
+  t.AddFree(4, 0, 0);
+  t.AddAlloc(6, 4096, 0, 0);  // outlives the last recorded step
+  auto tables = t.Lifetimes();
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  ASSERT_EQ(tables->size(), 3u);
+  const auto& s1 = (*tables)[0].allocs;
+  EXPECT_TRUE(s1[0].persistent && !IsCarry(s1[0]));
+  EXPECT_TRUE(!s1[1].persistent && IsCarry(s1[1]));
+  EXPECT_FALSE(s1[2].persistent || IsCarry(s1[2]));
+  EXPECT_TRUE(IsCarry((*tables)[1].allocs[0]));
+  EXPECT_TRUE(IsCarry((*tables)[2].allocs[0]));
+  // The zones hold one step's carries (4 KiB), not the 64 MiB state.
+  const int64_t zone = CarryZoneBytes(*tables);
+  EXPECT_EQ(zone, static_cast<int64_t>(RoundUp(4096)));
+  SignaturePlan sp = PlanSignature({&(*tables)[0]}, zone);
+  ASSERT_TRUE(CheckSignaturePlan(sp).ok()) << CheckSignaturePlan(sp);
+  EXPECT_EQ(sp.plan.offsets[0], kNotPlanned);  // the pool serves it
+  EXPECT_NE(sp.plan.offsets[1], kNotPlanned);  // the carry, in its zone
+  EXPECT_LT(sp.plan.peak_bytes, 64 << 20);
+}
+
+// Guards Note [Sibling plans]: steps of one signature with another structure (an inserted
+// workspace) get their own plans, planned together with the base: the allocations the steps
+// share from the start have the same offsets in every plan, each plan is valid for its own
+// structure (CheckSignaturePlan), and no sizes are widened across structures.
+TEST(MemPlanner, SiblingPlansShareTheirCommonPrefix) {
+  std::vector<LifetimeTable> all = CarryWorkspaceSteps();
+  std::vector<LifetimeTable> recorded(all.begin() + 1, all.end());
+  const int64_t zone = CarryZoneBytes(recorded);
+  SignaturePlan sp = PlanSignature({&recorded[0], &recorded[1], &recorded[2]}, zone);
+  ASSERT_TRUE(CheckSignaturePlan(sp).ok()) << CheckSignaturePlan(sp);
+  EXPECT_EQ(sp.structures, 2);
+  EXPECT_EQ(sp.merged_steps, 1);  // the base: step 1 (workspace, the largest); 0 and 2 merge
+  ASSERT_EQ(sp.plan.siblings.size(), 1u);
+  ASSERT_EQ(sp.sibling_envelopes.size(), 1u);
+  const Plan& base = sp.plan;
+  const Plan& sib = *sp.plan.siblings[0];
+  EXPECT_EQ(base.sizes.size(), 4u + 1u);  // carry, a, b, workspace, c
+  EXPECT_EQ(sib.sizes.size(), 4u);
+  // Slots 0 and 1 (carry-out, saved activation) agree in size, so in offset; slot 2 (the
+  // expert buffer) differs in size: each plan has its own.
+  EXPECT_EQ(base.offsets[0], sib.offsets[0]);
+  EXPECT_EQ(base.offsets[1], sib.offsets[1]);
+  EXPECT_EQ(sib.sizes[2],
+            static_cast<int64_t>(RoundUp(40000)));  // its own envelope (40000 > 30000)
+  EXPECT_EQ(base.sizes[2], static_cast<int64_t>(RoundUp(90000)));
+  EXPECT_EQ(sp.plan.mirror->siblings.size(), 1u);
+  EXPECT_GE(sp.group_peak_bytes, std::max(base.peak_bytes, sib.peak_bytes));
+  EXPECT_EQ(sp.max_step_lower_bound_bytes, LowerBoundBytes(recorded[1], true));
+}
+
+}  // namespace
+}  // namespace mem
+}  // namespace loongforge

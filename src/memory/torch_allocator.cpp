@@ -134,7 +134,8 @@ std::string PlansJson(const std::vector<Plan>& plans) {
        << p.algorithm << "\", \"allocations\": " << p.sizes.size() << ", \"planned\": " << placed
        << ", \"peak_bytes\": " << p.peak_bytes << ", \"lower_bound_bytes\": " << p.lower_bound_bytes
        << ", \"other_peak_bytes\": " << p.other_peak_bytes << ", \"overhead\": " << p.overhead()
-       << "}";
+       << ", \"sibling_plans\": " << p.siblings.size() << ", \"carry_zone_bytes\": "
+       << p.carry_zone_bytes << "}";
   }
   os << "]";
   return os.str();

@@ -46,10 +46,15 @@ StatusOr<std::vector<LifetimeTable>> Trace::Lifetimes() const {
   std::unordered_map<uint64_t, size_t> live_in_step;
   // ids live at any time (for double-alloc detection across steps).
   std::unordered_map<uint64_t, bool> live_any;
+  // Allocations that outlived their step: id -> (table index, index in its allocs).
+  std::unordered_map<uint64_t, std::pair<size_t, size_t>> outliving;
   int step = 0;
   auto flush = [&] {
-    for (auto& lt : cur.allocs) {
-      if (!lt.freed_in_step) lt.free_seq = cur.num_events;
+    for (size_t a = 0; a < cur.allocs.size(); ++a) {
+      Lifetime& lt = cur.allocs[a];
+      if (lt.freed_in_step) continue;
+      lt.free_seq = cur.num_events;
+      if (cur.num_events > 0) outliving[lt.id] = {tables.size(), a};
     }
     if (cur.num_events > 0) tables.push_back(std::move(cur));
     cur = LifetimeTable();
@@ -92,6 +97,13 @@ StatusOr<std::vector<LifetimeTable>> Trace::Lifetimes() const {
         int64_t seq = cur.num_events++;
         if (it == live_in_step.end()) {
           ++cur.foreign_frees;
+          cur.last_foreign_free_seq = seq;
+          auto o = outliving.find(e.id);
+          if (o != outliving.end()) {  // freed after the step that follows its own: persistent
+            if (o->second.first + 1 < tables.size())
+              tables[o->second.first].allocs[o->second.second].persistent = true;
+            outliving.erase(o);
+          }
           break;
         }
         Lifetime& lt = cur.allocs[it->second];
@@ -104,6 +116,10 @@ StatusOr<std::vector<LifetimeTable>> Trace::Lifetimes() const {
     }
   }
   flush();
+  // Never freed, and a later step was recorded: live past the end of the next step.
+  for (const auto& [id, at] : outliving) {
+    if (at.first + 1 < tables.size()) tables[at.first].allocs[at.second].persistent = true;
+  }
   return tables;
 }
 
