@@ -66,7 +66,9 @@ def replay_one(cli: str, path: str, segment_mb: int, timeout: int) -> Dict[str, 
     replay = run_cli(cli, ["mem", "replay", path, "--json", "--mode", "all",
                            "--segment-mb", str(segment_mb)], timeout)
     modes = {r["mode"]: r for r in replay["results"]}
-    sigs = plan.get("signatures", [])
+    # Events before the first step mark (signature "": tensors made outside any step, which the
+    # allocator never plans) are no plan of a step.
+    sigs = [s for s in plan.get("signatures", []) if s.get("signature", "") not in ("", "-")]
     worst_sig = max(sigs, key=lambda s: s["overhead_vs_steps"]) if sigs else None
     planned = modes.get("planned", {})
     plan_overhead = worst_sig["overhead_vs_steps"] if worst_sig else 0.0
