@@ -34,6 +34,26 @@ build() {
   fi
   el "built"
 }
+# The checkpoint writers (POSIX vs cuFile) on the device state ($1 = timeout, $2 = --budget-s).
+ckpt_writers() {
+  timeout "$1" "$PY" bench/ckpt/gpu_bench.py --skip-baselines --modes on --writers posix,cufile \
+    --budget-s "$2" --dir /tmp/lf_ckpt_gpu --out "$OUT/bench_ckpt_writers.json" \
+    >"$OUT/bench_ckpt_writers.log" 2>&1
+  tail -25 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
+}
+# The lean step + torch.compile row at batch 16, if more than $2 s of the phase's $1 s are left.
+compile_row() {
+  local left=$(( $1 - ($(date +%s) - t0) ))
+  if [ "$left" -gt "$2" ]; then
+    NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
+      RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
+      grep -v "^pack:" | tail -8
+    cp /tmp/lf_abl/compile/results.json "$OUT/ablation_compile.json" 2>/dev/null
+  else
+    echo "no time left for the compile row ($left s)"
+  fi
+  el "done"
+}
 case "${1:-A}" in
   build) build ;;
   A)
@@ -99,42 +119,18 @@ ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_
     tar czf "$OUT/memdiag.tgz" -C /tmp/lf_memdiag . ; el "memdiag"
     timeout 200 "$PY" bench/loader/gpu_bench.py --out "$OUT" >"$OUT/loader_bench.log" 2>&1
     tail -45 "$OUT/loader_bench.log"; el "loader bench"
-    timeout 130 "$PY" bench/ckpt/gpu_bench.py --skip-baselines --modes on --writers posix,cufile \
-      --budget-s 90 --dir /tmp/lf_ckpt_gpu --out "$OUT/bench_ckpt_writers.json" \
-      >"$OUT/bench_ckpt_writers.log" 2>&1
-    tail -25 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
-    left=$(( ${D_BUDGET:-585} - ($(date +%s) - t0) ))
-    if [ "$left" -gt 100 ]; then
-      NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
-        RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
-        grep -v "^pack:" | tail -8
-      cp /tmp/lf_abl/compile/results.json "$OUT/ablation_compile.json" 2>/dev/null
-    else
-      echo "no time left for the compile row ($left s)"
-    fi
-    el "done"
+    ckpt_writers 130 90
+    compile_row "${D_BUDGET:-585}" 100
     ;;
   E)
     build
     timeout 60 build-gpu/loongforge_tests --gtest_filter='CkptCufile*:CkptCuda.*' >"$OUT/ctest.log" 2>&1
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|rror" "$OUT/ctest.log" | head -20; el "gtest"
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_ckpt_cufile.py 2>&1 | tail -4
-    timeout 150 "$PY" bench/ckpt/gpu_bench.py --skip-baselines --modes on --writers posix,cufile \
-      --budget-s 60 --dir /tmp/lf_ckpt_gpu --out "$OUT/bench_ckpt_writers.json" \
-      >"$OUT/bench_ckpt_writers.log" 2>&1
-    tail -22 "$OUT/bench_ckpt_writers.log"; el "ckpt writers"
+    ckpt_writers 150 60
     find . /tmp -maxdepth 3 -name cufile.log 2>/dev/null | head -3 | while read -r f; do
       echo "== $f"; tail -15 "$f"; done
-    left=$(( ${E_BUDGET:-300} - ($(date +%s) - t0) ))
-    if [ "$left" -gt 110 ]; then
-      NAME=compile BATCHES=16 ROWS=lean STEPS=30 WARMUP=8 EXTRA=--compile-frozen \
-        RUN_TIMEOUT=$((left - 15)) timeout $((left - 5)) bash bench/e2e/ablation.sh /tmp/lf_abl 2>&1 |
-        grep -v "^pack:" | tail -8
-      cp /tmp/lf_abl/compile/results.json "$OUT/ablation_compile.json" 2>/dev/null
-    else
-      echo "no time left for the compile row ($left s)"
-    fi
-    el "done"
+    compile_row "${E_BUDGET:-300}" 110
     ;;
   curves)
     build

@@ -163,6 +163,18 @@ def run_writer(writer, state, names, k, a, r):
     shutil.rmtree(vdir, ignore_errors=True)
 
 
+def _print_table(title: str, cols: dict, rows) -> None:
+    """One row per figure, one column per configuration (floats to 3 decimals, '-' if absent)."""
+    names = list(cols)
+    print(f"{title:36s}" + "".join(f"{n:>14s}" for n in names))
+    for row in rows:
+        cells = []
+        for n in names:
+            v = cols[n].get(row, "-")
+            cells.append(f"{v:14.3f}" if isinstance(v, float) else f"{str(v):>14s}")
+        print(f"{row:36s}" + "".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/lf_ckpt_gpu")
@@ -270,27 +282,16 @@ def main():
             "finetune_snapshot_s", "finetune_write_s", "finetune_staged_hash_s", "finetune_d2h_s",
             "ratio_finetune_bytes_vs_full", "full_warm_blocking_s", "load_cuda_s", "restore_exact")
     modes = list(res["vault"])
-    print(f"{'vault, device_staging=':36s}" + "".join(f"{m:>14s}" for m in modes))
-    for row in rows:
-        cells = []
-        for m in modes:
-            v = res["vault"][m].get(row, "-")
-            cells.append(f"{v:14.3f}" if isinstance(v, float) else f"{str(v):>14s}")
-        print(f"{row:36s}" + "".join(cells))
+    _print_table("vault, device_staging=", res["vault"], rows)
     for m in modes:
         print(f"snapshot_reason[{m}]: {res['vault'][m].get('snapshot_reason', '-')}")
     if res.get("writer"):
         ws = list(res["writer"])
         print(f"\nsegment writers, device_staging=on, {res['writer_state_bytes'] / 1e9:.2f} GB state")
-        print(f"{'writer=':36s}" + "".join(f"{w:>14s}" for w in ws))
-        for row in ("full_blocking_s", "full_durable_s", "full_bytes_written", "full_gbps",
-                    "full_cufile_s", "full_d2h_s", "finetune_blocking_s", "finetune_durable_s",
-                    "finetune_bytes_written", "finetune_gbps", "restore_exact"):
-            cells = []
-            for w in ws:
-                v = res["writer"][w].get(row, "-")
-                cells.append(f"{v:14.3f}" if isinstance(v, float) else f"{str(v):>14s}")
-            print(f"{row:36s}" + "".join(cells))
+        _print_table("writer=", res["writer"],
+                     ("full_blocking_s", "full_durable_s", "full_bytes_written", "full_gbps",
+                      "full_cufile_s", "full_d2h_s", "finetune_blocking_s", "finetune_durable_s",
+                      "finetune_bytes_written", "finetune_gbps", "restore_exact"))
         for w in ws:
             rw = res["writer"][w]
             print(f"writer[{w}]: {rw.get('error') or rw.get('full_writer_reason', '-')}")

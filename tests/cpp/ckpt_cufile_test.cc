@@ -16,6 +16,7 @@
 
 #include "loongforge/build_info.h"
 #include "loongforge/ckpt.h"
+#include "test_dataset.h"
 
 #ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -26,13 +27,7 @@ namespace ckpt {
 namespace {
 namespace fs = std::filesystem;
 
-std::string CufileTempDir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("lf_cufile_" + name + "_" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string CufileTempDir(const std::string& name) { return testing::TempDir("cufile_" + name); }
 
 // Guards the option parser: the three names parse, anything else is InvalidArgument naming them.
 TEST(CkptCufileCpu, ParseWriter) {
