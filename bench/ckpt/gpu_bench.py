@@ -244,7 +244,12 @@ def main():
         wk = int(round(a.changed * len(wnames)))
         for w in writers:
             r = res.setdefault("writer", {}).setdefault(w, {})
-            run_writer(w, wstate, wnames, wk, a, r)
+            try:
+                run_writer(w, wstate, wnames, wk, a, r)
+            except RuntimeError as e:  # e.g. cuFile refusing the volume: keep the other writer
+                r["error"] = str(e).splitlines()[0][:400]
+                r["restore_exact"] = False
+                print(f"writer={w}: {r['error']}", flush=True)
             dump()
         wres = res["writer"]
         if "full_durable_s" in wres.get("posix", {}) and "full_durable_s" in wres.get("cufile", {}):
