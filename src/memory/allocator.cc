@@ -887,7 +887,11 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
       ++m.step_made_live;
       ++m.step_events;
     }
-    if (kind == PoolKind::kTransient && (m.recording || m.probing)) {
+    // Only what a plan can serve is traced: transient allocations made while a step is open.
+    // Those between steps (an optimizer step after EndStep, its temporaries and the state it
+    // creates) always come from the pool; traced, they would be planned into the arena as well and
+    // reserved twice.
+    if (kind == PoolKind::kTransient && m.step_open && (m.recording || m.probing)) {
       int64_t now = NowNs();
       if (m.recording) m.trace.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
       if (m.probing) m.probe.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
@@ -914,7 +918,9 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   m.live.erase(it);
   if (rec.in_step) --m.step_made_live;
   if (rec.kind == PoolKind::kTransient && m.step_open) ++m.step_events;
-  if (rec.kind == PoolKind::kTransient && (m.recording || m.probing)) {
+  // Frees of what steps made, traced or not (an earlier step's carry freed in this one is a
+  // foreign free the carry zones depend on); not those of allocations made between steps.
+  if (rec.in_step && (m.recording || m.probing)) {
     int64_t now = NowNs();
     if (m.recording) m.trace.AddFree(rec.id, stream, now);
     if (m.probing) m.probe.AddFree(rec.id, stream, now);

@@ -1064,6 +1064,37 @@ TEST(MemAllocator, RandomSiblingStepsNeverOverlap) {
   EXPECT_GT(misses, 0) << "no step diverged: the fallback went untested";
 }
 
+// Guards what a recording traces: transient allocations made while a step is open (the ones a
+// plan can serve) and the frees of what steps made. An optimizer step between EndStep and the
+// next BeginStep (its temporaries and the state it creates) always runs from the pool; traced, it
+// would be planned into the arena too and reserved twice.
+TEST(MemAllocator, RecordingTracesOnlyOpenSteps) {
+  auto a = MakeAllocator(512 * kMiB, 8 * kMiB);
+  a->StartRecording();
+  void* state = nullptr;
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(a->BeginStep("s").ok());
+    void* act = *a->Allocate(4 * kMiB, 0);
+    void* tmp = *a->Allocate(1 * kMiB, 0);
+    ASSERT_TRUE(a->Free(tmp, 0).ok());
+    ASSERT_TRUE(a->Free(act, 0).ok());
+    a->EndStep();
+    void* opt_tmp = *a->Allocate(64 * kMiB, 0);  // the optimizer, outside the step
+    if (state == nullptr) state = *a->Allocate(32 * kMiB, 0);
+    ASSERT_TRUE(a->Free(opt_tmp, 0).ok());
+  }
+  Trace t = a->StopRecording();
+  int allocs = 0;
+  for (const auto& e : t.events()) allocs += e.kind == TraceEvent::kAlloc ? 1 : 0;
+  EXPECT_EQ(allocs, 4);          // two per step, none of the optimizer's
+  EXPECT_EQ(t.size(), 2u * 5u);  // per step: a mark, two allocations, two frees
+  auto plans = a->PlanFromTrace(t);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_FALSE(plans->empty());
+  for (const Plan& p : *plans) EXPECT_LE(p.peak_bytes, static_cast<int64_t>(8 * kMiB));
+  ASSERT_TRUE(a->Free(state, 0).ok());
+}
+
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge
