@@ -186,6 +186,28 @@ def test_capture_replay_matches_eager():
     assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st
 
 
+# Guards "no allocation during replay" (issue 9): once a bucket is captured, a microbatch of it
+# (copy into the static inputs, noise drawn into static buffers, replay) allocates nothing from
+# torch's caching allocator, the batch being already at the bucket's length.
+@needs_cuda
+def test_replay_allocates_nothing():
+    model = _model("cuda")
+    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=(5,), warmup=1,
+                              autocast_dtype=None, log=lambda m: None)
+    batch = _batch(device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(3):  # warm-up, capture, one replay
+        step(batch, gen)
+    assert step.stats()["replays"] >= 1
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(5):
+        step(batch, gen)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert step.stats()["replays"] >= 6
+
+
 # Guards: random numbers are redrawn for every replay (the same inputs give different losses).
 @needs_cuda
 def test_rng_differs_across_replays():
