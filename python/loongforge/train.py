@@ -874,8 +874,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     it = batches()
     # LOONGFORGE_MEM_TRACE=PATH keeps the recorded steps' trace (for `loongforge mem replay`),
     # LOONGFORGE_MEM_RECORD_STEPS=N records N steps instead of min(3, warm-up) (diagnosis).
-    mem.record(steps=int(os.environ.get("LOONGFORGE_MEM_RECORD_STEPS", 0)) or
-               max(1, min(3, args.warmup)),
+    rec_env = os.environ.get("LOONGFORGE_MEM_RECORD_STEPS", "")
+    if rec_env and not (rec_env.isdigit() and int(rec_env) > 0):
+        raise TrainError(f"LOONGFORGE_MEM_RECORD_STEPS must be a positive integer, got {rec_env!r}")
+    mem.record(steps=int(rec_env) if rec_env else max(1, min(3, args.warmup)),
                trace_path=os.environ.get("LOONGFORGE_MEM_TRACE") or None)
     rows: List[Dict[str, Any]] = []
     losses: List[Dict[str, Any]] = []
