@@ -847,14 +847,6 @@ TEST(MemAllocator, RandomPerturbedStepsNeverOverlap) {
   EXPECT_GT(skips, 0) << "no slot was held: the occupant path went untested";
 }
 
-}  // namespace
-}  // namespace mem
-}  // namespace loongforge
-
-namespace loongforge {
-namespace mem {
-namespace {
-
 // Guards Note [Envelope plans]: steps of one signature whose sizes differ but whose structure is
 // the same (an MoE layer's expert buffers) are served from one plan widened to the largest size
 // at each position; the patterns stay intact, and a step larger than every recorded one still
@@ -892,14 +884,6 @@ TEST(MemAllocator, EnvelopePlanServesSameStructureSteps) {
   EXPECT_EQ(a->Stats().planned_misses, 1);
   EXPECT_EQ(a->Stats().allocated_bytes, 0);
 }
-
-}  // namespace
-}  // namespace mem
-}  // namespace loongforge
-
-namespace loongforge {
-namespace mem {
-namespace {
 
 // An MoE-like step: a carry-out allocated first that outlives the step, expert buffers of
 // `expert` bytes, the previous step's carry freed after the first expert, and, when

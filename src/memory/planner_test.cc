@@ -261,14 +261,6 @@ TEST(MemPlanner, PlanCacheLru) {
   EXPECT_EQ(cache.evictions(), 2);
 }
 
-}  // namespace
-}  // namespace mem
-}  // namespace loongforge
-
-namespace loongforge {
-namespace mem {
-namespace {
-
 // Guards Trace::Save/Load: plain and zstd files give back the same events; the compressed file
 // is smaller; a corrupt frame is DataLoss and a missing file NotFound, both naming the path.
 TEST(MemTrace, SaveLoadPlainAndZstd) {
@@ -304,14 +296,6 @@ TEST(MemTrace, SaveLoadPlainAndZstd) {
   std::remove(plain.c_str());
   std::remove(zst.c_str());
 }
-
-}  // namespace
-}  // namespace mem
-}  // namespace loongforge
-
-namespace loongforge {
-namespace mem {
-namespace {
 
 // Guards PlanSignature (Note [Envelope plans]): same-structure steps merge with per-allocation
 // maximum sizes and the plan is valid for each of them; a step of another structure is left out.
@@ -378,14 +362,6 @@ TEST(MemPlanner, SignaturePlanBaseIsLargestStep) {
   EXPECT_GE(sp.plan.peak_bytes, LowerBoundBytes(big));
   EXPECT_TRUE(CheckPlan(sp.envelope, sp.plan).ok());
 }
-
-}  // namespace
-}  // namespace mem
-}  // namespace loongforge
-
-namespace loongforge {
-namespace mem {
-namespace {
 
 // Three steps of one signature: a carry-in from the step before (id 1000 + step, freed after two
 // allocations), a carry-out (5) that outlives the step, and, in the "workspace" steps, an extra
