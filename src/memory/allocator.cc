@@ -694,9 +694,23 @@ struct MemAllocator::Impl {
     const Plan& root = *group_root;
     const Plan& cur = *arena_plan;
     const size_t m = root.siblings.size() + 1;
-    int best = -1;
-    bool best_seq = false;
-    int64_t best_size = 0;
+    // Rank the members that fit by (recorded at this count, tightest slot), the current member
+    // first among equals; only a member ranked above the current one needs the agreement scan,
+    // which is O(k). (Scanning every candidate made steps with long shared prefixes quadratic:
+    // the real trainer trace's steady steps share ~6600 slots with its last recorded step.)
+    struct Cand {
+      int j;
+      bool seq;
+      int64_t size;
+    };
+    Cand local[16];  // groups are small (one member per recorded structure): no heap here
+    std::vector<Cand> spill;
+    Cand* cands = local;
+    if (m > 16) {
+      spill.resize(m);
+      cands = spill.data();
+    }
+    size_t n = 0;
     for (size_t j = 0; j < m; ++j) {
       const Plan& q = j == 0 ? root : *root.siblings[j - 1];
       if (k >= q.sizes.size() || q.streams[k] != stream || static_cast<size_t>(q.sizes[k]) < size ||
@@ -705,17 +719,24 @@ struct MemAllocator::Impl {
       }
       const bool seq = k < q.alloc_seqs.size() && q.alloc_seqs[k] == step_events;
       if (require_seq && !seq) continue;
-      if (best >= 0 && (best_seq > seq || (best_seq == seq && best_size <= q.sizes[k]))) continue;
+      cands[n++] = Cand{static_cast<int>(j), seq, q.sizes[k]};
+    }
+    std::stable_sort(cands, cands + n, [&](const Cand& x, const Cand& y) {
+      if (x.seq != y.seq) return x.seq;
+      if (x.size != y.size) return x.size < y.size;
+      return static_cast<size_t>(x.j) == group_index && static_cast<size_t>(y.j) != group_index;
+    });
+    for (size_t r = 0; r < n; ++r) {
+      const Cand& c = cands[r];
+      if (static_cast<size_t>(c.j) == group_index) return c.j;
+      const Plan& q = c.j == 0 ? root : *root.siblings[static_cast<size_t>(c.j) - 1];
       bool agree = true;
-      for (size_t i = 0; i < k && agree && j != group_index; ++i) {
+      for (size_t i = 0; i < k && agree; ++i) {
         agree = !planned_live[i] || (q.offsets[i] == cur.offsets[i] && q.sizes[i] >= cur.sizes[i]);
       }
-      if (!agree) continue;
-      best = static_cast<int>(j);
-      best_seq = seq;
-      best_size = q.sizes[k];
+      if (agree) return c.j;
     }
-    return best;
+    return -1;
   }
 
   // Planned path; returns nullptr when the step diverges (Note [Planned arena safety]).
