@@ -12,6 +12,7 @@
 #                                      (D_BUDGET s in all), the lean step + torch.compile row
 #   bash bench/gpu_batch.sh E          build; the cuFile writer's tests and bench (+ cufile.log);
 #                                      then the compile row if time is left (E_BUDGET s in all)
+#   bash bench/gpu_batch.sh F          build; the decoder/loader GPU tests, then the loader bench
 # Output under $OUT (default results/gpu).
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -131,6 +132,19 @@ ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_
     find . /tmp -maxdepth 3 -name cufile.log 2>/dev/null | head -3 | while read -r f; do
       echo "== $f"; tail -15 "$f"; done
     compile_row "${E_BUDGET:-300}" 110
+    ;;
+  F)
+    build
+    timeout 150 build-gpu/loongforge_tests --gtest_filter='NvJpegDecoder.*:GpuLoaderTest.*' \
+      >"$OUT/ctest.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|\[nvjpeg\] turns" "$OUT/ctest.log" | head -20
+    el "gtest"
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_data_gpu.py \
+      >"$OUT/pytest.log" 2>&1
+    tail -4 "$OUT/pytest.log"; el "pytest"
+    timeout "${F_BENCH_T:-360}" "$PY" bench/loader/gpu_bench.py --out "$OUT" ${F_BENCH_ARGS:-} \
+      >"$OUT/loader_bench.log" 2>&1
+    grep -v "^{" "$OUT/loader_bench.log" | tail -70; el "loader bench"
     ;;
   curves)
     build

@@ -3,8 +3,11 @@
 
 640x480 q90 frames (1 camera, so img/s = samples/s), batch 256, out 224, in the same run:
   1. DataFusionLoader(device='cuda'): nvJPEG (hardware engine, the default) + fused kernel +
-     device stage 3 -> model-ready CUDA batches (one row); A/B rows of the decode lanes (issue 7,
-     Note [Decode lanes] in src/data/nvjpeg_decoder.h): without them
+     device stage 3 -> model-ready CUDA batches (one row; a first "cold" row before it shows the
+     process's start-up: CUDA, nvJPEG and the engine's first batches); A/B rows of the decode
+     lanes (issue 7, Note [Decode lanes] in src/data/nvjpeg_decoder.h): the lanes' nvJPEG calls
+     concurrent (LOONGFORGE_LOADER_DECODE_STAGGER=0, the default before Note [Decode turns]) or
+     staggered by half a call (0.5) instead of taking turns (1, the default); without lanes
      (LOONGFORGE_LOADER_DISABLE=async_decode), without state reuse (decode_reuse), without both
      (the loader before lanes: "pre_lanes"), with 3 lanes (LOONGFORGE_LOADER_DECODE_LANES=3);
      static batches (token buckets); bf16/NHWC output; A/B rows with one other throughput switch
@@ -12,12 +15,13 @@
      run-to-run noise;
   2. nvJPEG decode only (_C.NvJpegDecoder): hardware backend at batch 64 and 256, one batch at a
      time with per-batch state re-initialization (as before lanes) and with state reuse, and with
-     2 (3) batches in flight on lane threads (the ceiling the loader can reach); CUDA backend,
-     auto split;
+     2 (3) batches in flight on lane threads, their calls concurrent (stagger 0: the ceiling the
+     loader can reach) or taking turns (stagger 1); CUDA backend, auto split;
   3. torchvision.io.decode_jpeg(device='cuda') batched + crop + F.interpolate + normalize;
   4. torch DataLoader + PIL + torchvision transforms with 16 workers (LeRobot-style baseline);
   5. DataFusionLoader on the CPU (libjpeg-turbo, 14 threads) for reference.
-For each: img/s, consumer-side batch interval p50/p99 (and p99/p50), CPU cores busy (this
+For each: img/s, consumer-side batch interval p50/p99 (and p99/p50), the decoder's host ms per
+batch (release wait, parse, turn wait, inside nvJPEG), CPU cores busy (this
 process's getrusage, which counts DataLoader workers only once they exit, so read the
 DataLoader row's cores in the machine column; and the whole machine from /proc/stat). Prints a table; writes JSON to
 $OUT/gpu_bench.json (or --out).
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -123,8 +128,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", default="640x480")
     ap.add_argument("--quality", type=int, default=90)
-    ap.add_argument("--batches", type=int, default=24)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--batches", type=int, default=96,
+                    help="timed batches per row (p99 of 96 intervals is their 2nd largest)")
+    ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--unique", type=int, default=512, help="distinct frames in the DB")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--baseline-batches", type=int, default=6)
@@ -166,17 +172,20 @@ def main() -> None:
     results["meta"]["samples"] = samples
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
-    def ours(disable="", lanes=None, handle_per_lane=False, interleaved=False, **kw):
+    def ours(disable="", lanes=None, handle_per_lane=False, interleaved=False, stagger=None,
+             **kw):
         def go():
             # A/B switches are read when the loader is created (src/data/loader.cc).
             env = {"LOONGFORGE_LOADER_DISABLE": disable,
                    "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else "",
+                   "LOONGFORGE_LOADER_DECODE_STAGGER": "" if stagger is None else str(stagger),
                    "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else "",
                    "LOONGFORGE_LOADER_DECODE_INTERLEAVED": "1" if interleaved else ""}
             old = {k: os.environ.pop(k, None) for k in env}
             for k, v in env.items():
                 if v:
                     os.environ[k] = v
+            t_create = time.perf_counter()
             try:
                 ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4,
                                                  **kw)
@@ -185,9 +194,15 @@ def main() -> None:
                     os.environ.pop(k, None)
                     if v is not None:
                         os.environ[k] = v
-            r = timed(loop_epochs(ld), args.batches, args.warmup, n_img)
+            batches = loop_epochs(ld)
+            first = next(batches)
+            t_first = time.perf_counter() - t_create
+            r = timed(itertools.chain([first], batches), args.batches, args.warmup, n_img)
+            r["first_batch_s"] = t_first  # loader created -> first batch out
             m = ld.metrics()
             hist = m["histograms"]
+            r["decode_host_ms_per_batch"] = m.get("decode_host_ms_per_batch")
+            r["decode_stagger"] = m.get("decode_stagger")
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
                      reason=m["reason"], device=m["device"], disabled=disable,
                      decode_lanes=lanes or (1 if "async_decode" in disable else 2),
@@ -229,9 +244,13 @@ def main() -> None:
               args.baseline_batches * 2, 2, n_img)))
 
     if cuda and gpu_ok:
-        # The default (hardware engine only, hw_decode_ratio=1.0; 2 decode lanes) is one row.
+        # The default (hardware engine only, hw_decode_ratio=1.0; 2 decode lanes taking turns) is
+        # one row, after a cold row with the same settings (the process's first GPU loader).
         # Lane A/B rows are interleaved with the default to expose run-to-run noise.
+        run("datafusion_gpu_cold", results, ours(device="cuda"))
         run("datafusion_gpu", results, ours(device="cuda"))
+        run("datafusion_gpu_stagger0", results, ours(stagger=0, device="cuda"))
+        run("datafusion_gpu_stagger05", results, ours(stagger=0.5, device="cuda"))
         run("datafusion_gpu_pre_lanes", results,
             ours(disable="async_decode,decode_reuse", device="cuda"))
         run("datafusion_gpu_no_async_decode", results, ours(disable="async_decode", device="cuda"))
@@ -252,7 +271,7 @@ def main() -> None:
 
         def nvjpeg_only(batch, in_flight=1, **kw):
             def go():
-                dec = _C.NvJpegDecoder(**kw)
+                dec = _C.NvJpegDecoder(**{"stagger": 0.0, **kw})
                 chunks = [frames[i % len(frames):i % len(frames) + batch]
                           for i in range(0, len(frames) * 4, batch)]
                 chunks = [c for c in chunks if len(c) == batch] or [frames[:batch]]
@@ -278,6 +297,7 @@ def main() -> None:
                 if in_flight > 1:
                     dec.drain()
                 r["info"] = dec.info()
+                r["decode_host_ms_per_batch"] = r["info"].get("host_ms_per_batch")
                 r["in_flight"] = in_flight
                 return r
             return go
@@ -292,6 +312,9 @@ def main() -> None:
             nvjpeg_only(64, 2, hw_ratio=1.0, async_=True, lanes=2))
         run("nvjpeg_hw_b256_inflight2", results,
             nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2))
+        # Taking turns (Note [Decode turns]): one call in nvJPEG at a time, parsing overlapped.
+        run("nvjpeg_hw_b256_inflight2_turns", results,
+            nvjpeg_only(B, 2, hw_ratio=1.0, async_=True, lanes=2, stagger=1.0))
         run("nvjpeg_hw_b256_inflight3", results,
             nvjpeg_only(B, 3, hw_ratio=1.0, async_=True, lanes=3))
         # Same with one hardware handle per lane (in case nvJPEG serializes per handle).
@@ -366,7 +389,12 @@ def main() -> None:
     for k, r in results.items():
         if isinstance(r, dict) and r.get("host_p50_ms"):
             print(f"  {k:30s} host p50 ms: " +
-                  " ".join(f"{n}={v:.2f}" for n, v in r["host_p50_ms"].items()))
+                  " ".join(f"{n}={v:.2f}" for n, v in r["host_p50_ms"].items()) +
+                  (f" first_batch_s={r['first_batch_s']:.2f}" if "first_batch_s" in r else ""))
+    for k, r in results.items():
+        if isinstance(r, dict) and r.get("decode_host_ms_per_batch"):
+            print(f"  {k:30s} decoder ms/batch: " +
+                  " ".join(f"{n}={v:.2f}" for n, v in r["decode_host_ms_per_batch"].items()))
     if "datafusion_gpu" in results and "decode_backend" in results["datafusion_gpu"]:
         d = results["datafusion_gpu"]
         print(f"decode: {d['decode_backend']} hw_decode={d['hw_decode']} ({d['reason']}); "

@@ -146,6 +146,14 @@ struct LoaderDeviceInfo {
   bool ratio_measured = false;
   bool stage3_on_device = false;  // GPU loader: stage 3 by the CUDA kernel (else host + copy)
   int64_t images_hw = 0, images_cuda = 0, images_cpu = 0;
+  // GPU decoder: lanes in flight, their stagger (Note [Decode turns] in nvjpeg_decoder.h), and
+  // host time of the decoded batches, summed in ms: waiting for the consumer to release the
+  // lane's buffers, header parsing and CPU fallbacks, waiting for the turn, inside nvJPEG.
+  int decode_lanes = 0;
+  float decode_stagger = 0.f;
+  int64_t decoded_batches = 0;
+  double decode_release_wait_ms = 0, decode_prepare_ms = 0, decode_turn_wait_ms = 0,
+         decode_call_ms = 0;
 };
 
 class DataLoader {

@@ -3,6 +3,7 @@
 // benchmarks) in builds with nvJPEG.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 
@@ -171,6 +172,17 @@ py::dict DeviceInfoDict(const LoaderDeviceInfo& i) {
   d["images_cuda"] = i.images_cuda;
   d["images_cpu"] = i.images_cpu;
   d["stage3_on_device"] = i.stage3_on_device;
+  if (i.gpu) {
+    d["decode_lanes"] = i.decode_lanes;
+    d["decode_stagger"] = i.decode_stagger;
+    // Host ms per decoded batch (Note [Decode turns] in src/data/nvjpeg_decoder.h).
+    const double nb = static_cast<double>(std::max<int64_t>(1, i.decoded_batches));
+    d["decoded_batches"] = i.decoded_batches;
+    d["decode_host_ms_per_batch"] = py::dict(
+        py::arg("release_wait") = i.decode_release_wait_ms / nb,
+        py::arg("prepare") = i.decode_prepare_ms / nb,
+        py::arg("turn_wait") = i.decode_turn_wait_ms / nb, py::arg("call") = i.decode_call_ms / nb);
+  }
   return d;
 }
 
@@ -307,7 +319,7 @@ void BindData(py::module_& m) {
       "nvJPEG batch decoder alone (benchmarks): decode() is synchronous; submit()/collect() keep "
       "up to `lanes` batches in flight (async=True: one lane thread each)")
       .def(py::init([](int device, float hw_ratio, bool hw, bool async, int lanes, bool reuse,
-                       bool handle_per_lane, bool interleaved) {
+                       bool handle_per_lane, bool interleaved, float stagger) {
              internal::NvJpegDecoderOptions o;
              o.device = device;
              o.hw_ratio = hw_ratio;
@@ -317,13 +329,15 @@ void BindData(py::module_& m) {
              o.reuse_state = reuse;
              o.hw_handle_per_lane = handle_per_lane;
              o.interleaved = interleaved;
+             o.stagger = stagger;
              auto d = std::make_unique<PyNvJpegDecoder>();
              d->dec = ValueOrThrow(NvJpegBatchDecoder::Create(o));
              return d;
            }),
            py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true,
            py::arg("async_") = false, py::arg("lanes") = 2, py::arg("reuse_state") = true,
-           py::arg("hw_handle_per_lane") = false, py::arg("interleaved") = false)
+           py::arg("hw_handle_per_lane") = false, py::arg("interleaved") = false,
+           py::arg("stagger") = 1.f)
       .def(
           "decode",
           [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {
@@ -407,6 +421,13 @@ void BindData(py::module_& m) {
         r["lanes"] = i.lanes;
         r["async"] = i.async;
         r["state_inits"] = i.state_inits;
+        r["stagger"] = i.stagger;
+        const double nb = static_cast<double>(std::max<int64_t>(1, i.batches));
+        r["batches"] = i.batches;
+        r["host_ms_per_batch"] =
+            py::dict(py::arg("release_wait") = i.release_wait_ms / nb,
+                     py::arg("prepare") = i.prepare_ms / nb,
+                     py::arg("turn_wait") = i.turn_wait_ms / nb, py::arg("call") = i.call_ms / nb);
         return r;
       });
 #endif

@@ -44,7 +44,8 @@
 //   2a. nvJPEG batched decode on a decoder lane's stream into that lane's device images (Note
 //       [GPU decode paths] and Note [Decode lanes] in nvjpeg_decoder.h): lf-collate submits up
 //       to `decode_lanes` batches ahead, so the decode of batch k+1 runs on its own lane thread
-//       while lf-collate finishes batch k; failed images mark their sample corrupt.
+//       while lf-collate finishes batch k; failed images mark their sample corrupt. The lanes
+//       take turns for their nvJPEG calls (Note [Decode turns]), so batches leave evenly spaced.
 //       (LOONGFORGE_LOADER_DISABLE=async_decode: one batch at a time, decoded on lf-collate.)
 //   2b. the transform stream waits for the decode (event) and for the slot's `released` event,
 //       then one fused kernel per batch crops/resizes/jitters/normalizes every kept image straight
@@ -421,6 +422,9 @@ struct TuningSwitches {
   // before every batch).
   bool decode_reuse = true;
   int decode_lanes = 2;  // LOONGFORGE_LOADER_DECODE_LANES (async_decode only)
+  // LOONGFORGE_LOADER_DECODE_STAGGER in [0, 1]: when a lane's nvJPEG calls may start (Note
+  // [Decode turns] in nvjpeg_decoder.h; 1: after the previous batch's calls returned).
+  float decode_stagger = 1.f;
   // LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE=1: one hardware nvJPEG handle per lane.
   bool hw_handle_per_lane = false;
   // LOONGFORGE_LOADER_DECODE_INTERLEAVED=1: nvJPEG writes interleaved RGB (RGBI).
@@ -436,6 +440,14 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
       return InvalidArgumentError(std::string("LOONGFORGE_LOADER_DECODE_LANES: '") + lanes +
                                   "' is not a lane count in [2, 16]");
     t.decode_lanes = static_cast<int>(v);
+  }
+  if (const char* st = std::getenv("LOONGFORGE_LOADER_DECODE_STAGGER")) {
+    char* end = nullptr;
+    const float v = std::strtof(st, &end);
+    if (end == st || *end != '\0' || !(v >= 0.f && v <= 1.f))
+      return InvalidArgumentError(std::string("LOONGFORGE_LOADER_DECODE_STAGGER: '") + st +
+                                  "' is not a fraction in [0, 1]");
+    t.decode_stagger = v;
   }
   if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE"))
     t.hw_handle_per_lane = std::string(h) == "1";
@@ -1351,6 +1363,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     dopt.reuse_state = tuning.decode_reuse;
     dopt.hw_handle_per_lane = tuning.hw_handle_per_lane;
     dopt.interleaved = tuning.interleaved;
+    dopt.stagger = tuning.decode_stagger;
     LF_ASSIGN_OR_RETURN(impl->decoder, internal::NvJpegBatchDecoder::Create(dopt));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->xform, cudaStreamNonBlocking));
     // Slots for every batch that can be in flight: lf-fetch's, work_q, lf-collate's (one per
@@ -1478,6 +1491,13 @@ LoaderDeviceInfo DataLoader::device_info() const {
     info.images_cuda = d.images_cuda;
     info.images_cpu = d.images_cpu;
     info.stage3_on_device = impl_->tuning.stage3_device;
+    info.decode_lanes = d.async ? d.lanes : 1;
+    info.decode_stagger = d.stagger;
+    info.decoded_batches = d.batches;
+    info.decode_release_wait_ms = d.release_wait_ms;
+    info.decode_prepare_ms = d.prepare_ms;
+    info.decode_turn_wait_ms = d.turn_wait_ms;
+    info.decode_call_ms = d.call_ms;
   }
 #endif
   return info;

@@ -201,13 +201,15 @@ TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   const auto batches = MixedBatches(7);
   auto name_of = [](size_t i) { return "rec" + std::to_string(i); };
-  auto run = [&](bool async, int lanes, bool reuse, int in_flight, bool own_handles = false) {
+  auto run = [&](bool async, int lanes, bool reuse, int in_flight, bool own_handles = false,
+                 float stagger = 1.f) {
     NvJpegDecoderOptions o;
     o.hw_ratio = 1.f;  // a fixed split: the measured one depends on timing
     o.async = async;
     o.lanes = lanes;
     o.reuse_state = reuse;
     o.hw_handle_per_lane = own_handles;
+    o.stagger = stagger;
     auto dec = NvJpegBatchDecoder::Create(o);
     EXPECT_TRUE(dec.ok()) << dec.status();
     std::vector<HostBatch> got;
@@ -227,6 +229,7 @@ TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
     auto info = (*dec)->info();
     EXPECT_EQ(info.async, async);
     EXPECT_EQ(info.lanes, lanes);
+    EXPECT_EQ(info.batches, static_cast<int64_t>(batches.size()));
     // Re-initialized per batch size change only (batch sizes differ here: at most one per
     // batch and backend), or before every batch without reuse.
     std::printf("[nvjpeg] async=%d lanes=%d reuse=%d state_inits=%lld hw=%lld cuda=%lld\n", async,
@@ -246,11 +249,12 @@ TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
     bool reuse;
     int in_flight;
     bool own_handles;
+    float stagger;  // Note [Decode turns]
   };
-  for (const Mode m :
-       {Mode{true, 2, true, 2, false}, Mode{true, 3, true, 3, false}, Mode{true, 3, true, 1, false},
-        Mode{false, 2, false, 1, false}, Mode{true, 2, true, 2, true}}) {
-    const auto got = run(m.async, m.lanes, m.reuse, m.in_flight, m.own_handles);
+  for (const Mode m : {Mode{true, 2, true, 2, false, 1.f}, Mode{true, 2, true, 2, false, 0.f},
+                       Mode{true, 3, true, 3, false, 0.5f}, Mode{true, 3, true, 1, false, 1.f},
+                       Mode{false, 2, false, 1, false, 1.f}, Mode{true, 2, true, 2, true, 1.f}}) {
+    const auto got = run(m.async, m.lanes, m.reuse, m.in_flight, m.own_handles, m.stagger);
     ASSERT_EQ(got.size(), want.size());
     for (size_t b = 0; b < want.size(); ++b) {
       EXPECT_EQ(got[b].codes, want[b].codes) << "batch " << b << " async=" << m.async;
@@ -258,7 +262,7 @@ TEST(NvJpegDecoder, AsyncLanesMatchSynchronousBitwise) {
       for (size_t i = 0; i < want[b].images.size(); ++i)
         EXPECT_TRUE(got[b].images[i] == want[b].images[i])
             << "batch " << b << " image " << i << " async=" << m.async << " lanes=" << m.lanes
-            << " reuse=" << m.reuse;
+            << " reuse=" << m.reuse << " stagger=" << m.stagger;
     }
   }
 }
@@ -295,6 +299,58 @@ TEST(NvJpegDecoder, AsyncLaneLimitDrainAndShutdown) {
   ASSERT_TRUE((*dec)->Submit(v0, name_of).ok());
   ASSERT_TRUE((*dec)->Submit(v1, name_of).ok());
   dec->reset();  // two batches in flight: waits for them, joins the lanes
+}
+
+// Guards Note [Decode turns]: a batch that never calls nvJPEG (every image unreadable, so all
+// go to the CPU path and fail) passes its turn on, so the batches after it decode instead of
+// waiting for it until the timeout; the decoder counts every batch and times its nvJPEG calls;
+// a stagger outside [0, 1] is refused.
+TEST(NvJpegDecoder, TurnsArePassedOnAndStaggerIsChecked) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  NvJpegDecoderOptions bad;
+  bad.stagger = 1.5f;
+  EXPECT_EQ(NvJpegBatchDecoder::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.stagger = -0.1f;
+  EXPECT_EQ(NvJpegBatchDecoder::Create(bad).status().code(), StatusCode::kInvalidArgument);
+
+  const auto good = MixedBatches(4);
+  const std::vector<std::string> garbage = {"not a jpeg", std::string(64, '\xff'), "x"};
+  auto name_of = [](size_t i) { return "rec" + std::to_string(i); };
+  NvJpegDecoderOptions o;
+  o.async = true;
+  o.lanes = 2;
+  o.hw_ratio = 1.f;
+  o.timeout_ms = 5000;  // a turn never passed on would fail a Collect below with this deadline
+  auto dec = NvJpegBatchDecoder::Create(o);
+  ASSERT_TRUE(dec.ok()) << dec.status();
+  const std::vector<const std::vector<std::string>*> order = {
+      &good[0], &garbage, &good[1], &garbage, &garbage, &good[2], &good[3]};
+  size_t next = 0, collected = 0;
+  while (collected < order.size()) {
+    while (next < order.size() && (*dec)->in_flight() < 2) {
+      std::vector<std::string_view> v(order[next]->begin(), order[next]->end());
+      ASSERT_TRUE((*dec)->Submit(std::move(v), name_of).ok());
+      ++next;
+    }
+    NvJpegBatchDecoder::Result r;
+    ASSERT_TRUE((*dec)->Collect(&r).ok()) << "batch " << collected;
+    ASSERT_EQ(r.status.size(), order[collected]->size());
+    if (order[collected] == &garbage) {
+      for (const Status& s : r.status) EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+    }
+    ASSERT_TRUE((*dec)->ReleaseAfter(r.stream).ok());
+    ++collected;
+  }
+  ASSERT_TRUE((*dec)->Drain().ok());
+  const auto info = (*dec)->info();
+  EXPECT_EQ(info.batches, static_cast<int64_t>(order.size()));
+  EXPECT_FLOAT_EQ(info.stagger, 1.f);
+  EXPECT_GT(info.call_ms, 0.0);
+  std::printf(
+      "[nvjpeg] turns: %lld batches, ms per batch: release %.3f prepare %.3f turn %.3f "
+      "call %.3f\n",
+      (long long)info.batches, info.release_wait_ms / info.batches, info.prepare_ms / info.batches,
+      info.turn_wait_ms / info.batches, info.call_ms / info.batches);
 }
 
 }  // namespace
