@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -57,13 +58,30 @@ def proc_stat():
     return sum(v) - idle, sum(v)
 
 
+def thread_cpu_ns():
+    """{tid: (name, ns on a CPU)} of this process's threads (/proc schedstat)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[tid] = (name, int(f.read().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
 class CpuMeter:
-    """Cores busy over an interval: this process (all threads) and the whole machine."""
+    """Cores busy over an interval: this process (all threads; and per thread name), the whole
+    machine, and this process's page faults."""
 
     def __enter__(self):
         r = resource.getrusage(resource.RUSAGE_SELF)
         c = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.p0 = r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+        self.f0 = (r.ru_minflt, r.ru_majflt)
+        self.th0 = thread_cpu_ns()
         self.s0 = proc_stat()
         self.t0 = time.perf_counter()
         return self
@@ -72,10 +90,18 @@ class CpuMeter:
         r = resource.getrusage(resource.RUSAGE_SELF)
         c = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter() - self.t0
+        th1 = thread_cpu_ns()
         s1 = proc_stat()
         busy, total = s1[0] - self.s0[0], s1[1] - self.s0[1]
         self.process_cores = (r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime - self.p0) / wall
         self.machine_cores = (os.cpu_count() or 1) * busy / max(1, total)
+        self.minflt, self.majflt = r.ru_minflt - self.f0[0], r.ru_majflt - self.f0[1]
+        by_name = {}
+        for tid, (name, ns) in th1.items():
+            d = ns - self.th0.get(tid, (name, 0))[1]
+            by_name[name] = by_name.get(name, 0.0) + d / 1e9 / wall
+        self.thread_cores = {k: round(v, 3) for k, v in sorted(by_name.items(),
+                                                                key=lambda kv: -kv[1]) if v >= 0.01}
 
 
 def timed(batches_iter, n_batches, warmup, images_of):
@@ -98,7 +124,8 @@ def timed(batches_iter, n_batches, warmup, images_of):
     return {"img_per_s": images / wall, "batches": n_batches, "interval_p50_ms": p50,
             "interval_p99_ms": p99, "p99_over_p50": p99 / p50 if p50 > 0 else None,
             "interval_std_ms": float(iv.std()), "cores_busy_process": cpu.process_cores,
-            "cores_busy_machine": cpu.machine_cores}
+            "cores_busy_machine": cpu.machine_cores, "cores_by_thread": cpu.thread_cores,
+            "minor_faults_per_batch": cpu.minflt / n_batches, "major_faults": cpu.majflt}
 
 
 def loop_epochs(ld):
@@ -109,7 +136,12 @@ def loop_epochs(ld):
         ep += 1
 
 
+ROWS = None  # --rows
+
+
 def run(name, results, fn):
+    if ROWS and not ROWS.search(name):
+        return
     print(f"--- {name}", flush=True)
     t = time.perf_counter()
     try:
@@ -135,7 +167,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--baseline-batches", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="small run to check the script")
+    ap.add_argument("--rows", default="", help="regex: run only the rows it matches")
     args = ap.parse_args()
+    global ROWS
+    ROWS = re.compile(args.rows) if args.rows else None
     if args.quick:
         args.batch, args.batches, args.warmup, args.unique = 32, 4, 1, 32
         args.baseline_batches, args.workers = 2, 2
@@ -173,12 +208,13 @@ def main() -> None:
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
     def ours(disable="", lanes=None, handle_per_lane=False, interleaved=False, stagger=None,
-             **kw):
+             prefault="", skip_epoch=False, **kw):
         def go():
             # A/B switches are read when the loader is created (src/data/loader.cc).
             env = {"LOONGFORGE_LOADER_DISABLE": disable,
                    "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else "",
                    "LOONGFORGE_LOADER_DECODE_STAGGER": "" if stagger is None else str(stagger),
+                   "LOONGFORGE_LOADER_PREFAULT": prefault,
                    "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else "",
                    "LOONGFORGE_LOADER_DECODE_INTERLEAVED": "1" if interleaved else ""}
             old = {k: os.environ.pop(k, None) for k in env}
@@ -197,12 +233,16 @@ def main() -> None:
             batches = loop_epochs(ld)
             first = next(batches)
             t_first = time.perf_counter() - t_create
+            if skip_epoch:  # time the second epoch: the DB's pages are mapped by then
+                for _ in range(len(ld)):
+                    first = next(batches)
             r = timed(itertools.chain([first], batches), args.batches, args.warmup, n_img)
             r["first_batch_s"] = t_first  # loader created -> first batch out
             m = ld.metrics()
             hist = m["histograms"]
-            r["decode_host_ms_per_batch"] = m.get("decode_host_ms_per_batch")
-            r["decode_stagger"] = m.get("decode_stagger")
+            dev = m.get("device", {})
+            r["decode_host_ms_per_batch"] = dev.get("decode_host_ms_per_batch")
+            r["decode_stagger"] = dev.get("decode_stagger")
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
                      reason=m["reason"], device=m["device"], disabled=disable,
                      decode_lanes=lanes or (1 if "async_decode" in disable else 2),
@@ -251,6 +291,10 @@ def main() -> None:
         run("datafusion_gpu", results, ours(device="cuda"))
         run("datafusion_gpu_stagger0", results, ours(stagger=0, device="cuda"))
         run("datafusion_gpu_stagger05", results, ours(stagger=0.5, device="cuda"))
+        # Page faults of the LMDB map (a fresh map per loader): madvise(MADV_POPULATE_READ)
+        # instead of a read per page, and the second epoch of one loader (pages mapped).
+        run("datafusion_gpu_populate", results, ours(prefault="populate", device="cuda"))
+        run("datafusion_gpu_epoch2", results, ours(skip_epoch=True, device="cuda"))
         run("datafusion_gpu_pre_lanes", results,
             ours(disable="async_decode,decode_reuse", device="cuda"))
         run("datafusion_gpu_no_async_decode", results, ours(disable="async_decode", device="cuda"))
@@ -391,6 +435,11 @@ def main() -> None:
             print(f"  {k:30s} host p50 ms: " +
                   " ".join(f"{n}={v:.2f}" for n, v in r["host_p50_ms"].items()) +
                   (f" first_batch_s={r['first_batch_s']:.2f}" if "first_batch_s" in r else ""))
+    for k, r in results.items():
+        if isinstance(r, dict) and r.get("cores_by_thread") and k != "dataloader_pil_16_workers":
+            top = list(r["cores_by_thread"].items())[:6]
+            print(f"  {k:30s} cores by thread: " + " ".join(f"{n}={v:.2f}" for n, v in top) +
+                  f" minflt/batch={r.get('minor_faults_per_batch', 0):.0f}")
     for k, r in results.items():
         if isinstance(r, dict) and r.get("decode_host_ms_per_batch"):
             print(f"  {k:30s} decoder ms/batch: " +

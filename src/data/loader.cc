@@ -66,6 +66,8 @@
 // by then its decode has finished (a lane decodes again only after its last consumer ran).
 #include <sys/mman.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -93,6 +95,13 @@
 
 namespace loongforge {
 namespace {
+
+// madvise(MADV_POPULATE_READ), Linux 5.14; older kernels fail it with EINVAL.
+#ifdef MADV_POPULATE_READ
+constexpr int kMadvPopulateRead = MADV_POPULATE_READ;
+#else
+constexpr int kMadvPopulateRead = 22;
+#endif
 
 using internal::CropBox;
 using internal::Jitter;
@@ -414,7 +423,10 @@ struct Stage3Plan {
 struct TuningSwitches {
   bool stage3_device = true;  // stage 3 by the CUDA kernel (off: host twin + copy of the arrays)
   bool prefault = true;       // lf-fetch touches the batch's JPEG pages before nvJPEG reads them
-  bool reserve = true;        // GPU slots allocated at Create instead of by the first batches
+  // LOONGFORGE_LOADER_PREFAULT=populate: madvise(MADV_POPULATE_READ) per record (Linux >= 5.14;
+  // touch: one read per page).
+  bool prefault_populate = false;
+  bool reserve = true;  // GPU slots allocated at Create instead of by the first batches
   // Note [Decode lanes] (nvjpeg_decoder.h): lane threads keep `decode_lanes` batches in nvJPEG
   // (off: lf-collate decodes each batch itself, then launches its kernels).
   bool async_decode = true;
@@ -448,6 +460,13 @@ StatusOr<TuningSwitches> ReadTuningSwitches() {
       return InvalidArgumentError(std::string("LOONGFORGE_LOADER_DECODE_STAGGER: '") + st +
                                   "' is not a fraction in [0, 1]");
     t.decode_stagger = v;
+  }
+  if (const char* pf = std::getenv("LOONGFORGE_LOADER_PREFAULT")) {
+    const std::string v(pf);
+    if (v != "populate" && v != "touch" && !v.empty())
+      return InvalidArgumentError("LOONGFORGE_LOADER_PREFAULT: '" + v +
+                                  "' (known: touch, populate)");
+    t.prefault_populate = v == "populate";
   }
   if (const char* h = std::getenv("LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE"))
     t.hw_handle_per_lane = std::string(h) == "1";
@@ -495,6 +514,7 @@ struct DataLoader::Impl {
   internal::Stage3Layout s3;
   TuningSwitches tuning;
   std::atomic<uint32_t> prefault_sink{0};
+  std::atomic<bool> populate_ok{true};  // MADV_POPULATE_READ works on this kernel
   std::vector<std::string> camera_modality;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
@@ -715,8 +735,28 @@ void DataLoader::Impl::PackStage3(Work& w) {
 // ahead is off: MDB_NORDAHEAD) are taken here, ahead of time, and not inside nvJPEG's copy of
 // the bitstreams on the GPU stage's thread, which feeds the JPEG engine.
 void DataLoader::Impl::Prefault(const Work& w) {
-  uint32_t sink = 0;
   const size_t cams = camera_modality.size();
+  if (tuning.prefault_populate && populate_ok.load(std::memory_order_relaxed)) {
+    // One call per record maps its pages without a fault per page.
+    bool ok = true;
+    for (size_t i = 0; i < w.samples.size() && ok; ++i) {
+      if (!w.sample_status[i].ok()) continue;
+      for (size_t c = 0; c < cams && ok; ++c) {
+        const std::string_view v = w.jpeg[i * cams + c];
+        if (v.empty()) continue;
+        const auto a = reinterpret_cast<uintptr_t>(v.data()) & ~uintptr_t{4095};
+        const size_t len = reinterpret_cast<uintptr_t>(v.data()) + v.size() - a;
+        if (madvise(reinterpret_cast<void*>(a), len, kMadvPopulateRead) != 0) {
+          ok = false;
+          if (populate_ok.exchange(false))
+            LF_LOG(WARNING) << "loader: madvise(MADV_POPULATE_READ) failed ("
+                            << std::strerror(errno) << "): touching pages instead";
+        }
+      }
+    }
+    if (ok) return;
+  }
+  uint32_t sink = 0;
   for (size_t i = 0; i < w.samples.size(); ++i) {
     if (!w.sample_status[i].ok()) continue;
     for (size_t c = 0; c < cams; ++c) {

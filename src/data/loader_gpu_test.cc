@@ -300,7 +300,9 @@ void ExpectIdenticalBatches(const std::vector<HostBatch>& a, const std::vector<H
 // flight the loader hands out, over two epochs (continuation included) and with corrupt images
 // taking the CPU path on the lanes, exactly the batches of the one-batch-at-a-time path
 // (LOONGFORGE_LOADER_DISABLE=async_decode) and of the per-batch re-initializing decoder, in
-// sampler order, images bit for bit; with interleaved nvJPEG output, the same up to decode noise.
+// sampler order, images bit for bit (also with concurrent or staggered lanes, Note [Decode
+// turns], and with madvise prefaulting); with interleaved nvJPEG output, the same up to decode
+// noise. Bad tuning values are InvalidArgument naming the variable.
 TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   std::string why;
   if (Skip(&why)) GTEST_SKIP() << why;
@@ -333,6 +335,25 @@ TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   ExpectIdenticalBatches(sync, run(nullptr, nullptr), "async, 2 lanes");
   ExpectIdenticalBatches(sync, run(nullptr, "3"), "async, 3 lanes");
   ExpectIdenticalBatches(sync, run("async_decode,decode_reuse", nullptr), "re-init per batch");
+  // Note [Decode turns]: concurrent and staggered lanes, and pages mapped by madvise.
+  for (const char* stagger : {"0", "0.5"}) {
+    ::setenv("LOONGFORGE_LOADER_DECODE_STAGGER", stagger, 1);
+    ExpectIdenticalBatches(sync, run(nullptr, nullptr), "stagger");
+  }
+  ::unsetenv("LOONGFORGE_LOADER_DECODE_STAGGER");
+  ::setenv("LOONGFORGE_LOADER_PREFAULT", "populate", 1);
+  ExpectIdenticalBatches(sync, run(nullptr, nullptr), "prefault=populate");
+  ::unsetenv("LOONGFORGE_LOADER_PREFAULT");
+  for (const char* bad : {"LOONGFORGE_LOADER_DECODE_STAGGER=1.5", "LOONGFORGE_LOADER_PREFAULT=x"}) {
+    const std::string kv(bad);
+    const std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
+    ::setenv(k.c_str(), v.c_str(), 1);
+    auto dl = DataLoader::Create(o);
+    ::unsetenv(k.c_str());
+    ASSERT_FALSE(dl.ok()) << bad;
+    EXPECT_EQ(dl.status().code(), StatusCode::kInvalidArgument) << dl.status();
+    EXPECT_NE(dl.status().message().find(k), std::string::npos) << dl.status();
+  }
   // Interleaved nvJPEG output (RGBI): the same batches up to the decoder's colour conversion.
   ::setenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED", "1", 1);
   const auto rgbi = run(nullptr, nullptr);
