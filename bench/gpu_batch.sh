@@ -13,6 +13,9 @@
 #   bash bench/gpu_batch.sh E          build; the cuFile writer's tests and bench (+ cufile.log);
 #                                      then the compile row if time is left (E_BUDGET s in all)
 #   bash bench/gpu_batch.sh F          build; the decoder/loader GPU tests, then the loader bench
+#   bash bench/gpu_batch.sh G          build; decoder/loader gtests, GPU pytest of the loader and the
+#                                      graphs, a MemSculptor diagnosis run of the eager trainer (in
+#                                      the background), then the whole loader bench
 # Output under $OUT (default results/gpu).
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -55,6 +58,28 @@ compile_row() {
   fi
   el "done"
 }
+# MemSculptor in the eager trainer (in the background): record 6 steps (trace kept), plan, 6 more.
+memdiag_start() {
+  db=$(bash bench/e2e/make_db.sh build-gpu/loongforge 2>/dev/null)
+  mkdir -p /tmp/lf_memdiag
+  (LOONGFORGE_MEM_TRACE=/tmp/lf_memdiag/trainer_b16.trace LOONGFORGE_MEM_RECORD_STEPS=6 \
+    timeout 200 "$PY" -m loongforge.train --config n16 --data "$db" --mode loongforge \
+    --batch-size 16 --steps 12 --warmup 4 --loader-threads 4 --quiet \
+    --json-out /tmp/lf_memdiag/trainer_b16.json --adamw auto --cuda-graph off --sync-free off \
+    --token-buckets "" >/tmp/lf_memdiag/trainer.log 2>&1; echo "memdiag rc=$?") &
+  diag=$!
+}
+memdiag_end() {
+  wait $diag
+  "$PY" -c "
+import json; s=json.load(open('/tmp/lf_memdiag/trainer_b16.json')); m=s['figures']['memory']
+ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_hits',
+'planned_misses','planned_skips','planned_steps','pool_allocs','num_allocs','last_miss',
+'fragmentation')}, 'step p50', s['figures']['step_ms_p50'])" 2>&1 | tail -3
+  tail -3 /tmp/lf_memdiag/trainer.log
+  zstd -q -f /tmp/lf_memdiag/trainer_b16.trace 2>/dev/null || gzip -f /tmp/lf_memdiag/trainer_b16.trace
+  tar czf "$OUT/memdiag.tgz" -C /tmp/lf_memdiag . ; el "memdiag"
+}
 case "${1:-A}" in
   build) build ;;
   A)
@@ -92,15 +117,7 @@ case "${1:-A}" in
     ;;
   D)
     build
-    db=$(bash bench/e2e/make_db.sh build-gpu/loongforge 2>/dev/null)
-    mkdir -p /tmp/lf_memdiag
-    # MemSculptor in the eager trainer: record 6 steps (trace kept), plan, 6 more steps.
-    (LOONGFORGE_MEM_TRACE=/tmp/lf_memdiag/trainer_b16.trace LOONGFORGE_MEM_RECORD_STEPS=6 \
-      timeout 200 "$PY" -m loongforge.train --config n16 --data "$db" --mode loongforge \
-      --batch-size 16 --steps 12 --warmup 4 --loader-threads 4 --quiet \
-      --json-out /tmp/lf_memdiag/trainer_b16.json --adamw auto --cuda-graph off --sync-free off \
-      --token-buckets "" >/tmp/lf_memdiag/trainer.log 2>&1; echo "memdiag rc=$?") &
-    diag=$!
+    memdiag_start
     timeout 170 build-gpu/loongforge_tests \
       --gtest_filter='NvJpegDecoder.*:GpuLoaderTest.*:CkptCuda.*:CkptCufile*:MemCuda.*' \
       >"$OUT/ctest.log" 2>&1
@@ -109,15 +126,7 @@ case "${1:-A}" in
       tests/python/test_ckpt_cufile.py tests/python/test_ckpt.py tests/python/test_memory.py \
       >"$OUT/pytest.log" 2>&1
     tail -8 "$OUT/pytest.log"; el "pytest"
-    wait $diag
-    "$PY" -c "
-import json; s=json.load(open('/tmp/lf_memdiag/trainer_b16.json')); m=s['figures']['memory']
-ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_hits',
-'planned_misses','planned_skips','planned_steps','pool_allocs','num_allocs','last_miss',
-'fragmentation')}, 'step p50', s['figures']['step_ms_p50'])" 2>&1 | tail -3
-    tail -3 /tmp/lf_memdiag/trainer.log
-    zstd -q -f /tmp/lf_memdiag/trainer_b16.trace 2>/dev/null || gzip -f /tmp/lf_memdiag/trainer_b16.trace
-    tar czf "$OUT/memdiag.tgz" -C /tmp/lf_memdiag . ; el "memdiag"
+    memdiag_end
     timeout 200 "$PY" bench/loader/gpu_bench.py --out "$OUT" >"$OUT/loader_bench.log" 2>&1
     tail -45 "$OUT/loader_bench.log"; el "loader bench"
     ckpt_writers 130 90
@@ -154,6 +163,20 @@ ms=m.get('memsculptor', {}); print('memdiag:', {k: ms.get(k) for k in ('planned_
         $F2_BENCH_ARGS >"$OUT/run2/loader_bench.log" 2>&1
       grep -v "^{" "$OUT/run2/loader_bench.log" | grep -v "^---" | tail -40; el "loader bench 2"
     fi
+    ;;
+  G)
+    build
+    memdiag_start
+    timeout 150 build-gpu/loongforge_tests --gtest_filter='NvJpegDecoder.*:GpuLoaderTest.*' \
+      >"$OUT/ctest.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|Failure|\[nvjpeg\] turns" "$OUT/ctest.log" | head -20
+    el "gtest"
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python/test_data_gpu.py \
+      tests/python/test_graphs.py >"$OUT/pytest.log" 2>&1
+    tail -6 "$OUT/pytest.log"; el "pytest"
+    memdiag_end
+    timeout "${G_BENCH_T:-300}" "$PY" bench/loader/gpu_bench.py --out "$OUT" >"$OUT/loader_bench.log" 2>&1
+    grep -v "^{" "$OUT/loader_bench.log" | grep -v "^---" | tail -80; el "loader bench"
     ;;
   curves)
     build
