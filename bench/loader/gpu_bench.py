@@ -287,8 +287,10 @@ def main() -> None:
                      # decode and anything else on that thread is serial with the engine.
                      # gpu_decode_wait_ms: lf-collate waiting for a decoded batch (lanes).
                      host_p50_ms={k: hist[k]["p50"] for k in (
-                         "fetch_ms", "fetch_prefault_ms", "gpu_decode_submit_ms",
-                         "gpu_decode_wait_ms", "gpu_kernel_submit_ms", "collate_ms") if k in hist})
+                         "fetch_ms", "fetch_slot_ms", "fetch_prefault_ms",
+                         "gpu_decode_submit_ms", "gpu_decode_wait_ms", "gpu_kernel_submit_ms",
+                         "collate_ms") if k in hist},
+                     counters=m.get("counters"))
             ld.close()
             del ld
             return r
@@ -474,7 +476,8 @@ def main() -> None:
         if isinstance(r, dict) and r.get("host_p50_ms"):
             print(f"  {k:30s} host p50 ms: " +
                   " ".join(f"{n}={v:.2f}" for n, v in r["host_p50_ms"].items()) +
-                  (f" first_batch_s={r['first_batch_s']:.2f}" if "first_batch_s" in r else ""))
+                  (f" first_batch_s={r['first_batch_s']:.2f}" if "first_batch_s" in r else "") +
+                  f" slots_grown={(r.get('counters') or {}).get('slots_allocated_on_demand')}")
     for k, r in results.items():
         if isinstance(r, dict) and r.get("cores_by_thread") and k != "dataloader_pil_16_workers":
             top = list(r["cores_by_thread"].items())[:6]

@@ -520,7 +520,9 @@ struct DataLoader::Impl {
   std::unique_ptr<ThreadPool> decode_pool;
   MetricsRegistry metrics;
   Histogram *h_fetch, *h_decode, *h_collate, *h_latency, *h_wait;
-  Histogram* h_prefault = nullptr;  // GPU: the part of fetch_ms spent in Prefault()
+  Histogram* h_prefault = nullptr;                // GPU: the part of fetch_ms spent in Prefault()
+  Histogram* h_acquire = nullptr;                 // the part of fetch_ms spent getting a slot
+  std::atomic<int64_t>* c_slots_grown = nullptr;  // slots allocated after Create
   std::atomic<int64_t>*c_images, *c_batches, *c_corrupt, *c_bytes;
   std::atomic<int64_t> tasks_in_flight{0};  // decode tasks queued or running
   RateLimiter corrupt_log{2000};
@@ -600,7 +602,12 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
       w->index = b;
       w->samples = sampler->Batch(ep, b);
       w->pool = pool;
-      auto slot = pool->Acquire();
+      const int slots_before = pool->slots();
+      auto slot = [&] {
+        ScopedTimerMs acquire_timer(h_acquire);
+        return pool->Acquire();
+      }();
+      if (pool->slots() > slots_before) c_slots_grown->fetch_add(pool->slots() - slots_before);
       if (!slot.ok()) {
         out_q->Push(slot.status(), timeout()).IgnoreError();
         return;
@@ -1425,6 +1432,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   auto& m = impl->metrics;
   impl->h_fetch = m.GetHistogram("fetch_ms");
   if (gpu) impl->h_prefault = m.GetHistogram("fetch_prefault_ms");
+  impl->h_acquire = m.GetHistogram("fetch_slot_ms");
+  impl->c_slots_grown = m.GetCounter("slots_allocated_on_demand");
   impl->h_decode = m.GetHistogram("decode_ms");
   impl->h_collate = m.GetHistogram("collate_ms");
   impl->h_latency = m.GetHistogram("batch_latency_ms");
