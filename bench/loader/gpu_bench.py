@@ -227,14 +227,20 @@ def main() -> None:
     t = time.perf_counter()
     stamp = os.path.join(args.work, f"db_{w}x{h}_{B}.stamp")
     want = f"{samples} {args.unique} {args.quality}"
-    if args.reuse_db and os.path.exists(stamp) and open(stamp).read() == want:
-        # The same frames make_db used (deterministic), without rewriting the DB.
-        frames = [_synth.jpeg(_synth.frame(w, h, i), args.quality) for i in range(args.unique)]
-    else:
-        frames = _synth.make_db(db, samples=samples, cameras=1, width=w, height=h,
-                                quality=args.quality, unique_frames=args.unique)
+    if not (args.reuse_db and os.path.exists(stamp) and open(stamp).read() == want):
+        # Written by another process, as `loongforge pack` writes a training DB: a process
+        # that has just written 1.6 GB through LMDB read it back slower (lf-fetch used a whole
+        # core in some rows; docs/BENCHMARKS.md, issue 7, session 4).
+        code = ("import sys; from loongforge import _synth; _synth.make_db(sys.argv[1], "
+                "samples=int(sys.argv[2]), cameras=1, width=int(sys.argv[3]), "
+                "height=int(sys.argv[4]), quality=int(sys.argv[5]), unique_frames=int(sys.argv[6]))")
+        subprocess.run([sys.executable, "-c", code, db, str(samples), str(w), str(h),
+                        str(args.quality), str(args.unique)], check=True,
+                       env={**os.environ, "PYTHONPATH": os.path.join(HERE, "..", "..", "python")})
         with open(stamp, "w") as f:
             f.write(want)
+    # The frames make_db used (deterministic), for the decode-only rows.
+    frames = [_synth.jpeg(_synth.frame(w, h, i), args.quality) for i in range(args.unique)]
     print(f"DB: {samples} samples ({args.unique} distinct {w}x{h} q{args.quality} frames, "
           f"{np.mean([len(f) for f in frames]) / 1024:.1f} KiB avg) in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
