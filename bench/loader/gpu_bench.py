@@ -233,7 +233,8 @@ def main() -> None:
         # core in some rows; docs/BENCHMARKS.md, issue 7, session 4).
         code = ("import sys; from loongforge import _synth; _synth.make_db(sys.argv[1], "
                 "samples=int(sys.argv[2]), cameras=1, width=int(sys.argv[3]), "
-                "height=int(sys.argv[4]), quality=int(sys.argv[5]), unique_frames=int(sys.argv[6]))")
+                "height=int(sys.argv[4]), quality=int(sys.argv[5]), "
+                "unique_frames=int(sys.argv[6]))")
         subprocess.run([sys.executable, "-c", code, db, str(samples), str(w), str(h),
                         str(args.quality), str(args.unique)], check=True,
                        env={**os.environ, "PYTHONPATH": os.path.join(HERE, "..", "..", "python")})
