@@ -10,9 +10,9 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <set>
 #include <thread>
 
+#include "decode_turns.h"
 #include "gpu_util.h"
 #include "image_ops.h"
 #include "loongforge/cuda_check.h"
@@ -131,15 +131,7 @@ struct NvJpegBatchDecoder::Impl {
   bool stop = false;
   int running = 0;     // lane jobs running right now
   int auto_phase = 3;  // 0 warm-up, 1 measure hardware, 2 measure cuda, 3 fixed ratio
-  // Note [Decode turns].
-  std::mutex turn_mu;
-  std::condition_variable turn_cv;
-  uint64_t turn_next = 0;            // the batch whose nvJPEG calls go next
-  std::set<uint64_t> passed;         // later batches that failed before their turn
-  uint64_t prev_seq = ~uint64_t{0};  // the batch that took a turn last,
-  std::chrono::steady_clock::time_point prev_start{};  // when it took it,
-  bool prev_done = true;                               // and whether its calls returned
-  double call_ms_ewma = 0;                             // a batch's nvJPEG calls, smoothed
+  std::unique_ptr<DecodeTurns> turns;  // Note [Decode turns]
   bool prealloc_warned = false;
   mutable std::mutex info_mu;  // info and auto_phase, read by other threads (metrics)
   NvJpegDecoderInfo info;
@@ -148,14 +140,6 @@ struct NvJpegBatchDecoder::Impl {
   Status CreateLane(int id);
   void LaneLoop(NvJpegLane* L);
   Status RunJob(NvJpegLane& L);
-  // Note [Decode turns]. Waits for batch `seq`'s turn (whole: for the previous batch's calls to
-  // return, whatever `stagger` says) and takes it.
-  Status TakeTurn(uint64_t seq, bool whole);
-  // Batch `seq`'s calls returned after `call_ms` (< 0: not timed, or it failed).
-  void EndTurn(uint64_t seq, double call_ms);
-  // Batch `seq` gives up its turn without having taken it (failed before).
-  void PassTurn(uint64_t seq);
-  void AdvanceTurn(uint64_t past);  // turn_mu held
   Status Ensure(NvJpegLane& L, size_t i, size_t bytes);
   // Runs one nvjpegDecodeBatched over `idx`. *failed: nvJPEG rejected the batch (the caller
   // retries those images on the CPU); a non-OK return is a device failure.
@@ -409,80 +393,13 @@ Status NvJpegBatchDecoder::Impl::RunCpu(NvJpegLane& L, const std::vector<size_t>
   return Status::Ok();
 }
 
-void NvJpegBatchDecoder::Impl::AdvanceTurn(uint64_t past) {
-  turn_next = past + 1;
-  while (!passed.empty() && *passed.begin() == turn_next) {
-    passed.erase(passed.begin());
-    ++turn_next;
-  }
-  turn_cv.notify_all();
-}
-
-Status NvJpegBatchDecoder::Impl::TakeTurn(uint64_t seq, bool whole) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(opts.timeout_ms);
-  std::unique_lock<std::mutex> lock(turn_mu);
-  for (;;) {
-    const Clock::time_point now = Clock::now();
-    Clock::time_point until = deadline;
-    if (turn_next == seq) {
-      if (prev_done || (!whole && opts.stagger <= 0.f)) break;
-      if (!whole && opts.stagger < 1.f) {
-        const auto after =
-            prev_start +
-            std::chrono::microseconds(static_cast<int64_t>(1000.0 * opts.stagger * call_ms_ewma));
-        if (now >= after) break;
-        until = std::min(until, after);
-      }
-    }
-    if (now >= deadline)
-      return DeadlineExceededError("nvJPEG decoder: batch " + std::to_string(seq) +
-                                   " waited more than " + std::to_string(opts.timeout_ms) +
-                                   " ms for the previous batch's decode");
-    turn_cv.wait_until(lock, until);
-  }
-  prev_seq = seq;
-  prev_start = Clock::now();
-  prev_done = false;
-  AdvanceTurn(seq);
-  return Status::Ok();
-}
-
-void NvJpegBatchDecoder::Impl::EndTurn(uint64_t seq, double call_ms) {
-  std::lock_guard<std::mutex> lock(turn_mu);
-  if (prev_seq == seq) prev_done = true;  // else a later batch already started
-  if (call_ms >= 0) call_ms_ewma = call_ms_ewma == 0 ? call_ms : 0.8 * call_ms_ewma + 0.2 * call_ms;
-  turn_cv.notify_all();
-}
-
-void NvJpegBatchDecoder::Impl::PassTurn(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(turn_mu);
-  if (seq < turn_next) return;
-  if (seq == turn_next) {
-    AdvanceTurn(seq);  // prev_done stays with the batch that took the turn last
-  } else {
-    passed.insert(seq);
-  }
-}
-
 // One batch on lane L (the body of the former Decode()).
 Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
-  // Note [Decode turns]: the turn is passed on however this job ends.
-  struct Turn {
-    Impl* im;
-    uint64_t seq;
-    bool taken = false, ended = false;
-    ~Turn() {
-      if (!taken)
-        im->PassTurn(seq);
-      else if (!ended)
-        im->EndTurn(seq, -1);
-    }
-  } turn{this, L.seq};
+  DecodeTurn turn(turns.get(), L.seq);  // passed on however this job ends
   const Clock::time_point t_start = Clock::now();
   if (L.released_recorded)
     LF_RETURN_IF_ERROR(WaitEvent(L.released, opts.timeout_ms,
@@ -506,10 +423,7 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
     std::lock_guard<std::mutex> lock(info_mu);
     phase = auto_phase;
   }
-  if (phase != 3) {
-    LF_RETURN_IF_ERROR(TakeTurn(L.seq, /*whole=*/true));
-    turn.taken = true;
-  }
+  if (phase != 3) LF_RETURN_IF_ERROR(turn.Take(/*whole=*/true));
   {
     std::lock_guard<std::mutex> lock(info_mu);
     phase = auto_phase;
@@ -559,10 +473,8 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
 
   LF_RETURN_IF_ERROR(RunCpu(L, cpu_idx));
   const Clock::time_point t_prepared = Clock::now();
-  if (!turn.taken && (!hw_idx.empty() || !cuda_idx.empty())) {
-    LF_RETURN_IF_ERROR(TakeTurn(L.seq, /*whole=*/false));
-    turn.taken = true;
-  }
+  if (!turn.taken() && (!hw_idx.empty() || !cuda_idx.empty()))
+    LF_RETURN_IF_ERROR(turn.Take(/*whole=*/false));
   bool hw_failed = false, cuda_failed = false;
   // CUDA backend first, on its own stream: its host part runs before the engine's, and its
   // kernels overlap the engine's decode (which may hold this thread until it is done).
@@ -574,10 +486,7 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
   LF_RETURN_IF_ERROR(RunBatched(L, L.hw, L.hw_state, &L.hw_batch, hw_idx, L.stream, &hw_failed));
   if (measure_hw) LF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(L.stream));
   auto t2 = std::chrono::steady_clock::now();
-  if (turn.taken) {
-    EndTurn(L.seq, hw_failed || cuda_failed ? -1.0 : ms(t0, t2));
-    turn.ended = true;
-  }
+  if (turn.taken()) turn.End(hw_failed || cuda_failed ? -1.0 : ms(t0, t2));
   // Join the CUDA-backend stream into the main one (the ready event covers both).
   LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(L.cuda_done, L.cuda_stream));
   LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(L.stream, L.cuda_done, 0));
@@ -686,6 +595,7 @@ StatusOr<std::unique_ptr<NvJpegBatchDecoder>> NvJpegBatchDecoder::Create(
   info.lanes = opts.lanes;
   info.async = opts.async;
   info.stagger = opts.stagger;
+  im.turns = std::make_unique<DecodeTurns>(opts.stagger, opts.timeout_ms);
   if (!im.hw) {
     info.hw_ratio = 0.f;
   } else if (opts.hw_ratio >= 0.f) {
