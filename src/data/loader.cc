@@ -567,6 +567,9 @@ struct DataLoader::Impl {
 
   void FetchLoop(int64_t ep, int64_t start);
   void CollateLoop(int64_t ep, int64_t start);
+  // Waits (with the timeout) until w's decode tasks finished or the loader stops; false after a
+  // DeadlineExceeded naming the batch was delivered to the consumer.
+  bool WaitDecoded(Work& w);
   void DecodeImage(const WorkPtr& w, int sample, int camera);
   void PackStage3(Work& w);
   void Prefault(const Work& w);
@@ -710,6 +713,19 @@ void DataLoader::Impl::FetchLoop(int64_t ep, int64_t start) {
     marker->epoch_end = true;
     if (!work_q->Push(std::move(marker), std::chrono::hours(24 * 365)).ok()) return;
   }
+}
+
+bool DataLoader::Impl::WaitDecoded(Work& w) {
+  std::unique_lock<std::mutex> lock(w.mu);
+  if (w.done_cv.wait_for(lock, timeout(), [&] { return w.pending == 0 || stop.load(); }))
+    return true;
+  lock.unlock();
+  out_q
+      ->Push(DeadlineExceededError("loader: decoding batch " + std::to_string(w.index) +
+                                   " took longer than " + std::to_string(opts.timeout_ms) + " ms"),
+             timeout())
+      .IgnoreError();
+  return false;
 }
 
 // Note [Stage 3 staging]: the batch's raw non-image records into the slot's staging buffer.
@@ -982,19 +998,7 @@ void DataLoader::Impl::CollateLoop(int64_t ep, int64_t start) {
         return;
       continue;
     }
-    {
-      std::unique_lock<std::mutex> lock(w->mu);
-      if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
-        lock.unlock();
-        out_q
-            ->Push(DeadlineExceededError("loader: decoding batch " + std::to_string(w->index) +
-                                         " took longer than " + std::to_string(opts.timeout_ms) +
-                                         " ms"),
-                   timeout())
-            .IgnoreError();
-        return;
-      }
-    }
+    if (!WaitDecoded(*w)) return;
     if (stop.load()) break;
     std::shared_ptr<Batch> batch;
     Status cs;
@@ -1115,19 +1119,7 @@ void DataLoader::Impl::GpuCollateLoop() {
       continue;
     }
     // GPU Works have no decode tasks (pending is 0 once queued); kept for symmetry.
-    {
-      std::unique_lock<std::mutex> lock(w->mu);
-      if (!w->done_cv.wait_for(lock, timeout(), [&] { return w->pending == 0 || stop.load(); })) {
-        lock.unlock();
-        out_q
-            ->Push(DeadlineExceededError("loader: batch " + std::to_string(w->index) +
-                                         " not ready within " + std::to_string(opts.timeout_ms) +
-                                         " ms"),
-                   timeout())
-            .IgnoreError();
-        return;
-      }
-    }
+    if (!WaitDecoded(*w)) return;
     if (stop.load()) break;
     GpuPending p;
     Status s = GpuSubmit(w, &p);
