@@ -90,6 +90,7 @@ Status ErrnoToStatus(int err, const std::string& what) {
     case EMFILE:
     case ENFILE:
       return ResourceExhaustedError(msg);
+    case ELOOP:  // O_NOFOLLOW met a symlink: the caller refused to write through it
     case EINVAL:
     case EISDIR:
     case ENAMETOOLONG:
