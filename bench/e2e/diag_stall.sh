@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Diagnosis of the batch-64 data wait on the GPU machine (one device call): builds, runs the
+# CheckpointVault CUDA tests, then n16 loongforge runs at batch 64 under bench/e2e/stall_probe.py
+# (torch profiler over 4 steps) and summarizes the trace. Results under $OUT.
+set -uo pipefail
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null
+export PATH=/usr/local/cuda/bin:$PATH PYTHONPATH=$PWD/python
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v python3)" \
+  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$OUT/cfg.log" 2>&1 || { tail -20 "$OUT/cfg.log"; exit 1; }
+cmake --build build-gpu -j16 >"$OUT/build.log" 2>&1 || { grep -B2 -A10 error "$OUT/build.log" | head -60; exit 1; }
+echo "build $(($(date +%s) - t0)) s"
+(cd build-gpu && timeout 120 ctest -R "${DIAG_CTEST:-CkptCuda}" --output-on-failure) >"$OUT/ctest.log" 2>&1
+grep -E "tests passed|Failed|FAILED|Expected|Which is|error" "$OUT/ctest.log" | head -30
+db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
+echo "db $(($(date +%s) - t0)) s"
+common=(--config n16 --data "$db" --mode loongforge --workers 16 --loader-threads 12 --warmup 10 --log-every 5)
+for row in ${DIAG_ROWS:-b64 b64p12}; do
+  extra=()
+  bs=64
+  case $row in
+    b64p12) extra=(--prefetch 12) ;;
+    b64cg) extra=(--cuda-graph off) ;;
+    b16) bs=16 ;;
+  esac
+  PROBE_START=24 PROBE_STOP=28 PROBE_OUT="$OUT/trace_$row.json" timeout "${DIAG_T:-200}" \
+    python3 bench/e2e/stall_probe.py "${common[@]}" --batch-size $bs --steps 34 "${extra[@]}" \
+    --metrics-jsonl "$OUT/$row.jsonl" --json-out "$OUT/$row.json" >"$OUT/$row.log" 2>&1
+  echo "=== $row rc=$? $(($(date +%s) - t0)) s"
+  python3 - "$OUT/$row.jsonl" "$OUT/$row.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("wait ms per step:", " ".join(f"{r['data_wait_s'] * 1e3:.0f}" for r in rows))
+print("step ms per step:", " ".join(f"{r['step_s'] * 1e3:.0f}" for r in rows))
+s = json.load(open(sys.argv[2]))
+f = s.get("figures", {})
+print({k: f.get(k) for k in ("step_ms_p50", "step_ms_p95", "tokens_per_gpu_per_s", "data_wait_share")})
+ld = s.get("loader_metrics") or {}
+print(json.dumps(ld)[:3000])
+PY
+  [ -f "$OUT/trace_$row.json" ] && python3 bench/e2e/trace_summary.py "$OUT/trace_$row.json" --top 30 \
+    >"$OUT/trace_$row.txt" 2>&1 && cat "$OUT/trace_$row.txt" && gzip -f "$OUT/trace_$row.json"
+done
+echo "total $(($(date +%s) - t0)) s"
