@@ -14,6 +14,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--streams", type=int, default=8, help="streams listed in the device table")
     a = p.parse_args()
     with open(a.trace) as f:
         ev = json.load(f)["traceEvents"]
@@ -40,10 +41,12 @@ def main() -> None:
         by_stream[e.get("args", {}).get("stream", -1)].append(e)
     print(f"\n{'stream':>8s} {'ops':>7s} {'busy ms':>9s} {'first ms':>9s} {'last ms':>9s}  top kernels")
     busiest, busiest_t = None, -1.0
-    for s, ks in sorted(by_stream.items(), key=lambda kv: -sum(k["dur"] for k in kv[1])):
+    for i, (s, ks) in enumerate(sorted(by_stream.items(), key=lambda kv: -sum(k["dur"] for k in kv[1]))):
         busy = sum(k["dur"] for k in ks)
         if busy > busiest_t:
             busiest, busiest_t = s, busy
+        if i >= a.streams:
+            continue
         names = collections.Counter()
         for k in ks:
             names[k["name"][:40]] += k["dur"]
@@ -66,18 +69,18 @@ def main() -> None:
 
     # Launch -> start delay of device ops on the other streams (by correlation id).
     launch = {e.get("args", {}).get("correlation"): e for e in runtime}
-    print(f"\n{'stream':>8s} {'ops':>6s} {'delay p50 ms':>13s} {'p95':>8s} {'max':>8s}")
+    d = []
     for s, ks2 in by_stream.items():
         if s == busiest:
             continue
-        d = []
         for k in ks2:
             r = launch.get(k.get("args", {}).get("correlation"))
             if r is not None:
                 d.append((k["ts"] - r["ts"]) / 1e3)
-        if d:
-            d.sort()
-            print(f"{s:>8} {len(d):6d} {d[len(d) // 2]:13.2f} {d[int(len(d) * 0.95)]:8.2f} {d[-1]:8.2f}")
+    if d:
+        d.sort()
+        print(f"\nother streams, launch -> start: {len(d)} ops, p50 {d[len(d) // 2]:.2f} ms, "
+              f"p95 {d[int(len(d) * 0.95)]:.2f} ms, p99 {d[int(len(d) * 0.99)]:.2f} ms, max {d[-1]:.2f} ms")
 
 
 if __name__ == "__main__":
