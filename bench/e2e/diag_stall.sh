@@ -18,7 +18,7 @@ if [ "${DIAG_CTEST:-CkptCuda}" != none ]; then
   (cd build-gpu && timeout 120 ctest -R "${DIAG_CTEST:-CkptCuda}" --output-on-failure) >/tmp/ctest.log 2>&1
   grep -E "tests passed|Failed|FAILED|Expected|Which is|rror|\.cc:[0-9]+" /tmp/ctest.log | head -40
 fi
-db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
+db=$(bash bench/e2e/make_db.sh build-gpu/loongforge 2>/dev/null)
 echo "db $(($(date +%s) - t0)) s"
 common=(--config n16 --data "$db" --mode loongforge --workers 16 --loader-threads 12 --warmup 10 --log-every 5)
 for row in ${DIAG_ROWS:-b64 b64p12}; do
@@ -55,4 +55,5 @@ print({k: {q: round(v.get(q, 0), 2) for q in ("p50", "p95", "max")} for k, v in 
 PY
   [ -f "/tmp/trace_$row.json" ] && python3 bench/e2e/trace_summary.py "/tmp/trace_$row.json" --top 12 --streams 4
 done
+[ -f /tmp/ctest_sum.txt ] && cat /tmp/ctest_sum.txt
 echo "total $(($(date +%s) - t0)) s"
