@@ -16,7 +16,7 @@ cmake --build build-gpu -j16 ${DIAG_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep 
 echo "build $(($(date +%s) - t0)) s"
 if [ "${DIAG_CTEST:-CkptCuda}" != none ]; then
   (cd build-gpu && timeout 120 ctest -R "${DIAG_CTEST:-CkptCuda}" --output-on-failure) >/tmp/ctest.log 2>&1
-  grep -E "tests passed|Failed|FAILED|Expected|Which is|rror|\.cc:[0-9]+" /tmp/ctest.log | head -40
+  grep -E "tests passed|Failed|FAILED|Expected|Which is|rror|\.cc:[0-9]+" /tmp/ctest.log | head -40 >/tmp/ctest_sum.txt
 fi
 db=$(bash bench/e2e/make_db.sh build-gpu/loongforge 2>/dev/null)
 echo "db $(($(date +%s) - t0)) s"
