@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from . import _cuda_env  # first: sets CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts
 from . import _C
 from ._C import DataLossError, ResourceExhaustedError
 from .data import DataFusionLoader

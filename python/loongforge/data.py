@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _C
+from . import _C, _cuda_env
 
 _BOOL_KEYS = ("attention_mask", "action_mask")
 _TENSOR_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask", "sample_index")
@@ -144,6 +144,9 @@ class DataFusionLoader:
             else:
                 self._fallback_reason = why
         if self._gpu:
+            queue_warning = _cuda_env.loader_queue_warning()  # Note [Hardware queues]
+            if queue_warning:
+                warnings.warn("DataFusionLoader: " + queue_warning)
             gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
                               dtype=dtype_names[dtype], antialias=antialias, hw_decode=hw_decode,
                               hw_decode_ratio=float(hw_decode_ratio))
