@@ -201,7 +201,8 @@ class TokenGuard:
                 self.raise_bad(int(batch["sample_index"][row]), int(tokens[row][bad[row]][0]))
             return batch
         bad_rows = bad.any(1)
-        first = torch.where(bad_rows, batch["sample_index"].to(torch.int64) + 1,
+        index = batch["sample_index"].to(bad_rows.device, torch.int64, non_blocking=True)
+        first = torch.where(bad_rows, index + 1,
                             torch.zeros_like(bad_rows, dtype=torch.int64)).amax()
         self.flag = first if self.flag is None else torch.maximum(self.flag, first)
         return dict(batch, tokens=tokens.masked_fill(bad, 0))
