@@ -352,13 +352,9 @@ class NexusSync:
         self._stats.end_step(self, t0, t1, wait_s)
         self._reset_step()
 
-    wait = finish
-
     def stats(self) -> Dict[str, Any]:
         """Counters: bytes sent per group, collectives, exposed wait, overlap, issue times."""
         return self._stats.as_dict(self)
-
-    metrics = stats  # the issue's name for the same dict
 
     def close(self) -> None:
         """Removes the autograd hooks (grads stay views into the buckets)."""

@@ -185,7 +185,7 @@ class GraphedStep:
         graph per distinct length.
       warmup: eager microbatches of a bucket before it is captured.
       graphs: False = static batches only (eager).
-      sync: the trainer's SyncBackend (kind, nexus), for no_sync during capture.
+      sync: the trainer's SyncBackend, whose capture_no_sync() a capture runs in.
       autocast_dtype: bf16 on CUDA (None: no autocast).
       max_graphs: buckets captured at most (the rest run eager).
       log: one-line logger.
@@ -332,8 +332,8 @@ class GraphedStep:
         b.inputs = {k: torch.empty_like(batch[k]) for k in _STEP_KEYS if k in batch}
         self._copy_in(b, batch)
         b.noise = self._draw(batch, generator)  # this microbatch's draws, in static buffers
-        nexus = getattr(self.sync, "nexus", None)
-        no_sync = nexus.no_sync() if nexus is not None else contextlib.nullcontext()
+        no_sync = (self.sync.capture_no_sync() if self.sync is not None
+                   else contextlib.nullcontext())
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
         try:

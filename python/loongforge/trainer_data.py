@@ -5,8 +5,8 @@ LMDB themselves, decode JPEGs with PIL and run torchvision transforms (RandomCro
 side -> Resize -> optional ColorJitter -> ToTensor -> Normalize); then a processor in the main
 process, serially with the training step, pads the tokens and builds the masks; then a synchronous
 host-to-device copy. It yields the same dict as ``loongforge.DataFusionLoader`` with the same
-normalization, and visits samples in the same order (``epoch_order`` is a bit-exact port of
-DataFusion's C++ sampler), so both modes train the same model on the same data.
+normalization, and visits samples in the same order (it draws them from DataFusion's own sampler,
+``_C.Sampler``), so both modes train the same model on the same data.
 """
 from __future__ import annotations
 
@@ -19,63 +19,17 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-_M64 = (1 << 64) - 1
 
-
-def _splitmix64(state: int) -> "tuple[int, int]":
-    state = (state + 0x9E3779B97F4A7C15) & _M64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return state, z ^ (z >> 31)
-
-
-def _bounded(state: int, bound: int) -> "tuple[int, int]":
-    """Lemire's unbiased draw in [0, bound), as src/data/sampler.cc."""
-    state, x = _splitmix64(state)
-    m = x * bound
-    low = m & _M64
-    if low < bound:
-        t = ((1 << 64) - bound) % bound
-        while low < t:
-            state, x = _splitmix64(state)
-            m = x * bound
-            low = m & _M64
-    return state, m >> 64
-
-
-def epoch_order(num_samples: int, batch_size: int, seed: int, epoch: int, rank: int = 0,
-                world_size: int = 1, shuffle: bool = True, drop_last: bool = True) -> List[int]:
-    """This rank's sample order for `epoch` (bit-exact with loongforge::Sampler::EpochOrder)."""
-    if num_samples <= 0 or batch_size <= 0 or not 0 <= rank < world_size:
-        raise ValueError(f"sampler: bad arguments n={num_samples} batch={batch_size} "
-                         f"rank={rank}/{world_size}")
-    n = num_samples
-    if drop_last:
-        per_rank = n // world_size
-        batches = per_rank // batch_size
-    else:
-        per_rank = (n + world_size - 1) // world_size
-        batches = (per_rank + batch_size - 1) // batch_size
-    if batches == 0:
-        raise ValueError(f"sampler: {n} samples give no full batch of {batch_size} for each of "
-                         f"{world_size} ranks")
-    perm = list(range(n))
-    if shuffle:
-        _, first = _splitmix64(seed & _M64)
-        state = first ^ ((epoch * 0xD1B54A32D192ED03) & _M64)
-        for i in range(n - 1, 0, -1):
-            state, j = _bounded(state, i + 1)
-            perm[i], perm[j] = perm[j], perm[i]
-    order = [perm[(k * world_size + rank) % n] for k in range(per_rank)]
-    return order[: batches * batch_size] if drop_last else order
-
-
-def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int, rank: int = 0,
-                  world_size: int = 1, shuffle: bool = True,
-                  drop_last: bool = True) -> List[List[int]]:
-    order = epoch_order(num_samples, batch_size, seed, epoch, rank, world_size, shuffle, drop_last)
-    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+def make_sampler(num_samples: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True, drop_last: bool = True) -> Any:
+    """DataFusion's own sampler (``_C.Sampler``, src/data/sampler.cc): this rank's order per
+    epoch. ValueError for bad arguments; ImportError naming the build when _C is missing."""
+    try:
+        from . import _C
+    except ImportError as e:
+        raise ImportError(f"the baseline loader needs loongforge._C (its sampler): {e}; build "
+                          "it with cmake (README)") from e
+    return _C.Sampler(num_samples, batch_size, seed, rank, world_size, shuffle, drop_last)
 
 
 def _c_reader(db_path: str) -> Any:
@@ -125,10 +79,12 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
     def __init__(self, db_path: str, image_size: int = 224, crop_fraction: float = 0.95,
                  color_jitter: bool = False, train: bool = True, normalize_state: bool = True,
                  mean: Sequence[float] = (0.5, 0.5, 0.5),
-                 std: Sequence[float] = (0.5, 0.5, 0.5)) -> None:
+                 std: Sequence[float] = (0.5, 0.5, 0.5),
+                 max_tokens: Optional[int] = None) -> None:
         import torchvision.transforms as T
 
         self.db_path = db_path
+        self.max_tokens = max_tokens  # longer instructions are cut as they are read
         self.schema = read_schema(db_path)
         s = self.schema
         self.cameras: List[str] = list(s["cameras"])
@@ -202,6 +158,8 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
         epoch, idx = item if isinstance(item, tuple) else (self.epoch, int(item))
         jpegs, tok_b, state_b, action_b, amask_b = self._read(idx)
         tokens = np.frombuffer(tok_b, dtype="<i4")
+        if self.max_tokens is not None:
+            tokens = tokens[: self.max_tokens]
         state = np.frombuffer(state_b, dtype="<f4").copy()
         action = np.frombuffer(action_b, dtype="<f4").copy()
         amask = np.frombuffer(amask_b, dtype=np.uint8)
@@ -257,9 +215,8 @@ class _EpochBatches:
     def __iter__(self) -> Iterator[List["tuple[int, int]"]]:
         o = self.owner
         e = o._epoch
-        for b in epoch_batches(len(o.dataset), o.batch_size, o.seed, e, o.rank, o.world_size,
-                               o.shuffle, o.drop_last)[o._start:]:
-            yield [(e, i) for i in b]
+        for b in range(o._start, o._len):
+            yield [(e, i) for i in o.sampler.batch(e, b)]
 
     def __len__(self) -> int:
         return self.owner._len - self.owner._start
@@ -278,9 +235,9 @@ class BaselineLoader:
                  seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True,
                  drop_last: bool = True, workers: int = 2, token_pad: Optional[int] = None,
                  device: str = "cpu", pin_memory: bool = False, normalize_state: bool = True,
-                 tuned: bool = False) -> None:
+                 tuned: bool = False, max_tokens: Optional[int] = None) -> None:
         self.dataset = LmdbFrameDataset(db_path, image_size, crop_fraction, color_jitter, train,
-                                        normalize_state)
+                                        normalize_state, max_tokens=max_tokens)
         self.schema = self.dataset.schema
         self.dataset.seed = seed
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
@@ -289,8 +246,9 @@ class BaselineLoader:
         self.tuned = tuned
         self.pin_memory = pin_memory or (tuned and self.device.type == "cuda")
         self._epoch, self._start = 0, 0
-        self._len = len(epoch_batches(len(self.dataset), batch_size, seed, 0, rank, world_size,
-                                      shuffle, drop_last))
+        self.sampler = make_sampler(len(self.dataset), batch_size, seed, rank, world_size,
+                                    shuffle, drop_last)
+        self._len = self.sampler.batches_per_epoch
         self._dl: Optional[torch.utils.data.DataLoader] = None
 
     def __len__(self) -> int:

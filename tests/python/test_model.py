@@ -228,3 +228,13 @@ def test_safetensors_round_trip_and_key_report(tmp_path):
     with pytest.raises(ValueError, match="missing"):
         load_safetensors(dst, path, strict=True)
     assert os.path.getsize(path) > 4 * sum(p.numel() for p in src.parameters()) * 0.9
+
+
+# Guards: the text bound the trainer cuts to (issue 21, defect 8) cannot be configured away:
+# a zero or negative max_text_tokens (or vocab_size) is refused with the field named.
+def test_config_refuses_nonpositive_text_bounds():
+    assert get_config("tiny").max_text_tokens > 0
+    with pytest.raises(ValueError, match="max_text_tokens"):
+        get_config("tiny", max_text_tokens=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        get_config("tiny", vocab_size=0)

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import make_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.trainer_data import BaselineLoader, epoch_order  # noqa: E402
+from loongforge.trainer_data import BaselineLoader, make_sampler  # noqa: E402
 
 torch.set_num_threads(1)
 # In-process runs stay on the CPU: MemSculptor must be installed before a process's first CUDA
@@ -142,18 +142,33 @@ def test_same_seed_same_init_and_loss(db):
     assert float(m2(batch, generator=torch.Generator().manual_seed(0))["loss"]) != losses[0]
 
 
-# Guards: the Python sampler stays a partition of the data per epoch, rank-disjoint, seed-stable.
+def epoch_order(n, batch, seed, epoch, rank=0, world=1, shuffle=True, drop_last=True):
+    return make_sampler(n, batch, seed, rank, world, shuffle, drop_last).epoch_order(epoch)
+
+
+# Guards: the bound sampler stays a partition of the data per epoch, rank-disjoint, seed-stable.
 def test_sampler_partition_and_determinism():
-    o0 = epoch_order(103, 4, seed=5, epoch=0, rank=0, world_size=2)
-    o1 = epoch_order(103, 4, seed=5, epoch=0, rank=1, world_size=2)
+    o0 = epoch_order(103, 4, seed=5, epoch=0, rank=0, world=2)
+    o1 = epoch_order(103, 4, seed=5, epoch=0, rank=1, world=2)
     assert len(o0) == len(o1) == 48 and not set(o0) & set(o1)
-    assert o0 == epoch_order(103, 4, seed=5, epoch=0, rank=0, world_size=2)
-    assert o0 != epoch_order(103, 4, seed=5, epoch=1, rank=0, world_size=2)
+    assert o0 == epoch_order(103, 4, seed=5, epoch=0, rank=0, world=2)
+    assert o0 != epoch_order(103, 4, seed=5, epoch=1, rank=0, world=2)
     full = epoch_order(50, 1, seed=1, epoch=0)
     assert sorted(full) == list(range(50)) and full != list(range(50))
+    with pytest.raises(ValueError, match="no full batch"):
+        make_sampler(3, 4, 0)
 
 
-# Guards: the baseline visits samples in exactly DataFusion's order (same seed -> same data).
+# Guards: the order is the one the deleted Python port (and every earlier run) produced: these
+# lists were printed by trainer_data.epoch_order before it was replaced by _C.Sampler.
+def test_sampler_order_unchanged():
+    assert epoch_order(12, 2, 5, 1) == [5, 6, 4, 9, 10, 1, 8, 11, 3, 7, 2, 0]
+    assert epoch_order(13, 2, 5, 0, rank=1, world=3) == [0, 8, 10, 9]
+    assert epoch_order(7, 3, 2**64 - 1, 3, rank=1, world=2, drop_last=False) == [6, 4, 0, 3]
+
+
+# Guards: the baseline visits samples in exactly DataFusion's order (same seed -> same data),
+# including a resumed epoch (mid-epoch start) and a second rank.
 @pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
 def test_sampler_matches_datafusion(db):
     from loongforge.data import DataFusionLoader
@@ -161,11 +176,19 @@ def test_sampler_matches_datafusion(db):
     for world, rank in ((1, 0), (2, 1)):
         dl = DataFusionLoader(db, 3, image_size=28, seed=11, rank=rank, world_size=world,
                               threads=1)
+        bl = BaselineLoader(db, 3, image_size=28, seed=11, rank=rank, world_size=world,
+                            workers=0)
         for e in (0, 2):
             dl.set_epoch(e)
+            bl.set_epoch(e)
             got = [int(i) for b in dl for i in b["sample_index"]]
             n = int(dl.schema["num_samples"])
             assert got == epoch_order(n, 3, 11, e, rank, world), (world, rank, e)
+            assert got == [int(i) for b in bl for i in b["sample_index"]], (world, rank, e)
+        bl.load_state_dict({"seed": 11, "epoch": 1, "next_batch": 2})
+        dl.set_epoch(1)
+        want = [int(i) for b in dl for i in b["sample_index"]][6:]
+        assert [int(i) for b in bl for i in b["sample_index"]] == want
 
 
 def _has_dcp_async_save() -> bool:
@@ -235,3 +258,166 @@ def test_gpu_modes(db, tmp_path):
     assert lf["figures"]["memory"]["kind"] == "cuda"
     a, b = out["baseline"]["loss_curve"][0]["loss"], lf["loss_curve"][0]["loss"]
     assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
+
+
+# ------------------------------------------------------------------------------------------------
+# Hardening (issue 21, defects 7 and 8): no flag silently does nothing, no bad value ends in a
+# traceback, and nothing the model cannot take reaches it.
+
+
+def _one_line_error(capsys, code_ok=(1, 2)):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("loongforge.train: error: "), err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+# Guards: --ckpt-every without --ckpt-dir saved nothing; --resume without a directory restarted
+# at step 1.
+def test_checkpoint_flags_need_a_directory(db, tmp_path, capsys):
+    base = COMMON + ["--data", db, "--mode", "baseline", "--steps", "2"]
+    assert train.main(base + ["--ckpt-every", "1"]) == 2
+    assert "--ckpt-every needs --ckpt-dir" in _one_line_error(capsys)
+    assert train.main(base + ["--resume"]) == 2
+    assert "--resume needs --ckpt-dir" in _one_line_error(capsys)
+    assert train.main(base + ["--resume", "--ckpt-dir", str(tmp_path / "none")]) == 2
+    assert "does not exist" in _one_line_error(capsys)
+    assert not (tmp_path / "none").exists()
+
+
+# Guards: --lr -1 and --image-size 0 ended in tracebacks.
+@pytest.mark.parametrize("flag,value", [("--lr", "-1"), ("--image-size", "0"),
+                                        ("--lr", "nan"), ("--clip", "-1")])
+def test_bad_values_are_one_line_errors(db, capsys, flag, value):
+    assert train.main(COMMON + ["--data", db, "--mode", "baseline", "--steps", "1",
+                                flag, value]) == 2
+    assert flag in _one_line_error(capsys)
+
+
+def _tree(path):
+    """{relative path: bytes} of every file under path."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            out[os.path.relpath(p, path)] = open(p, "rb").read()
+    return out
+
+
+# Guards: --resume on another mode's / config's / batch size's checkpoints restarted at step 1
+# (or died in a traceback) and overwrote that directory's rank_state/; and a resumed run now
+# says which step it resumed from.
+def test_resume_refuses_another_runs_directory(db, tmp_path, capsys):
+    ck = str(tmp_path / "ck")
+    base = COMMON + ["--data", db, "--steps", "3", "--ckpt-every", "2", "--ckpt-dir", ck]
+    assert train.main(base + ["--mode", "baseline"]) == 0
+    capsys.readouterr()
+    before = _tree(ck)
+    assert any(k.startswith("rank_state") for k in before)
+    others = [["--mode", "tuned"], ["--mode", "baseline", "--batch-size", "2"],
+              ["--mode", "baseline", "--set", "dit_layers=2"],
+              ["--mode", "baseline", "--image-size", "56"]]
+    if _has_datafusion():
+        others.append(["--mode", "loongforge"])
+    for extra in others:
+        for resume in (["--resume"], []):
+            assert train.main(base + extra + resume) == 2, extra + resume
+            line = _one_line_error(capsys)
+            assert "belongs to another run" in line, line
+            assert _tree(ck) == before, extra + resume  # nothing of that run was touched
+    res = _run(base + ["--mode", "baseline", "--steps", "4", "--resume", "--quiet"], tmp_path, "r")
+    assert [r["step"] for r in res["loss_curve"]] == [3, 4]
+    assert "[baseline] resumed from step 2 of " + ck in capsys.readouterr().err
+
+
+# Guards: a directory written before run.json existed is still identified by its files, so
+# another mode cannot resume from (or write into) it either.
+@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+def test_resume_refuses_unmarked_directory_of_another_format(db, tmp_path, capsys):
+    ck = str(tmp_path / "ck")
+    base = COMMON + ["--data", db, "--steps", "2", "--ckpt-every", "2", "--ckpt-dir", ck]
+    assert train.main(base + ["--mode", "loongforge"]) == 0
+    os.remove(os.path.join(ck, "run.json"))
+    capsys.readouterr()
+    before = _tree(ck)
+    assert train.main(base + ["--mode", "baseline", "--resume"]) == 2
+    assert "holds vault checkpoints" in _one_line_error(capsys)
+    assert _tree(ck) == before
+
+
+def _copy_db(db, tmp_path, name):
+    import shutil
+
+    lmdb = pytest.importorskip("lmdb")
+    dst = str(tmp_path / name)
+    shutil.copytree(db, dst)
+    return lmdb.open(dst, subdir=True, map_size=1 << 30), dst
+
+
+# Guards: a token id at or above the vocabulary reached the model (IndexError in the embedding).
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_token_id_outside_vocab_names_the_record(db, tmp_path, capsys, mode):
+    if mode == "loongforge" and not _has_datafusion():
+        pytest.skip("loongforge.data not in this build yet")
+    import numpy as np
+
+    env, bad_db = _copy_db(db, tmp_path, "bad_vocab")
+    with env.begin(write=True) as txn:
+        tok = np.frombuffer(txn.get(b"00000005_tokens"), "<i4").copy()
+        tok[1] = 600  # config tiny has 512 ids
+        txn.put(b"00000005_tokens", tok.tobytes())
+    env.close()
+    # Batch size 1 and enough steps to visit every sample of the first epoch.
+    args = COMMON + ["--data", bad_db, "--mode", mode, "--steps", "30", "--batch-size", "1",
+                     "--no-vault"]
+    assert train.main(args) == 2
+    line = _one_line_error(capsys)
+    assert "record '00000005_tokens'" in line and "token id 600" in line, line
+
+
+# Guards: the GPU form of the check (no host sync: bad ids are masked to 0 on the device and the
+# first offending sample is reported through the readback) names the same record.
+def test_token_guard_deferred_masks_and_reports():
+    guard = train.TokenGuard(512, 8, "DB", lambda m: None, deferred=True)
+    batch = {"tokens": torch.tensor([[1, 2, 3], [4, 700, -1]]),
+             "attention_mask": torch.ones(2, 3, dtype=torch.bool),
+             "sample_index": torch.tensor([17, 42])}
+    out = guard(batch)
+    assert out["tokens"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    rb = train.Readback(torch.device("cpu"), lag=0)
+    rb.end(rb.begin(), {"step": 1, "tokens": 0}, clip=False, moe=False, flag=guard.flag)
+    (row,) = rb.ready()
+    with pytest.raises(train.TrainError, match="record '00000042_tokens'"):
+        guard.check_row(row)
+
+
+# Guards: unbounded text: the trainer fed whatever length a record held (a 100k-character
+# instruction grew it to 21 GB). Text is cut to the config's max_text_tokens, with one warning.
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_long_text_is_cut_to_max_text_tokens(db, tmp_path, capsys, mode):
+    if mode == "loongforge" and not _has_datafusion():
+        pytest.skip("loongforge.data not in this build yet")
+    jl = tmp_path / "m.jsonl"
+    s = _run(COMMON + ["--data", db, "--mode", mode, "--steps", "3", "--no-vault",
+                       "--set", "max_text_tokens=8", "--metrics-jsonl", str(jl)], tmp_path, mode)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "cuts them to 8" in err, err
+    known = 4 * (2 * 1 + 17)  # B x (cameras x image tokens + 1 + horizon) at 28 px
+    for line in open(jl):
+        r = json.loads(line)
+        assert 0 < r["tokens"] - known <= 4 * 8, r
+    assert len(s["loss_curve"]) == 3
+
+
+# Guards: records longer than their schema says (the loaders do not cut those) are still cut by
+# the trainer before the model, with a one-time warning.
+def test_text_longer_than_schema_is_cut_by_the_guard():
+    warned = []
+    guard = train.TokenGuard(512, 4, "DB", warned.append, deferred=False)
+    batch = {"tokens": torch.arange(1, 13).reshape(2, 6),
+             "attention_mask": torch.ones(2, 6, dtype=torch.bool),
+             "sample_index": torch.tensor([0, 1])}
+    for _ in range(2):
+        out = guard(batch)
+        assert out["tokens"].shape == out["attention_mask"].shape == (2, 4)
+    assert len(warned) == 1

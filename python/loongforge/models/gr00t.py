@@ -63,6 +63,9 @@ class Gr00tConfig:
     rope_theta: float = 1_000_000.0
     qk_norm: bool = True
     rms_eps: float = 1e-6
+    # Longest instruction the trainer feeds (text tokens per sample; longer text is cut, with a
+    # warning): bounds activation memory whatever the dataset holds (issue 21, defect 8).
+    max_text_tokens: int = 512
     # Action head.
     vl_self_attn_layers: int = 4
     dit_layers: int = 32
@@ -112,6 +115,10 @@ class Gr00tConfig:
                              f"outside [0, select_layer={self.select_layer}]")
         if self.llm_heads % self.llm_kv_heads:
             raise ValueError(f"config {self.name}: llm_heads must be a multiple of llm_kv_heads")
+        if self.max_text_tokens <= 0:
+            raise ValueError(f"config {self.name}: max_text_tokens must be positive")
+        if self.vocab_size <= 0:
+            raise ValueError(f"config {self.name}: vocab_size must be positive")
         if self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts:
             raise ValueError(f"config {self.name}: moe_top_k must be in [1, moe_experts]")
 

@@ -1,0 +1,653 @@
+"""The trainer's backends: distributed set-up, the input pipeline, gradient sync, checkpoints,
+the memory planner and the optimizer, for the baseline, tuned and loongforge modes.
+
+Each adapter hides which implementation runs (torch or the LoongForge module) behind one small
+interface, so that ``train.run`` reads the same in every mode; a LoongForge module that is
+selected but missing from the build raises a TrainError naming the switch that turns it off.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .models.gr00t import Gr00tConfig, Gr00tPolicy, get_config
+
+MODULES = ("datafusion", "nexussync", "vault", "memsculptor")
+
+
+class TrainError(RuntimeError):
+    """A configuration or environment problem reported to the user in one line."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributed context
+
+
+@dataclasses.dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], None]] = None) -> Dist:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_arg == "auto":
+        use_cuda = torch.cuda.is_available()
+    elif device_arg in ("cpu", "cuda"):
+        use_cuda = device_arg == "cuda"
+        if use_cuda and not torch.cuda.is_available():
+            raise TrainError("--device cuda: torch sees no CUDA device")
+    else:
+        raise TrainError(f"--device must be auto, cpu or cuda, got '{device_arg}'")
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    # Before torch initializes CUDA (set_device does): an allocator can be swapped only before
+    # torch's own is initialized (e.g. MemSculptor).
+    if before_init is not None:
+        before_init(device)
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    return Dist(rank, world, local, device)
+
+
+def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter], clip: float,
+                   acc: torch.Tensor) -> None:
+    """Clip (grad norm into acc[4]) and step, without host syncs.
+
+    A fused AdamW skips, on the device, a step whose gradient norm is not finite (the mechanism
+    torch's GradScaler uses: ``found_inf``), and acc[5] records it: one bf16 overflow must not
+    turn every parameter into NaN. Non-fused optimizers cannot skip without a host sync; they
+    step as before."""
+    fused = bool(opt.defaults.get("fused"))
+    if clip:
+        gn = torch.nn.utils.clip_grad_norm_(params, clip)
+        acc[4] = gn
+        if fused:
+            # 0-dim like GradScaler's: the optimizer also subtracts it from its step counters.
+            bad = (~torch.isfinite(gn)).to(torch.float32)
+            opt.found_inf = bad  # type: ignore[attr-defined]  # read by the fused kernel
+            acc[5] = bad
+    opt.step()
+
+
+def auto_buckets(longest: int) -> tuple:
+    """Token buckets from 16 up to the first that holds `longest` tokens, four per octave and
+    multiples of 8 (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, ...): padding to a bucket
+    costs at most a quarter of the text, and about an eighth on average. Powers of two cost up to
+    a half: on the end-to-end data (text up to 49 tokens) they pad every batch to 64, 8% more step
+    time at batch 64. Only buckets that batches actually reach are captured as graphs."""
+    out, b = [], 16
+    while b < longest:
+        out.append(b)
+        b += max(8, 1 << max(0, b.bit_length() - 3))
+    return tuple(out + [b])
+
+
+def compile_frozen(model: Gr00tPolicy) -> str:
+    """torch.compile the frozen encoder path (vision tower, projector, frozen LLM layers) in place
+    (their forward methods: parameter names and state_dict keys stay as they are)."""
+    if not hasattr(torch, "compile"):
+        return f"off: torch {torch.__version__} has no torch.compile"
+    n = 0
+    for m in model.frozen_modules():
+        if isinstance(m, torch.nn.Embedding):
+            continue
+        m.forward = torch.compile(m.forward, dynamic=False)  # type: ignore[method-assign]
+        n += 1
+    return f"on ({n} frozen modules)"
+
+
+# ------------------------------------------------------------------------------------------------
+# Module adapters (loongforge mode). Each returns (object or None, status line).
+
+
+def _missing(module: str, flag: str, err: BaseException) -> TrainError:
+    return TrainError(f"loongforge mode needs {module}, which is not available in this build "
+                      f"({type(err).__name__}: {err}); run with --no-{flag} to switch it off")
+
+
+def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
+                token_buckets: Sequence[int] = (), max_text_tokens: int = 0) -> Any:
+    """The input pipeline. max_text_tokens > 0: the dataset holds longer instructions than the
+    model takes, and the loader cuts them to that many tokens as it reads them (token_buckets
+    and --token-pad are then at most that long), so its buffers stay bounded."""
+    common = dict(image_size=args.image_size, crop_fraction=args.crop_fraction,
+                  color_jitter=args.color_jitter, train=not args.no_augment, seed=args.seed,
+                  rank=d.rank, world_size=d.world, shuffle=True, drop_last=True)
+    if use_datafusion:
+        try:
+            from .data import DataFusionLoader
+        except ImportError as e:
+            raise _missing("DataFusionLoader (loongforge.data)", "datafusion", e) from e
+        gpu: Dict[str, Any] = {}
+        if d.device.type == "cuda" and args.gpu_decode != "auto":
+            gpu["gpu_decode"] = args.gpu_decode == "on"
+        if token_buckets:
+            gpu["token_buckets"] = list(token_buckets)
+        token_pad: Any = args.token_pad if args.token_pad else "batch_max"
+        if max_text_tokens:
+            # DataFusion cuts only to a fixed length: the largest bucket, or a fixed pad.
+            gpu["truncate_tokens"] = True
+            if not token_buckets and not args.token_pad:
+                token_pad = max_text_tokens
+        return DataFusionLoader(args.data, args.batch_size, threads=args.loader_threads, **gpu,
+                                prefetch=args.prefetch, token_pad=token_pad,
+                                device=str(d.device), **common)
+    from .trainer_data import BaselineLoader
+
+    return BaselineLoader(args.data, args.batch_size, workers=args.workers,
+                          token_pad=args.token_pad or None, device=str(d.device),
+                          pin_memory=False, tuned=args.mode == "tuned",
+                          max_tokens=max_text_tokens or None, **common)
+
+
+class TokenGuard:
+    """Keeps token ids outside the model's vocabulary, and text longer than it takes, away from
+    the model (issue 21, defect 8): an id >= vocab_size would index past the embedding table
+    (an IndexError, or a device-side assert on CUDA), and unbounded text grows activations
+    without bound.
+
+    Text longer than ``max_tokens`` is cut (the loaders already cut what the schema announces;
+    this catches records longer than the schema says), with a one-time warning. Ids are checked
+    where the batch lives. On the CPU (``deferred=False``) at once: TrainError naming the record.
+    On a GPU (``deferred=True``) without a host sync, since the step must not wait: bad ids are
+    replaced by 0 (padding) on the device and the first offending sample is recorded in
+    ``flag``, which the readback reads with the step's figures and turns into the same
+    TrainError (``check_row``) at most two steps later."""
+
+    def __init__(self, vocab_size: int, max_tokens: int, db: str,
+                 warn: Callable[[str], None], deferred: bool) -> None:
+        self.vocab, self.max_tokens, self.db, self.warn = vocab_size, max_tokens, db, warn
+        self.deferred = deferred
+        self.warned = False
+        self.flag: Optional[torch.Tensor] = None  # device int64: 1 + first bad sample, or 0
+
+    def __call__(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        tokens = batch["tokens"]
+        if tokens.shape[1] > self.max_tokens:
+            if not self.warned:
+                self.warn(f"warning: {self.db}: a batch has {tokens.shape[1]} text tokens, more "
+                          f"than the model's {self.max_tokens} (max_text_tokens); text is cut "
+                          "to that length (shown once)")
+                self.warned = True
+            batch = dict(batch, tokens=tokens[:, : self.max_tokens],
+                         attention_mask=batch["attention_mask"][:, : self.max_tokens])
+            tokens = batch["tokens"]
+        bad = (tokens < 0) | (tokens >= self.vocab)
+        if not self.deferred:
+            if bool(bad.any()):
+                row = int(bad.any(1).nonzero()[0])
+                self.raise_bad(int(batch["sample_index"][row]), int(tokens[row][bad[row]][0]))
+            return batch
+        bad_rows = bad.any(1)
+        index = batch["sample_index"].to(bad_rows.device, torch.int64, non_blocking=True)
+        first = torch.where(bad_rows, index + 1,
+                            torch.zeros_like(bad_rows, dtype=torch.int64)).amax()
+        self.flag = first if self.flag is None else torch.maximum(self.flag, first)
+        return dict(batch, tokens=tokens.masked_fill(bad, 0))
+
+    def check_row(self, row: Dict[str, Any]) -> None:
+        """Raises for a readback row whose step saw a bad id (``row['bad_token_sample']``)."""
+        sample = row.pop("bad_token_sample", 0)
+        if sample > 0:
+            self.raise_bad(sample - 1, None)
+
+    def raise_bad(self, sample: int, token: Optional[int]) -> None:
+        got = f"token id {token}" if token is not None else "a token id"
+        raise TrainError(f"{self.db}: record '{sample:08d}_tokens' (sample {sample}) has {got} "
+                         f"outside the model's vocabulary [0, {self.vocab}): the DB does not "
+                         "match its schema's tokenizer, or the config's vocab_size is too small")
+
+
+class SyncBackend:
+    """How gradients are reduced across ranks: none (world 1), DDP (baseline / --no-nexussync) or
+    NexusSync. ``exposed_s`` is the time the step waited for communication after backward."""
+
+    def __init__(self, model: torch.nn.Module, d: Dist, kind: str) -> None:
+        self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
+        self.wrapped: torch.nn.Module = model
+        self._nexus: Any = None
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+            self.wrapped = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda"
+                               else None, find_unused_parameters=moe)
+        elif kind == "nexussync":
+            try:
+                from .comm import NexusSync
+            except ImportError as e:
+                raise _missing("NexusSync (loongforge.comm)", "nexussync", e) from e
+            moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+            # MoE expert weights form their own bucket groups (high/low load by routing counts).
+            self._nexus = NexusSync(model, expert_param_filter=r"\.experts\." if moe else None)
+
+    def set_micro_step(self, is_last: bool) -> None:
+        """Tells NexusSync whether this microbatch's backward ends the step (it reduces then)."""
+        if self._nexus is not None:
+            self._nexus.set_micro_step(is_last=is_last)
+
+    def capture_no_sync(self) -> Any:
+        """The context a CUDA-graph capture of backward runs in (graphs.GraphedStep): NexusSync's
+        hooks must not run during capture (Note [Graphs and NexusSync] in docs/trainer.md); DDP
+        runs are never captured, and without a sync there is nothing to suspend."""
+        return self._nexus.no_sync() if self._nexus is not None else contextlib.nullcontext()
+
+    def no_sync(self) -> Any:
+        if self.kind == "ddp":
+            return self.wrapped.no_sync()
+        if self.kind == "nexussync":
+            return self._nexus.no_sync()
+        return contextlib.nullcontext()
+
+    def zero_grad(self, opt: torch.optim.Optimizer, keep: bool = False) -> None:
+        """keep=True zeroes gradients in place (CUDA graphs read and write them at fixed
+        addresses); otherwise they are set to None (no memset)."""
+        if self.kind == "nexussync":
+            self._nexus.zero_grad()  # grads are views into the flat buckets: zero in place
+        else:
+            opt.zero_grad(set_to_none=not keep)
+
+    def feed_expert_load(self, model: Gr00tPolicy) -> None:
+        """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
+        if self.kind != "nexussync" or not model.cfg.moe_experts:
+            return
+        counts = torch.zeros(model.cfg.moe_experts, dtype=torch.float64)
+        for c in model.expert_token_counts().values():
+            counts += c.detach().to("cpu", torch.float64)
+        self._nexus.set_expert_load(counts.tolist())
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self._nexus.stats()) if self._nexus is not None else {}
+
+    def finish(self) -> None:
+        """Waits for this step's gradient reduction (NexusSync); DDP has finished in backward."""
+        if self.kind == "nexussync":
+            t = time.perf_counter()
+            self._nexus.finish()
+            self.exposed_s = time.perf_counter() - t
+        else:
+            self.exposed_s = 0.0
+
+
+class Checkpointer:
+    """torch.save (baseline / --no-vault) or CheckpointVault. ``stall_s``: time training blocked.
+
+    Rank 0 writes the shared state (model, optimizer, scheduler); every rank writes its own small
+    state (loader position, RNG) so that a multi-rank resume is exact on every rank."""
+
+    SHARED = ("step", "model", "optimizer", "scheduler", "config")
+    RUN_FILE = "run.json"  # which run wrote this directory (Note [Checkpoint directory identity])
+
+    def __init__(self, kind: str, directory: Optional[str], d: Dist,
+                 run_id: Optional[Dict[str, Any]] = None) -> None:
+        self.kind, self.dir, self.d = kind, directory, d
+        self.vault: Any = None
+        self.pending: Any = None  # async save in flight (tuned mode)
+        self.async_impl = ""
+        self.stall_s = 0.0
+        self.drain_s = 0.0
+        self.bytes_written = 0
+        self.run_id = dict(run_id or {}, checkpoint=kind)
+        if directory:
+            self._claim(directory)
+            os.makedirs(os.path.join(directory, "rank_state"), exist_ok=True)
+        if kind == "vault" and directory and d.is_main:
+            try:
+                from .ckpt import CheckpointVault
+            except ImportError as e:
+                raise _missing("CheckpointVault (loongforge.ckpt)", "vault", e) from e
+            self.vault = CheckpointVault(os.path.join(directory, "vault"))
+
+    # Note [Checkpoint directory identity]. A checkpoint directory belongs to one kind of run:
+    # its mode, checkpoint format, model config and the figures the saved state depends on (batch
+    # size and world size fix the loader position, the seed its order). DIR/run.json records them
+    # at the first use; a later run that differs stops before it writes anything, naming the
+    # fields, so that it neither resumes from state it cannot use (or silently restarts at step
+    # 1) nor overwrites that run's rank_state/. Directories from before run.json are identified
+    # by their files (vault/, step_*.pt, *.dcp).
+    def _claim(self, directory: str) -> None:
+        run_file = os.path.join(directory, self.RUN_FILE)
+        theirs: Optional[Dict[str, Any]] = None
+        if os.path.exists(run_file):
+            try:
+                with open(run_file) as f:
+                    theirs = json.load(f)
+            except (OSError, ValueError) as e:
+                raise TrainError(f"--ckpt-dir {directory}: unreadable {self.RUN_FILE} ({e}); "
+                                 "use another directory") from e
+        elif os.path.isdir(directory):
+            found = self._formats_in(directory)
+            wants = ({"vault"} if self.kind == "vault" else
+                     {"torch.save", "DCP"} if self.kind == "async" else {"torch.save"})
+            if found - wants:
+                raise TrainError(f"--ckpt-dir {directory} holds {' and '.join(sorted(found))} "
+                                 f"checkpoints of another run; this run ({self.run_id.get('mode')}"
+                                 f" mode) writes {' or '.join(sorted(wants))} checkpoints: use "
+                                 "another directory")
+        if theirs is not None:
+            diff = [k for k in sorted(set(theirs) | set(self.run_id))
+                    if theirs.get(k) != self.run_id.get(k)]
+            if diff:
+                what = ", ".join(f"{k} {theirs.get(k)!r} (this run: {self.run_id.get(k)!r})"
+                                 for k in diff)
+                raise TrainError(f"--ckpt-dir {directory} belongs to another run: {what}; "
+                                 "use another directory")
+            return
+        if self.d.is_main:
+            os.makedirs(directory, exist_ok=True)
+            tmp = f"{run_file}.tmp.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(self.run_id, f, indent=1, sort_keys=True)
+            os.replace(tmp, run_file)
+
+    @staticmethod
+    def _formats_in(directory: str) -> set:
+        names = os.listdir(directory)
+        found = set()
+        if "vault" in names:
+            found.add("vault")
+        if any(n.startswith("step_") and n.endswith(".pt") for n in names):
+            found.add("torch.save")
+        if any(n.endswith(".dcp") for n in names):
+            found.add("DCP")
+        return found
+
+    def _rank_path(self, step: int) -> str:
+        return os.path.join(self.dir, "rank_state", f"rank{self.d.rank:05d}_step_{step:08d}.pt")
+
+    def save(self, step: int, state: Dict[str, Any], model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> float:
+        """Writes `state` (its SHARED keys on rank 0, the rest on every rank). `model` and
+        `optimizer` are the live objects, which DCP's async_save reads (tuned mode)."""
+        if not self.dir:
+            return 0.0
+        t = time.perf_counter()
+        shared = {k: v for k, v in state.items() if k in self.SHARED}
+        mine = {k: v for k, v in state.items() if k not in self.SHARED}
+        torch.save(mine, self._rank_path(step))  # small: loader position and RNG
+        if self.d.is_main:
+            if self.kind == "vault":
+                self.vault.save(step, shared)  # blocks only for the snapshot
+            elif self.kind == "async":
+                self._save_async(step, shared, model, optimizer)
+            else:
+                path = os.path.join(self.dir, f"step_{step:08d}.pt")
+                torch.save(shared, path + ".tmp")
+                os.replace(path + ".tmp", path)
+                self.bytes_written += os.path.getsize(path)
+        dt = time.perf_counter() - t
+        self.stall_s += dt
+        return dt
+
+    def _save_async(self, step: int, shared: Dict[str, Any], model: torch.nn.Module,
+                    opt: torch.optim.Optimizer) -> None:
+        """Tuned PyTorch: DCP async_save where torch has it, else a CPU snapshot written by a
+        background thread with torch.save. A save waits for the previous one first."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+        path = os.path.join(self.dir, f"step_{step:08d}")
+        try:
+            import torch.distributed.checkpoint as dcp
+
+            if hasattr(dcp, "async_save"):
+                from torch.distributed.checkpoint.state_dict import get_state_dict
+
+                msd, osd = get_state_dict(model, opt)
+                self.pending = dcp.async_save({"model": msd, "optimizer": osd,
+                                               "step": torch.tensor(step)},
+                                              checkpoint_id=path + ".dcp")
+                self.async_impl = "dcp.async_save"
+                return
+        except Exception as e:  # DCP unusable here (version, no process group): fall back
+            self.async_impl = f"thread torch.save (DCP failed: {type(e).__name__})"
+        import concurrent.futures
+
+        snap = _to_cpu(shared)
+        if not self.async_impl:
+            self.async_impl = "thread torch.save"
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+        def write() -> None:
+            torch.save(snap, path + ".pt.tmp")
+            os.replace(path + ".pt.tmp", path + ".pt")
+
+        self.pending = pool.submit(write)
+        pool.shutdown(wait=False)
+
+    def latest(self) -> Optional[Dict[str, Any]]:
+        if not self.dir or not os.path.isdir(self.dir):
+            return None
+        if self.kind == "vault":
+            # Every rank reads the vault (read-only on ranks > 0).
+            from .ckpt import CheckpointVault
+
+            v = self.vault or CheckpointVault(os.path.join(self.dir, "vault"), read_only=True)
+            step = v.latest()
+            shared = v.load(step, map_location="cpu") if step is not None else None
+        else:
+            if any(f.endswith(".dcp") for f in os.listdir(self.dir)):
+                raise TrainError(f"{self.dir} holds DCP checkpoints; --resume reads torch.save "
+                                 "checkpoints only (load DCP ones with torch.distributed.checkpoint)")
+            files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
+                           f.endswith(".pt"))
+            shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu",
+                                 weights_only=False)
+                      if files else None)
+        if shared is None:
+            return None
+        rank_file = self._rank_path(int(shared["step"]))
+        if not os.path.exists(rank_file):
+            raise TrainError(f"checkpoint step {shared['step']}: missing {rank_file}")
+        # Our own files (loader state, RNG states, extras): torch >= 2.6 defaults to weights_only.
+        shared.update(torch.load(rank_file, map_location="cpu", weights_only=False))
+        return shared
+
+    def close(self) -> None:
+        if self.pending is not None:
+            t = time.perf_counter()
+            self.pending.result()
+            self.pending = None
+            self.drain_s = time.perf_counter() - t
+        if self.vault is not None:
+            t = time.perf_counter()
+            self.vault.close()  # drains the background writer
+            self.drain_s = time.perf_counter() - t
+            try:
+                self.bytes_written = int(self.vault.stats().get("bytes_written_total",
+                                         self.vault.stats().get("bytes_written", 0)))
+            except Exception:  # informational
+                pass
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+class MemoryPlanner:
+    """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
+
+    def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False) -> None:
+        self.enabled, self.lf_mode, self.scoped = enabled, lf_mode, scoped
+        self.ms: Any = None
+        self.status = "off: --no-memsculptor" if lf_mode and not enabled else "off"
+
+    def install(self, device: torch.device) -> None:
+        if not self.enabled:
+            return
+        if device.type != "cuda":
+            self.status = "off: needs CUDA"
+            return
+        try:
+            from .memory import MemSculptor
+        except ImportError as e:
+            raise _missing("MemSculptor (loongforge.memory)", "memsculptor", e) from e
+        if not MemSculptor.available():
+            raise TrainError("MemSculptor is not usable here (allocator library missing or torch "
+                             "lacks CUDAPluggableAllocator); run with --no-memsculptor")
+        if self.scoped:
+            # CUDA graphs: captured steps live in torch's graph pool (fixed addresses, nothing
+            # allocated in replay); MemSculptor serves the persistent tensors through a scoped
+            # torch.cuda.MemPool (docs/trainer.md, Note [Graphs and MemSculptor]).
+            import torch as _t
+            if not hasattr(_t.cuda, "MemPool"):
+                self.status = (f"off: --cuda-graph needs torch.cuda.MemPool (torch >= 2.5) to "
+                               f"scope MemSculptor; torch {_t.__version__} has none")
+                return
+            self.ms = MemSculptor(device.index or 0)
+            self.status = "on (scoped: persistent tensors; CUDA graphs use their own pool)"
+            return
+        self.ms = MemSculptor(device.index or 0).install()
+        self.status = "on"
+
+    def persistent(self) -> Any:
+        if self.ms is None:
+            return contextlib.nullcontext()
+        if not self.scoped:
+            return self.ms.persistent()
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(self.ms.pool())
+            stack.enter_context(self.ms.persistent())
+        except (RuntimeError, TypeError, AttributeError) as e:  # torch without a usable MemPool
+            stack.close()
+            self.status = f"off: scoped MemSculptor pool failed ({e})"
+            print(f"[memsculptor] {self.status}; tensors use torch's allocator", file=sys.stderr)
+            self.ms = None
+        return stack
+
+    def record(self, steps: int, trace_path: Optional[str] = None) -> None:
+        if self.ms is not None and not self.scoped:
+            self.ms.record(steps=steps, trace_path=trace_path)
+
+    def step(self, signature: str) -> Any:
+        if self.ms is None or self.scoped:
+            return contextlib.nullcontext()
+        return self.ms.step(signature)
+
+    def stats(self) -> Optional[Dict[str, Any]]:
+        return dict(self.ms.stats()) if self.ms is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimizer and schedule
+
+
+def make_optimizer(params: List[torch.nn.Parameter], args: argparse.Namespace,
+                   device: torch.device) -> torch.optim.Optimizer:
+    kw: Dict[str, Any] = dict(lr=args.lr, betas=(0.95, 0.999), eps=1e-8,
+                              weight_decay=args.weight_decay)
+    choice = getattr(args, "adamw", "auto")
+    if choice == "fused" and device.type != "cuda":
+        raise TrainError("--adamw fused needs a CUDA device")
+    if device.type == "cuda" and choice in ("auto", "fused"):
+        try:
+            return torch.optim.AdamW(params, fused=True, **kw)
+        except (TypeError, RuntimeError) as e:
+            if choice == "fused":
+                raise TrainError(f"--adamw fused: torch {torch.__version__} refused: {e}") from e
+    if choice == "foreach":
+        kw["foreach"] = True
+    return torch.optim.AdamW(params, **kw)
+
+
+def lr_lambda(total: int, warmup: float, min_ratio: float) -> Callable[[int], float]:
+    w = int(warmup * total) if warmup < 1 else int(warmup)
+
+    def f(step: int) -> float:
+        if w and step < w:
+            return (step + 1) / w
+        prog = min(1.0, (step - w) / max(1, total - w))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    return f
+
+
+def rng_state(gen: torch.Generator) -> Dict[str, Any]:
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+          "python": random.getstate(), "noise": gen.get_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: Dict[str, Any], gen: torch.Generator) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    gen.set_state(st["noise"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+
+
+def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
+    """'field=value' strings -> typed config overrides (ValueError naming a bad item)."""
+    fields = {f.name: f.type for f in dataclasses.fields(Gr00tConfig)}
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a Gr00tConfig field")
+        default = getattr(Gr00tConfig(), key)
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                out[key] = raw.lower() in ("true", "1")
+            else:
+                out[key] = type(default)(raw)
+        except ValueError as e:
+            raise ValueError(f"--set {item!r}: {key} takes a {type(default).__name__}") from e
+    return out
+
+
+def build_model(config: str, seed: int, image_size: Optional[int] = None,
+                schema: Optional[Dict[str, Any]] = None,
+                overrides: Optional[Dict[str, Any]] = None) -> Gr00tPolicy:
+    """The policy with a seed-determined init (identical in both modes)."""
+    cfg = get_config(config, image_size=image_size, **(overrides or {}))
+    if schema is not None:
+        if int(schema["state_dim"]) > cfg.max_state_dim or int(schema["action_dim"]) > cfg.max_action_dim:
+            raise TrainError(f"dataset state/action dims {schema['state_dim']}/{schema['action_dim']}"
+                             f" exceed config {config}'s {cfg.max_state_dim}/{cfg.max_action_dim}")
+        if int(schema.get("vocab_size", 0)) > cfg.vocab_size:
+            raise TrainError(f"dataset vocab {schema['vocab_size']} exceeds config {config}'s "
+                             f"{cfg.vocab_size}")
+        if int(schema["action_horizon"]) > cfg.max_seq_len - 1:
+            raise TrainError(f"action horizon {schema['action_horizon']} too long for {config}")
+    torch.manual_seed(seed)
+    return Gr00tPolicy(cfg)
+
+

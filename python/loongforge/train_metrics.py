@@ -1,0 +1,255 @@
+"""The trainer's figures: the per-step readback, the Chrome trace and the run summary.
+
+Figures (docs/trainer.md, "Output"), measured after --warmup steps:
+tokens/GPU/s = (VLM input tokens + B x (1 + action_horizon)) / step time / GPUs, where VLM input
+tokens = B x cameras x image tokens + the non-padding text tokens; samples/s; step time p50/p95;
+the share of step time waiting for data, exposed communication and checkpoint stall; peak memory.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import time
+from collections import deque
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .models.gr00t import Gr00tPolicy, count_parameters
+from .train_backends import Checkpointer, Dist, MemoryPlanner, SyncBackend
+# ------------------------------------------------------------------------------------------------
+# Step timing and trace
+
+
+class Trace:
+    """Chrome-trace (Perfetto) 'X' events of a window of steps."""
+
+    def __init__(self, first_step: int, steps: int, rank: int, sync: Callable[[], None]) -> None:
+        self.first, self.last = first_step, first_step + steps - 1
+        self.rank, self.sync = rank, sync
+        self.events: List[Dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self.step = -1
+
+    def active(self) -> bool:
+        return self.first <= self.step <= self.last
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        if not self.active():
+            yield
+            return
+        self.sync()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
+                                "ts": (t - self.t0) * 1e6,
+                                "dur": (time.perf_counter() - t) * 1e6,
+                                "args": {"step": self.step}})
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump({"traceEvents": self.events, "displayTimeUnit": "ms"}, f)
+
+
+class Readback:
+    """Per-step figures computed on the device and read back ``lag`` steps later.
+
+    Each step accumulates [loss, fm_loss, aux_loss, text tokens, grad norm] in a device tensor
+    (no ``float(t)`` per microbatch), copies it into pinned host memory without blocking and
+    records a CUDA event. lag 0: the trainer synchronized at the end of the step and the values
+    are read at once (step time from host clocks). lag > 0 (--sync-free): a step's values are read
+    ``lag`` steps later, when its event has long completed, so the host never waits for work it
+    just queued and the GPU queue never drains; step times then come from the events (the GPU's
+    timeline)."""
+
+    def __init__(self, device: torch.device, lag: int) -> None:
+        self.device, self.lag = device, lag
+        self.cuda = device.type == "cuda"
+        self.pending: "deque[Any]" = deque()
+        self.t_prev = time.perf_counter()
+        self.prev_event: Any = None
+
+    def begin(self) -> torch.Tensor:
+        # [loss, fm_loss, aux_loss, text tokens, grad norm, optimizer step skipped (non-finite)]
+        return torch.zeros(6, device=self.device)
+
+    @staticmethod
+    def add_micro(acc: torch.Tensor, out: Dict[str, torch.Tensor], mask: torch.Tensor,
+                  accum: int, moe: bool) -> None:
+        aux = out["aux_loss"].detach().float() if moe else torch.zeros((), device=acc.device)
+        vals = torch.stack([out["loss"].detach().float(), out["fm_loss"].detach().float(), aux,
+                            mask.sum().to(acc.device).float() * accum])
+        acc[:4] += vals / accum
+
+    def end(self, acc: torch.Tensor, row: Dict[str, Any], clip: bool, moe: bool,
+            flag: Optional[torch.Tensor] = None) -> None:
+        """flag: an int64 device scalar read back with the figures as row['bad_token_sample']
+        (the trainer's TokenGuard)."""
+        ev = None
+        host_flag = None
+        if self.cuda:
+            host = torch.empty(6, pin_memory=True)
+            host.copy_(acc, non_blocking=True)
+            if flag is not None:
+                host_flag = torch.empty((), dtype=torch.int64, pin_memory=True)
+                host_flag.copy_(flag, non_blocking=True)
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        else:
+            host = acc
+            host_flag = flag
+        self.pending.append((row, host, ev, time.perf_counter(), clip, moe, host_flag))
+
+    def ready(self) -> List[Dict[str, Any]]:
+        out = []
+        while len(self.pending) > self.lag:
+            out.append(self._finish(self.pending.popleft()))
+        return out
+
+    def drain(self) -> List[Dict[str, Any]]:
+        out = []
+        while self.pending:
+            out.append(self._finish(self.pending.popleft()))
+        return out
+
+    def _finish(self, item: Any) -> Dict[str, Any]:
+        row, host, ev, t_host, clip, moe, host_flag = item
+        if ev is not None:
+            ev.synchronize()  # long complete when lag > 0: the host does not wait here
+        loss, fm, aux, text_tokens, gnorm, skipped = host.tolist()
+        if self.lag > 0 and ev is not None and self.prev_event is not None:
+            step_s = self.prev_event.elapsed_time(ev) / 1e3
+        else:
+            step_s = t_host - self.t_prev
+        self.t_prev, self.prev_event = t_host, ev
+        r = dict(row)
+        r.update(loss=loss, grad_norm=gnorm if clip else float("nan"), step_s=step_s,
+                 skipped_nonfinite=int(skipped),
+                 tokens=row["tokens"] + int(round(text_tokens)), fm_loss=fm)
+        if moe:
+            r["aux_loss"] = aux
+        if host_flag is not None:
+            r["bad_token_sample"] = int(host_flag)
+        return r
+
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
+
+
+def peak_memory(device: torch.device) -> Dict[str, Any]:
+    if device.type == "cuda":
+        try:
+            alloc = torch.cuda.max_memory_allocated(device)
+            reserved = torch.cuda.max_memory_reserved(device)
+        except RuntimeError:  # a pluggable allocator (MemSculptor) keeps its own statistics
+            return {"kind": "cuda", "peak_allocated_bytes": float("nan"),
+                    "peak_reserved_bytes": float("nan"), "fragmentation": float("nan")}
+        return {"kind": "cuda", "peak_allocated_bytes": alloc, "peak_reserved_bytes": reserved,
+                "fragmentation": 1 - alloc / reserved if reserved else 0.0}
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"kind": "cpu-rss", "peak_rss_bytes": self_kb * 1024,
+            "peak_child_rss_bytes": child_kb * 1024}
+
+
+def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
+              losses: List[Dict[str, Any]], status: Dict[str, str], model: Gr00tPolicy,
+              loader: Any, ckpt: Checkpointer, total_s: float) -> Dict[str, Any]:
+    step_s = [r["step_s"] for r in rows]
+    tot = sum(step_s) or float("nan")
+    counts = count_parameters(model)
+    fig = {
+        "timed_steps": len(rows),
+        "tokens_per_gpu_per_s": sum(r["tokens"] for r in rows) / tot if rows else float("nan"),
+        "samples_per_s": sum(r["samples"] for r in rows) * d.world / tot if rows else float("nan"),
+        "step_ms_p50": percentile(step_s, 50) * 1e3,
+        "step_ms_p95": percentile(step_s, 95) * 1e3,
+        "data_wait_share": sum(r["data_wait_s"] for r in rows) / tot if rows else float("nan"),
+        "comm_exposed_share": sum(r["comm_exposed_s"] for r in rows) / tot if rows else float("nan"),
+        "ckpt_stall_share": sum(r["ckpt_stall_s"] for r in rows) / tot if rows else float("nan"),
+        "skipped_nonfinite_steps": sum(r.get("skipped_nonfinite", 0) for r in losses),
+        "ckpt_stall_s": ckpt.stall_s,
+        "ckpt_bytes_written": ckpt.bytes_written,
+        "ckpt_drain_s": ckpt.drain_s,
+        "memory": peak_memory(d.device),
+    }
+    return {
+        "mode": args.mode, "config": args.config, "image_size": args.image_size,
+        "batch_size": args.batch_size, "grad_accum": args.grad_accum, "world_size": d.world,
+        "device": str(d.device), "seed": args.seed, "steps": args.steps, "warmup": args.warmup,
+        "modules": status, "params": counts, "figures": fig, "wall_s": total_s,
+        "loader_metrics": _safe_metrics(loader), "loss_curve": losses,
+    }
+
+
+def add_module_figures(summary: Dict[str, Any], ckpt: Checkpointer, sync: SyncBackend,
+                       stepper: Any, counter: Any, mem: MemoryPlanner) -> None:
+    """The modules' own figures: async checkpoint kind, NexusSync stats, CUDA graphs, host syncs
+    (--count-syncs) and MemSculptor's memory figures."""
+    if ckpt.async_impl:
+        summary["modules"]["async_checkpoint"] = ckpt.async_impl
+    if sync.stats():
+        summary["nexussync_stats"] = sync.stats()
+    if stepper is not None:
+        summary["cuda_graph"] = stepper.stats()
+    if counter.enabled:
+        n = counter.counts
+        summary["figures"]["host_syncs_per_step"] = sum(n) / len(n) if n else float("nan")
+        summary["figures"]["host_syncs_max"] = max(n) if n else 0
+        summary["figures"]["host_sync_sites"] = dict(counter.examples)
+    ms_stats = mem.stats()
+    if ms_stats is not None:
+        m = summary["figures"]["memory"]
+        m["memsculptor"] = ms_stats
+        pa, pr = ms_stats.get("peak_allocated_bytes"), ms_stats.get("peak_reserved_bytes")
+        if mem.scoped:
+            # Scoped (torch.cuda.MemPool): torch's caching allocator manages the pool's blocks
+            # too, so its counters cover MemSculptor's segments, the CUDA graphs' pool and the
+            # rest; MemSculptor's own figures (persistent tensors) stay under "memsculptor".
+            m["note"] = "torch's counters (they include the MemSculptor pool's segments)"
+        elif pa and pr:  # torch's counters do not see a pluggable allocator
+            m.update(peak_allocated_bytes=pa, peak_reserved_bytes=pr, fragmentation=1 - pa / pr)
+    if sync.kind == "ddp":
+        summary["figures"]["comm_exposed_note"] = (
+            "DDP overlaps its all-reduce inside backward; exposed time is not separable here")
+
+
+def _safe_metrics(loader: Any) -> Dict[str, Any]:
+    try:
+        return dict(loader.metrics())
+    except Exception:  # metrics are informational; never fail a finished run for them
+        return {}
+
+
+def format_summary(s: Dict[str, Any]) -> str:
+    f = s["figures"]
+    mem = f["memory"]
+    mem_s = (f"peak alloc {mem['peak_allocated_bytes'] / 2**30:.2f} GiB, reserved "
+             f"{mem['peak_reserved_bytes'] / 2**30:.2f} GiB, frag {mem['fragmentation']:.1%}"
+             if mem["kind"] == "cuda" else f"peak RSS {mem['peak_rss_bytes'] / 2**20:.0f} MiB")
+    lines = [
+        f"== {s['mode']} | config {s['config']} @ {s['image_size']}px | batch {s['batch_size']} x "
+        f"accum {s['grad_accum']} x world {s['world_size']} | {s['device']} | "
+        f"{f['timed_steps']} timed steps",
+        "   modules: " + ", ".join(f"{k} {v}" for k, v in s["modules"].items()),
+        f"   tokens/GPU/s {f['tokens_per_gpu_per_s']:.1f} | samples/s {f['samples_per_s']:.2f} | "
+        f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms",
+        f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
+        f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)",
+        f"   memory: {mem_s}",
+        *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
+           f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),
+        f"   loss: first {s['loss_curve'][0]['loss']:.4f} last {s['loss_curve'][-1]['loss']:.4f}"
+        if s["loss_curve"] else "   loss: (no steps)",
+    ]
+    return "\n".join(lines)
+
