@@ -3,7 +3,6 @@
 // image kernel (image_kernels.h) and the stage-3 kernel (stage3.h) on a transform stream, batches
 // in device memory.
 //
-//
 // Note [GPU loader]
 // -----------------
 // With device = kCuda, stage 1 is unchanged (no decode tasks are queued) and lf-collate becomes
