@@ -31,6 +31,11 @@ int64_t RssKb() {
   return 0;
 }
 
+using data::DataLoader;
+using data::LoaderDevice;
+using data::LoaderDeviceInfo;
+using data::LoaderOptions;
+
 int RunBenchLoader(int argc, char** argv) {
   Args a("bench loader", "--db DB [options]");
   a.Flag("db", "", "packed dataset (loongforge pack)")

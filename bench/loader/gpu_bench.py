@@ -6,13 +6,13 @@
      device stage 3 -> model-ready CUDA batches (one row; a first "cold" row before it shows the
      process's start-up: CUDA, nvJPEG and the engine's first batches); A/B rows of the decode
      lanes (issue 7, Note [Decode lanes] in src/data/nvjpeg_decoder.h): the lanes' nvJPEG calls
-     concurrent (LOONGFORGE_LOADER_DECODE_STAGGER=0, the default before Note [Decode turns]) or
-     staggered by half a call (0.5) instead of taking turns (1, the default); without lanes
-     (LOONGFORGE_LOADER_DISABLE=async_decode), without state reuse (decode_reuse), without both
-     (the loader before lanes: "pre_lanes"), with 3 lanes (LOONGFORGE_LOADER_DECODE_LANES=3);
+     concurrent (decode_stagger=0, the default before Note [Decode turns]) or staggered by half
+     a call (0.5) instead of taking turns (1, the default); without lanes (async_decode=False),
+     without state reuse (decode_reuse=False), without both (the loader before lanes:
+     "pre_lanes"), with 3 lanes (decode_lanes=3);
      static batches (token buckets); bf16/NHWC output; A/B rows with one other throughput switch
-     off each (prefault|reserve|stage3_device); the default and pre_lanes again last, to show
-     run-to-run noise;
+     off each (prefault|reserve_slots|stage3_on_device); the default and pre_lanes again last, to
+     show run-to-run noise;
   2. nvJPEG decode only (_C.NvJpegDecoder): hardware backend at batch 64 and 256, one batch at a
      time with per-batch state re-initialization (as before lanes) and with state reuse, and with
      2 (3) batches in flight on lane threads, their calls concurrent (stagger 0: the ceiling the
@@ -248,29 +248,19 @@ def main() -> None:
     results["meta"]["samples"] = samples
     n_img = lambda b: int(b["images"].shape[0])  # noqa: E731
 
-    def ours(disable="", lanes=None, handle_per_lane=False, interleaved=False, stagger=None,
-             prefault="", skip_epoch=False, **kw):
+    # The loader options of the A/B rows (LoaderOptions fields, docs/data.md "Tuning the GPU
+    # loader"); the row records them.
+    PRE_LANES = dict(async_decode=False, decode_reuse=False)
+
+    def ours(skip_epoch=False, **kw):
+        tuning = {k: v for k, v in kw.items() if k in (
+            "async_decode", "decode_lanes", "decode_stagger", "decode_reuse",
+            "decode_hw_handle_per_lane", "decode_interleaved", "stage3_on_device",
+            "reserve_slots", "prefault")}
+
         def go():
-            # A/B switches are read when the loader is created (src/data/loader.cc).
-            env = {"LOONGFORGE_LOADER_DISABLE": disable,
-                   "LOONGFORGE_LOADER_DECODE_LANES": str(lanes) if lanes else "",
-                   "LOONGFORGE_LOADER_DECODE_STAGGER": "" if stagger is None else str(stagger),
-                   "LOONGFORGE_LOADER_PREFAULT": prefault,
-                   "LOONGFORGE_LOADER_DECODE_HW_HANDLE_PER_LANE": "1" if handle_per_lane else "",
-                   "LOONGFORGE_LOADER_DECODE_INTERLEAVED": "1" if interleaved else ""}
-            old = {k: os.environ.pop(k, None) for k in env}
-            for k, v in env.items():
-                if v:
-                    os.environ[k] = v
             t_create = time.perf_counter()
-            try:
-                ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4,
-                                                 **kw)
-            finally:
-                for k, v in old.items():
-                    os.environ.pop(k, None)
-                    if v is not None:
-                        os.environ[k] = v
+            ld = loongforge.DataFusionLoader(db, B, image_size=224, threads=4, prefetch=4, **kw)
             batches = loop_epochs(ld)
             first = next(batches)
             t_first = time.perf_counter() - t_create
@@ -285,9 +275,10 @@ def main() -> None:
             r["decode_host_ms_per_batch"] = dev.get("decode_host_ms_per_batch")
             r["decode_stagger"] = dev.get("decode_stagger")
             r.update(decode_backend=m["decode_backend"], hw_decode=m["hw_decode"],
-                     reason=m["reason"], device=m["device"], disabled=disable,
-                     decode_lanes=lanes or (1 if "async_decode" in disable else 2),
-                     hw_handle_per_lane=handle_per_lane, interleaved=interleaved,
+                     reason=m["reason"], device=m["device"], options=tuning,
+                     decode_lanes=(dev.get("decode_lanes") or
+                                   (1 if tuning.get("async_decode") is False
+                                    else tuning.get("decode_lanes", 2))),
                      pipeline_latency_ms=hist.get("batch_latency_ms"),
                      # Host time per batch on the pipeline threads: if gpu_decode_submit_ms is
                      # close to the batch interval, nvJPEG's call holds lf-collate for the whole
@@ -332,29 +323,31 @@ def main() -> None:
         # Lane A/B rows are interleaved with the default to expose run-to-run noise.
         run("datafusion_gpu_cold", results, ours(device="cuda"))
         run("datafusion_gpu", results, ours(device="cuda"))
-        run("datafusion_gpu_stagger0", results, ours(stagger=0, device="cuda"))
-        run("datafusion_gpu_stagger05", results, ours(stagger=0.5, device="cuda"))
+        run("datafusion_gpu_stagger0", results, ours(decode_stagger=0.0, device="cuda"))
+        run("datafusion_gpu_stagger05", results, ours(decode_stagger=0.5, device="cuda"))
         # Page faults of the LMDB map (a fresh map per loader): madvise(MADV_POPULATE_READ)
         # instead of a read per page, and the second epoch of one loader (pages mapped).
         run("datafusion_gpu_populate", results, ours(prefault="populate", device="cuda"))
         run("datafusion_gpu_epoch2", results, ours(skip_epoch=True, device="cuda"))
-        run("datafusion_gpu_pre_lanes", results,
-            ours(disable="async_decode,decode_reuse", device="cuda"))
-        run("datafusion_gpu_no_async_decode", results, ours(disable="async_decode", device="cuda"))
-        run("datafusion_gpu_no_decode_reuse", results, ours(disable="decode_reuse", device="cuda"))
-        run("datafusion_gpu_lanes3", results, ours(lanes=3, device="cuda"))
-        run("datafusion_gpu_handle_per_lane", results, ours(handle_per_lane=True, device="cuda"))
-        run("datafusion_gpu_rgbi", results, ours(interleaved=True, device="cuda"))
+        run("datafusion_gpu_pre_lanes", results, ours(**PRE_LANES, device="cuda"))
+        run("datafusion_gpu_no_async_decode", results, ours(async_decode=False, device="cuda"))
+        run("datafusion_gpu_no_decode_reuse", results, ours(decode_reuse=False, device="cuda"))
+        run("datafusion_gpu_lanes3", results, ours(decode_lanes=3, device="cuda"))
+        run("datafusion_gpu_handle_per_lane", results,
+            ours(decode_hw_handle_per_lane=True, device="cuda"))
+        run("datafusion_gpu_rgbi", results, ours(decode_interleaved=True, device="cuda"))
         # Static batches (issue 9): fixed rows, tokens padded to a bucket (synth: 2..6 tokens).
         run("datafusion_gpu_static_buckets", results,
             ours(device="cuda", token_buckets=[4, 8]))
         run("datafusion_gpu_bf16_nhwc", results,
             ours(device="cuda", dtype=torch.bfloat16, layout="NHWC"))
-        for switch in ("prefault", "reserve", "stage3_device"):
-            run(f"datafusion_gpu_no_{switch}", results, ours(disable=switch, device="cuda"))
+        # Row names as before the switches became options (no_reserve, no_stage3_device).
+        for row, off in (("prefault", dict(prefault="off")),
+                         ("reserve", dict(reserve_slots=False)),
+                         ("stage3_device", dict(stage3_on_device=False))):
+            run(f"datafusion_gpu_no_{row}", results, ours(**off, device="cuda"))
         run("datafusion_gpu_again", results, ours(device="cuda"))
-        run("datafusion_gpu_pre_lanes_again", results,
-            ours(disable="async_decode,decode_reuse", device="cuda"))
+        run("datafusion_gpu_pre_lanes_again", results, ours(**PRE_LANES, device="cuda"))
 
         def nvjpeg_only(batch, in_flight=1, **kw):
             def go():

@@ -1,13 +1,16 @@
-// DataFusion loader, CPU path: LMDB records -> JPEG decode (libjpeg-turbo, DCT-domain scaling) ->
-// fused crop/resize/jitter/normalize into the batch buffer -> padded, masked, model-ready batches.
+// DataFusion loader: LMDB records -> JPEG decode -> fused crop/resize/jitter/normalize into the
+// batch buffer -> padded, masked, model-ready batches. Decode runs on the CPU (libjpeg-turbo with
+// DCT-domain scaling) or, with device = kCuda, on the GPU (nvJPEG + CUDA kernels).
 //
 // Threads (all owned by the loader, joined on Stop()/destruction; Note [Loader pipeline] in
 // src/data/loader.cc):
 //   "lf-fetch"    stage 1: samples the next batch, looks its records up zero-copy, queues decode
-//   tasks "lf-decode*"  stage 2: `threads` workers decoding one image per task into the batch
-//   buffer "lf-collate"  stage 3: waits for a batch's images (in batch order), pads tokens, builds
-//   masks,
-//                 copies and normalizes state/action, and publishes the batch
+//                 tasks
+//   "lf-decode*"  stage 2: `threads` workers decoding one image per task into the batch buffer
+//                 (GPU loader: only the images nvJPEG cannot decode)
+//   "lf-collate"  stage 3: waits for a batch's images (in batch order), pads tokens, builds masks,
+//                 copies and normalizes state/action, and publishes the batch (GPU loader: drives
+//                 the nvJPEG decode and the kernels, Note [GPU loader])
 // Batches are delivered in sampler order whatever the thread count. At most `prefetch` batches are
 // in flight; their buffers come from a recycled pool, so memory is flat across epochs.
 #pragma once
@@ -24,6 +27,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 
 // Maps (seed, epoch, rank, world) to this rank's batches. Every rank gets the same number of
 // batches; the order depends only on these numbers (not on thread count or timing).
@@ -58,10 +62,16 @@ enum class CorruptPolicy { kSkip, kError };
 
 // Where stage 2/3 run and batches live. kCuda: nvJPEG batched decode (hardware JPEG engine where
 // the GPU has one) + one fused CUDA kernel per batch, batches in device memory (Note [GPU loader]
-// in src/data/loader.cc). Needs a build with CUDA and nvJPEG: see DataLoader::GpuSupport().
+// in src/data/loader_gpu_stage.cc). Needs a build with CUDA and nvJPEG: see
+// DataLoader::GpuSupport().
 enum class LoaderDevice { kCpu, kCuda };
 enum class ImageLayout { kNCHW, kNHWC };  // images [n, cams, 3, H, W] or [n, cams, H, W, 3]
 enum class ImageDType { kFloat32, kBFloat16 };
+// GPU loader: how lf-fetch faults the LMDB pages of a batch's JPEG bytes in before nvJPEG reads
+// them (Note [GPU loader] in src/data/loader_gpu_stage.cc). kPopulate: one
+// madvise(MADV_POPULATE_READ) per record (Linux >= 5.14; falls back to kTouch where the kernel
+// refuses it); kTouch: one read per page; kOff: nvJPEG takes the faults.
+enum class PrefaultMode { kOff, kTouch, kPopulate };
 
 struct LoaderOptions {
   std::string db_path;
@@ -104,7 +114,29 @@ struct LoaderOptions {
   // all-engine: on an H200 the engine alone gave 23.2k model-ready img/s against 12.3k for the
   // measured split (docs/BENCHMARKS.md), since the CUDA backend competes with the transform.
   float hw_decode_ratio = 1.f;
+  // GPU loader tuning, for A/B runs (docs/data.md, "Tuning the GPU loader"); the defaults are the
+  // measured best. Create refuses values out of range with InvalidArgument naming the field.
+  bool async_decode = true;  // decoder lanes keep decode_lanes batches in nvJPEG (Note [Decode
+                             // lanes] in src/data/nvjpeg_decoder.h); off: one batch at a time,
+                             // decoded on lf-collate
+  int decode_lanes = 2;      // in [2, 16]; used with async_decode
+  // In [0, 1]: when a lane's nvJPEG calls may start (Note [Decode turns] in nvjpeg_decoder.h;
+  // 1: after the previous batch's calls returned, 0: as soon as the lane is ready).
+  float decode_stagger = 1.f;
+  bool decode_reuse = true;  // nvJPEG states initialized once per batch size, pre-allocated
+  bool decode_hw_handle_per_lane = false;  // one hardware nvJPEG handle per lane (else shared)
+  bool decode_interleaved = false;         // nvJPEG writes interleaved RGB (RGBI)
+  bool stage3_on_device = true;            // stage 3 by the CUDA kernel (off: host twin + one copy)
+  bool reserve_slots = true;  // GPU batch buffers allocated at Create, not by the first batches
+  PrefaultMode prefault = PrefaultMode::kTouch;
 };
+
+// Token buckets (Note [Static batches] in src/data/loader.cc), the one definition the loader and
+// the trainer's step runner share. SortTokenBuckets: sorted and deduplicated, InvalidArgument
+// naming the first length that is not positive. TokenBucketFor: index of the smallest bucket
+// >= `length` in sorted `buckets`, or -1 when the length exceeds every bucket.
+StatusOr<std::vector<int>> SortTokenBuckets(std::vector<int> buckets);
+int TokenBucketFor(const std::vector<int>& buckets, int length);
 
 // One model-ready batch. Buffers are owned by the loader's pool; a batch returns to the pool when
 // the last shared_ptr to it is dropped (the Python side holds it through DLPack deleters).
@@ -196,4 +228,5 @@ class DataLoader {
   std::unique_ptr<Impl> impl_;
 };
 
+}  // namespace data
 }  // namespace loongforge

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <functional>
 
 #include "bindings.h"
 #include "dlpack_capsule.h"
@@ -15,6 +16,7 @@
 #endif
 
 namespace loongforge {
+namespace data {
 namespace {
 
 py::dict SummaryDict(const HistogramSummary& s) {
@@ -31,99 +33,128 @@ py::dict SummaryDict(const HistogramSummary& s) {
   return d;
 }
 
+// Note [Loader options]
+// ---------------------
+// LoaderOptions (include/loongforge/loader.h) is the one declaration of the loader's options and
+// their defaults. This table only gives each field its Python name and converts a Python value to
+// it (types come from the member pointers); _C.loader_options() reads the defaults from a
+// default-constructed LoaderOptions, and loongforge.DataFusionLoader forwards its keyword
+// arguments here. Adding a field to the struct means adding one line below.
+struct OptionField {
+  const char* name;
+  std::function<void(LoaderOptions&, py::handle)> set;
+  std::function<py::object(const LoaderOptions&)> get;
+};
+
+template <typename T>
+OptionField Plain(const char* name, T LoaderOptions::*m) {
+  return {name,
+          [name, m](LoaderOptions& o, py::handle v) {
+            try {
+              o.*m = v.cast<T>();
+            } catch (const py::cast_error&) {
+              ThrowStatus(InvalidArgumentError(
+                  std::string("DataLoader: option '") + name + "' cannot take a " +
+                  py::str(v.get_type().attr("__name__")).cast<std::string>() + " (" +
+                  py::repr(v).cast<std::string>() + ")"));
+            }
+          },
+          [m](const LoaderOptions& o) { return py::cast(o.*m); }};
+}
+
+// An enum field spelled as one of `names` in Python.
+template <typename E>
+OptionField Choice(const char* name, E LoaderOptions::*m,
+                   std::vector<std::pair<std::string, E>> names) {
+  return {name,
+          [name, m, names](LoaderOptions& o, py::handle v) {
+            const std::string got = py::str(v);
+            std::string known;
+            for (const auto& [n, e] : names) {
+              if (n == got) {
+                o.*m = e;
+                return;
+              }
+              known += (known.empty() ? "'" : " or '") + n + "'";
+            }
+            ThrowStatus(InvalidArgumentError(std::string(name) + " must be " + known + ", got '" +
+                                             got + "'"));
+          },
+          [m, names](const LoaderOptions& o) -> py::object {
+            for (const auto& [n, e] : names)
+              if (o.*m == e) return py::str(n);
+            return py::none();
+          }};
+}
+
+const std::vector<OptionField>& OptionFields() {
+  static const std::vector<OptionField> fields = {
+      Plain("batch_size", &LoaderOptions::batch_size),
+      Plain("image_size", &LoaderOptions::image_size),
+      Plain("crop_fraction", &LoaderOptions::crop_fraction),
+      Plain("train", &LoaderOptions::train),
+      Plain("color_jitter", &LoaderOptions::color_jitter),
+      Plain("mean", &LoaderOptions::mean),
+      Plain("std", &LoaderOptions::std),
+      Plain("dct_scaling", &LoaderOptions::dct_scaling),
+      Plain("normalize_state", &LoaderOptions::normalize_state),
+      Plain("seed", &LoaderOptions::seed),
+      Plain("rank", &LoaderOptions::rank),
+      Plain("world_size", &LoaderOptions::world_size),
+      Plain("shuffle", &LoaderOptions::shuffle),
+      Plain("drop_last", &LoaderOptions::drop_last),
+      Plain("threads", &LoaderOptions::threads),
+      Plain("prefetch", &LoaderOptions::prefetch),
+      Plain("token_pad", &LoaderOptions::token_pad),
+      Plain("token_buckets", &LoaderOptions::token_buckets),
+      Plain("static_shapes", &LoaderOptions::static_shapes),
+      Plain("truncate_tokens", &LoaderOptions::truncate_tokens),
+      Choice("on_corrupt", &LoaderOptions::on_corrupt,
+             {{"skip", CorruptPolicy::kSkip}, {"error", CorruptPolicy::kError}}),
+      Plain("pin_memory", &LoaderOptions::pin_memory),
+      Plain("timeout_ms", &LoaderOptions::timeout_ms),
+      Choice("device", &LoaderOptions::device,
+             {{"cpu", LoaderDevice::kCpu}, {"cuda", LoaderDevice::kCuda}}),
+      Plain("device_id", &LoaderOptions::device_id),
+      Choice("layout", &LoaderOptions::layout,
+             {{"NCHW", ImageLayout::kNCHW}, {"NHWC", ImageLayout::kNHWC}}),
+      Choice("dtype", &LoaderOptions::dtype,
+             {{"float32", ImageDType::kFloat32}, {"bfloat16", ImageDType::kBFloat16}}),
+      Plain("antialias", &LoaderOptions::antialias),
+      Plain("hw_decode", &LoaderOptions::hw_decode),
+      Plain("hw_decode_ratio", &LoaderOptions::hw_decode_ratio),
+      Plain("async_decode", &LoaderOptions::async_decode),
+      Plain("decode_lanes", &LoaderOptions::decode_lanes),
+      Plain("decode_stagger", &LoaderOptions::decode_stagger),
+      Plain("decode_reuse", &LoaderOptions::decode_reuse),
+      Plain("decode_hw_handle_per_lane", &LoaderOptions::decode_hw_handle_per_lane),
+      Plain("decode_interleaved", &LoaderOptions::decode_interleaved),
+      Plain("stage3_on_device", &LoaderOptions::stage3_on_device),
+      Plain("reserve_slots", &LoaderOptions::reserve_slots),
+      Choice("prefault", &LoaderOptions::prefault,
+             {{"off", PrefaultMode::kOff},
+              {"touch", PrefaultMode::kTouch},
+              {"populate", PrefaultMode::kPopulate}}),
+  };
+  return fields;
+}
+
 LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
   LoaderOptions o;
   o.db_path = db;
+  const auto& fields = OptionFields();
   for (auto item : kw) {
-    std::string k = py::str(item.first);
-    py::handle v = item.second;
-    if (k == "batch_size")
-      o.batch_size = v.cast<int>();
-    else if (k == "image_size")
-      o.image_size = v.cast<int>();
-    else if (k == "crop_fraction")
-      o.crop_fraction = v.cast<float>();
-    else if (k == "train")
-      o.train = v.cast<bool>();
-    else if (k == "color_jitter")
-      o.color_jitter = v.cast<bool>();
-    else if (k == "mean")
-      o.mean = v.cast<std::array<float, 3>>();
-    else if (k == "std")
-      o.std = v.cast<std::array<float, 3>>();
-    else if (k == "dct_scaling")
-      o.dct_scaling = v.cast<bool>();
-    else if (k == "normalize_state")
-      o.normalize_state = v.cast<bool>();
-    else if (k == "seed")
-      o.seed = v.cast<uint64_t>();
-    else if (k == "rank")
-      o.rank = v.cast<int>();
-    else if (k == "world_size")
-      o.world_size = v.cast<int>();
-    else if (k == "shuffle")
-      o.shuffle = v.cast<bool>();
-    else if (k == "drop_last")
-      o.drop_last = v.cast<bool>();
-    else if (k == "threads")
-      o.threads = v.cast<int>();
-    else if (k == "prefetch")
-      o.prefetch = v.cast<int>();
-    else if (k == "token_pad")
-      o.token_pad = v.cast<int>();
-    else if (k == "token_buckets")
-      o.token_buckets = v.cast<std::vector<int>>();
-    else if (k == "static_shapes")
-      o.static_shapes = v.cast<bool>();
-    else if (k == "truncate_tokens")
-      o.truncate_tokens = v.cast<bool>();
-    else if (k == "pin_memory")
-      o.pin_memory = v.cast<bool>();
-    else if (k == "timeout_ms")
-      o.timeout_ms = v.cast<int64_t>();
-    else if (k == "device") {
-      std::string d = v.cast<std::string>();
-      if (d == "cpu")
-        o.device = LoaderDevice::kCpu;
-      else if (d == "cuda")
-        o.device = LoaderDevice::kCuda;
-      else
-        ThrowStatus(InvalidArgumentError("device must be 'cpu' or 'cuda', got '" + d + "'"));
-    } else if (k == "device_id")
-      o.device_id = v.cast<int>();
-    else if (k == "layout") {
-      std::string l = v.cast<std::string>();
-      if (l == "NCHW")
-        o.layout = ImageLayout::kNCHW;
-      else if (l == "NHWC")
-        o.layout = ImageLayout::kNHWC;
-      else
-        ThrowStatus(InvalidArgumentError("layout must be 'NCHW' or 'NHWC', got '" + l + "'"));
-    } else if (k == "dtype") {
-      std::string t = v.cast<std::string>();
-      if (t == "float32")
-        o.dtype = ImageDType::kFloat32;
-      else if (t == "bfloat16")
-        o.dtype = ImageDType::kBFloat16;
-      else
-        ThrowStatus(InvalidArgumentError("dtype must be 'float32' or 'bfloat16', got '" + t + "'"));
-    } else if (k == "antialias")
-      o.antialias = v.cast<bool>();
-    else if (k == "hw_decode")
-      o.hw_decode = v.cast<bool>();
-    else if (k == "hw_decode_ratio")
-      o.hw_decode_ratio = v.cast<float>();
-    else if (k == "on_corrupt") {
-      std::string p = v.cast<std::string>();
-      if (p == "skip")
-        o.on_corrupt = CorruptPolicy::kSkip;
-      else if (p == "error")
-        o.on_corrupt = CorruptPolicy::kError;
-      else
-        ThrowStatus(InvalidArgumentError("on_corrupt must be 'skip' or 'error', got '" + p + "'"));
-    } else {
-      ThrowStatus(InvalidArgumentError("DataLoader: unknown option '" + k + "'"));
+    const std::string k = py::str(item.first);
+    auto f = std::find_if(fields.begin(), fields.end(),
+                          [&](const OptionField& f) { return k == f.name; });
+    if (f == fields.end()) {
+      std::string known;
+      for (const OptionField& g : fields)
+        known += (known.empty() ? "" : ", ") + std::string(g.name);
+      ThrowStatus(
+          InvalidArgumentError("DataLoader: unknown option '" + k + "' (known: " + known + ")"));
     }
+    f->set(o, item.second);
   }
   return o;
 }
@@ -228,7 +259,7 @@ void BindData(py::module_& m) {
           },
           py::arg("schema_json"), "Writes the schema record and publishes the DB atomically.");
 
-  py::class_<DataLoader>(m, "DataLoader", "DataFusion CPU loader (use loongforge.DataFusionLoader)")
+  py::class_<DataLoader>(m, "DataLoader", "DataFusion loader (use loongforge.DataFusionLoader)")
       .def(py::init([](const std::string& db, py::kwargs kw) {
              LoaderOptions o = OptionsFromKwargs(db, kw);
              StatusOr<std::unique_ptr<DataLoader>> dl = [&] {
@@ -294,6 +325,23 @@ void BindData(py::module_& m) {
         return py::make_tuple(ok, reason);
       },
       py::arg("device_id") = 0, "(available, reason) for DataLoader(device='cuda').");
+  m.def(
+      "loader_options",
+      [] {
+        const LoaderOptions defaults;
+        py::dict d;
+        for (const OptionField& f : OptionFields()) d[f.name] = f.get(defaults);
+        return d;
+      },
+      "Every DataLoader option and its default (Note [Loader options]).");
+  m.def(
+      "sort_token_buckets",
+      [](std::vector<int> buckets) { return ValueOrThrow(SortTokenBuckets(std::move(buckets))); },
+      py::arg("buckets"),
+      "Token buckets sorted and deduplicated, as the loader uses them; ValueError for a length "
+      "that is not positive.");
+  m.def("token_bucket_for", &TokenBucketFor, py::arg("buckets"), py::arg("length"),
+        "Index of the smallest of the sorted `buckets` >= length (the loader's choice), or -1.");
 
 #ifdef LOONGFORGE_WITH_NVJPEG
   using internal::NvJpegBatchDecoder;
@@ -435,4 +483,5 @@ void BindData(py::module_& m) {
 
 }  // namespace
 LF_REGISTER_BINDINGS(data, BindData);
+}  // namespace data
 }  // namespace loongforge

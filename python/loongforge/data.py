@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 from torch.utils.dlpack import from_dlpack
@@ -23,6 +23,11 @@ from . import _C, _cuda_env
 
 _BOOL_KEYS = ("attention_mask", "action_mask")
 _TENSOR_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask", "sample_index")
+
+
+def loader_options() -> Dict[str, Any]:
+    """Every loader option (the fields of C++ ``LoaderOptions``) and its default."""
+    return dict(_C.loader_options())
 
 
 class DataFusionBatch(dict):
@@ -48,77 +53,60 @@ class DataFusionBatch(dict):
 class DataFusionLoader:
     """Deterministic, resumable, multi-threaded loader over a ``loongforge pack`` database.
 
+    The loader's options are declared once, in C++ (``LoaderOptions`` in
+    include/loongforge/loader.h, documented in docs/data.md); ``loader_options()`` lists every one
+    with its default. Pass any of them by keyword: an unknown name raises TypeError naming it, a bad
+    value ValueError naming the option. The most used: ``image_size``, ``crop_fraction``,
+    ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
+    ``drop_last``; ``threads`` (decode threads), ``prefetch`` (batches in flight); static batches
+    (issue 9): ``token_buckets`` (every batch has ``batch_size`` rows, tokens padded to the smallest
+    bucket >= its longest instruction; batches carry ``.bucket`` / ``.shape_key``), ``static_shapes``,
+    ``truncate_tokens``; ``on_corrupt`` ('skip' or 'error'); ``normalize_state``, ``mean``, ``std``;
+    on the GPU ``hw_decode``, ``hw_decode_ratio`` and the tuning options of docs/data.md.
+
+    The arguments below are this torch adapter's own (they are not C++ options as such).
+
     Args:
         db_path: the LMDB directory written by ``loongforge pack``.
         batch_size: samples per batch (per rank).
-        image_size: output side (images are resized to image_size x image_size).
-        crop_fraction: side fraction kept by the crop before the resize (GR00T uses 0.95).
-        color_jitter: brightness 0.3 / contrast 0.4 / saturation 0.5 per sample.
-        train: random crop offsets (True) or centre crop (False).
-        seed, rank, world_size, shuffle, drop_last: the sampler; every rank gets the same number
-            of batches and the order depends only on (seed, epoch, rank, world_size).
-        threads: decode threads. prefetch: batches in flight.
-        token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
-        token_buckets: static batches (issue 9): token lengths, e.g. [32, 64, 128]. Every batch
-            has ``batch_size`` rows and its tokens padded to the smallest bucket >= its longest
-            instruction; batches carry ``.bucket`` / ``.shape_key``. An instruction longer than
-            the largest bucket raises ValueError naming the record (or at construction when the
-            dataset's schema says so), unless ``truncate_tokens``.
-        static_shapes: static batches with one bucket (``token_pad`` or the dataset's longest
-            instruction) when ``token_buckets`` is not given.
-        truncate_tokens: cut instructions longer than the largest bucket / ``token_pad``.
-        on_corrupt: 'skip' (count, log, drop the sample) or 'error' (raise naming the record).
         device: 'cpu' or 'cuda[:N]'. CUDA: the GPU loader when the build has nvJPEG (see
             gpu_decode), else the CPU loader and a non_blocking copy from pinned buffers.
         gpu_decode: None (GPU loader when available, else fall back and say why in metrics()),
             True (require it: RuntimeError naming the reason if unavailable), False (CPU loader).
+        pin_memory: page-locked buffers; default True when device is CUDA.
+        token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
         layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
         dtype: torch.float32 or torch.bfloat16 for images.
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
-        hw_decode: use the GPU's JPEG engine when it has one. hw_decode_ratio: share of eligible
-            images sent to it (the rest to nvJPEG's CUDA backend); < 0 measures it.
-        pin_memory: page-locked buffers; default True when device is CUDA.
-        dct_scaling: CPU loader: let libjpeg-turbo downscale in the DCT domain (faster; the GPU
-            loader always decodes at full size, so set False to compare the two).
-        normalize_state: normalize state/action with the dataset's mean/std.
-        mean, std: image normalization per channel.
+        timeout_s: every wait inside the pipeline.
+        **options: any other loader option (above).
     """
+
+    # Options this adapter sets itself, and what to pass instead.
+    _OWN = {"db_path": "db_path", "device_id": "device='cuda:N'", "timeout_ms": "timeout_s"}
 
     def __init__(
         self,
         db_path: str,
         batch_size: int,
         *,
-        image_size: int = 224,
-        crop_fraction: float = 0.95,
-        color_jitter: bool = False,
-        train: bool = True,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        threads: int = 2,
-        prefetch: int = 4,
-        token_pad: Union[str, int] = "batch_max",
-        token_buckets: Optional[Sequence[int]] = None,
-        static_shapes: bool = False,
-        truncate_tokens: bool = False,
-        on_corrupt: str = "skip",
         device: Union[str, torch.device] = "cpu",
-        pin_memory: Optional[bool] = None,
-        normalize_state: bool = True,
-        mean: Sequence[float] = (0.5, 0.5, 0.5),
-        std: Sequence[float] = (0.5, 0.5, 0.5),
-        timeout_s: float = 60.0,
         gpu_decode: Optional[bool] = None,
+        pin_memory: Optional[bool] = None,
+        token_pad: Union[str, int] = "batch_max",
         layout: str = "NCHW",
         dtype: torch.dtype = torch.float32,
         antialias: bool = False,
-        hw_decode: bool = True,
-        hw_decode_ratio: float = 1.0,
-        dct_scaling: bool = True,
+        timeout_s: float = 60.0,
+        **options: Any,
     ) -> None:
+        known = loader_options()
+        for k in options:
+            if k in self._OWN:
+                raise TypeError(f"DataFusionLoader: pass {self._OWN[k]} instead of {k!r}")
+            if k not in known:
+                raise TypeError(f"DataFusionLoader() got an unknown loader option {k!r} "
+                                f"(known: {', '.join(sorted(known))})")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("DataFusionLoader: device='cuda' but torch has no CUDA device")
@@ -147,9 +135,9 @@ class DataFusionLoader:
             queue_warning = _cuda_env.loader_queue_warning()  # Note [Hardware queues]
             if queue_warning:
                 warnings.warn("DataFusionLoader: " + queue_warning)
+            # The CPU loader writes float32 NCHW only: elsewhere this adapter converts.
             gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
-                              dtype=dtype_names[dtype], antialias=antialias, hw_decode=hw_decode,
-                              hw_decode_ratio=float(hw_decode_ratio))
+                              dtype=dtype_names[dtype], antialias=antialias)
         elif antialias:
             warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
                           f"({self._fallback_reason or 'device=cpu'})")
@@ -161,19 +149,19 @@ class DataFusionLoader:
             pad = token_pad
         else:
             raise ValueError(f"token_pad must be 'batch_max' or a positive int, got {token_pad!r}")
-        buckets = [int(b) for b in token_buckets] if token_buckets else []
-        self._impl = _C.DataLoader(
-            str(db_path), batch_size=batch_size, image_size=image_size, crop_fraction=crop_fraction,
-            color_jitter=color_jitter, train=train, seed=seed, rank=rank, world_size=world_size,
-            shuffle=shuffle, drop_last=drop_last, threads=threads, prefetch=prefetch, token_pad=pad,
-            token_buckets=buckets, static_shapes=bool(static_shapes),
-            truncate_tokens=bool(truncate_tokens),
-            on_corrupt=on_corrupt, pin_memory=bool(pin_memory), normalize_state=normalize_state,
-            mean=list(mean), std=list(std), timeout_ms=int(timeout_s * 1000),
-            dct_scaling=dct_scaling, **gpu_kwargs)
+        if options.get("token_buckets") is None:
+            options.pop("token_buckets", None)
+        else:
+            options["token_buckets"] = [int(b) for b in options["token_buckets"]]
+        for k in ("mean", "std"):
+            if k in options:
+                options[k] = [float(x) for x in options[k]]
+        self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
+                                   pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
+                                   **options, **gpu_kwargs)
         self.db_path = str(db_path)
         self.batch_size = batch_size
-        self.seed = seed
+        self.seed = int(options.get("seed", known["seed"]))
         self.schema: Dict[str, Any] = json.loads(self._impl.schema_json)
         self._cameras = len(self.schema.get("cameras", []))
         self._horizon = int(self.schema.get("action_horizon", 0))
@@ -202,7 +190,7 @@ class DataFusionLoader:
             while True:
                 if self._gpu:
                     # Batches released from here on are rewritten only after this stream's
-                    # queued work (Note [GPU loader] in src/data/loader.cc).
+                    # queued work (Note [GPU loader] in src/data/loader_gpu_stage.cc).
                     stream = torch.cuda.current_stream(self.device)
                     self._impl.set_consumer_stream(stream.cuda_stream)
                 raw = self._impl.next()

@@ -39,6 +39,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
+from . import _C
+
 __all__ = ["GraphedStep", "SyncCounter", "pad_to_bucket", "parse_buckets", "graph_unavailable"]
 
 # Batch fields a step reads; anything else in the loader's dict is passed through untouched.
@@ -55,18 +57,11 @@ def parse_buckets(spec: str) -> Tuple[int, ...]:
             v = int(item)
         except ValueError:
             raise ValueError(f"token bucket {item!r} is not an integer (in {spec!r})") from None
-        if v <= 0:
-            raise ValueError(f"token bucket {v} must be positive (in {spec!r})")
         out.append(v)
-    return tuple(sorted(set(out)))
-
-
-def bucket_of(length: int, buckets: Sequence[int]) -> Optional[int]:
-    """Smallest bucket >= length, or None when the length exceeds every bucket."""
-    for b in buckets:
-        if length <= b:
-            return b
-    return None
+    try:  # the loader's rule (sorted, deduplicated, positive): one definition for both
+        return tuple(_C.sort_token_buckets(out))
+    except ValueError as e:
+        raise ValueError(f"{e} (in {spec!r})") from None
 
 
 def pad_to_bucket(batch: Mapping[str, torch.Tensor], buckets: Sequence[int]
@@ -74,7 +69,8 @@ def pad_to_bucket(batch: Mapping[str, torch.Tensor], buckets: Sequence[int]
     """Pads tokens/attention_mask to the bucket of their length (masked). Returns (batch, bucket);
     bucket None (batch unchanged) when the text is longer than every bucket or buckets is empty."""
     length = int(batch["tokens"].shape[1])
-    b = bucket_of(length, buckets)
+    i = _C.token_bucket_for(list(buckets), length)  # the loader's choice of bucket
+    b = buckets[i] if i >= 0 else None
     if b is None or b == length:
         return dict(batch), b
     out = dict(batch)

@@ -5,6 +5,7 @@
 #include <string>
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 void DecodeTurns::Advance(uint64_t past) {
@@ -69,4 +70,5 @@ double DecodeTurns::call_ms_ewma() const {
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

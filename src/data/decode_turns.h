@@ -12,6 +12,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 class DecodeTurns {
@@ -80,4 +81,5 @@ class DecodeTurn {
 };
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -11,6 +11,7 @@
 #include <vector>
 
 namespace loongforge {
+namespace data {
 namespace internal {
 namespace {
 
@@ -141,4 +142,5 @@ TEST(DecodeTurns, WaitGivesUpAfterTheTimeout) {
 
 }  // namespace
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -12,6 +12,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 // Waits until `event` has completed (or was never recorded), polling so that the wait can time
@@ -22,7 +23,8 @@ inline Status WaitEvent(cudaEvent_t event, int64_t timeout_ms, const std::string
   for (;;) {
     cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return CudaErrorToStatus(e, what.c_str(), __FILE__, __LINE__);
+    if (e != cudaErrorNotReady)
+      return ::loongforge::internal::CudaErrorToStatus(e, what.c_str(), __FILE__, __LINE__);
     if (std::chrono::steady_clock::now() > deadline)
       return DeadlineExceededError(what + ": GPU work did not finish within " +
                                    std::to_string(timeout_ms) + " ms");
@@ -35,6 +37,7 @@ inline Status WaitEvent(cudaEvent_t event, int64_t timeout_ms, const std::string
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge
 
 #endif  // LOONGFORGE_WITH_CUDA

@@ -9,6 +9,7 @@
 #include "loongforge/cuda_check.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 namespace {
 
@@ -224,4 +225,5 @@ Status LaunchCropResizeNormalize(const GpuImageTask* host_tasks, int n, GpuImage
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -15,6 +15,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 enum class OutLayout : int32_t { kNCHW = 0, kNHWC = 1 };
@@ -60,6 +61,7 @@ Status LaunchCropResizeNormalize(const GpuImageTask* host_tasks, int n, GpuImage
                                  const GpuResizeParams& params, void* out, cudaStream_t stream);
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge
 
 #endif  // LOONGFORGE_WITH_CUDA

@@ -4,7 +4,6 @@
 
 #include "loongforge/cuda_check.h"
 
-#ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -17,6 +16,7 @@
 #include "test_dataset.h"
 
 namespace loongforge {
+namespace data {
 namespace {
 
 using internal::CropBox;
@@ -280,6 +280,5 @@ TEST(ImageKernels, AntialiasRemovesCheckerboard) {
 }
 
 }  // namespace
+}  // namespace data
 }  // namespace loongforge
-
-#endif  // LOONGFORGE_WITH_CUDA

@@ -9,6 +9,7 @@
 #include "loongforge/logging.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 JpegDecoder::JpegDecoder() : handle_(tjInitDecompress()) {
@@ -254,4 +255,5 @@ void CropResizeAntialiasReference(const RgbImage& src, const CropBox& box, int o
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

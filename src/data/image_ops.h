@@ -12,6 +12,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 // A crop rectangle in source pixel coordinates (may be fractional after DCT scaling).
@@ -83,4 +84,5 @@ void CropResizeAntialiasReference(const RgbImage& src, const CropBox& box, int o
                                   const NormalizeParams& norm, float* out);
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -16,6 +16,7 @@
 #endif
 
 namespace loongforge {
+namespace data {
 namespace {
 
 class GpuLoaderTest : public testing::TestDbFixture {
@@ -243,7 +244,7 @@ TEST_F(GpuLoaderTest, CorruptPolicySameAsCpu) {
 
 // Guards device stage 3 and static batches on the GPU: token buckets, padding rows of skipped
 // samples (zero images too) and masks equal the CPU loader's, with the stage-3 kernel and with
-// the host twin (LOONGFORGE_LOADER_DISABLE=stage3_device), and the two GPU variants agree bit
+// the host twin (stage3_on_device = false), and the two GPU variants agree bit
 // for bit on everything but decode noise.
 TEST_F(GpuLoaderTest, StaticBucketsDeviceStage3MatchCpu) {
   std::string why;
@@ -266,9 +267,9 @@ TEST_F(GpuLoaderTest, StaticBucketsDeviceStage3MatchCpu) {
     padded += h.rows - h.size;
   }
   EXPECT_EQ(padded, 2);  // samples 3 and 17
-  ::setenv("LOONGFORGE_LOADER_DISABLE", "stage3_device", 1);
-  auto host3 = DataLoader::Create(og);
-  ::unsetenv("LOONGFORGE_LOADER_DISABLE");
+  LoaderOptions oh = og;
+  oh.stage3_on_device = false;
+  auto host3 = DataLoader::Create(oh);
   ASSERT_TRUE(host3.ok()) << host3.status();
   EXPECT_FALSE((*host3)->device_info().stage3_on_device);
   ExpectSameBatches(b, RunEpoch(**host3, 2), 0.04, 0.8, "host stage 3");
@@ -299,10 +300,10 @@ void ExpectIdenticalBatches(const std::vector<HostBatch>& a, const std::vector<H
 // Guards the asynchronous decode (Note [Decode lanes]): with lane threads and 2 or 3 batches in
 // flight the loader hands out, over two epochs (continuation included) and with corrupt images
 // taking the CPU path on the lanes, exactly the batches of the one-batch-at-a-time path
-// (LOONGFORGE_LOADER_DISABLE=async_decode) and of the per-batch re-initializing decoder, in
-// sampler order, images bit for bit (also with concurrent or staggered lanes, Note [Decode
-// turns], and with madvise prefaulting); with interleaved nvJPEG output, the same up to decode
-// noise. Bad tuning values are InvalidArgument naming the variable.
+// (async_decode = false) and of the per-batch re-initializing decoder, in sampler order, images
+// bit for bit (also with concurrent or staggered lanes, Note [Decode turns], and with madvise
+// prefaulting); with interleaved nvJPEG output, the same up to decode noise. Bad tuning values
+// are InvalidArgument naming the option.
 TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   std::string why;
   if (Skip(&why)) GTEST_SKIP() << why;
@@ -314,12 +315,11 @@ TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
   LoaderOptions o = Opts(db, true);
   o.hw_decode_ratio = 1.f;  // a fixed split: the measured one depends on timing
   o.color_jitter = true;
-  auto run = [&](const char* disable, const char* lanes) {
-    if (disable) ::setenv("LOONGFORGE_LOADER_DISABLE", disable, 1);
-    if (lanes) ::setenv("LOONGFORGE_LOADER_DECODE_LANES", lanes, 1);
-    auto dl = DataLoader::Create(o);
-    ::unsetenv("LOONGFORGE_LOADER_DISABLE");
-    ::unsetenv("LOONGFORGE_LOADER_DECODE_LANES");
+  // Runs two epochs with the options `tune` sets.
+  auto run = [&](auto tune) {
+    LoaderOptions t = o;
+    tune(t);
+    auto dl = DataLoader::Create(t);
     EXPECT_TRUE(dl.ok()) << dl.status();
     std::vector<HostBatch> all;
     if (!dl.ok()) return all;
@@ -330,38 +330,24 @@ TEST_F(GpuLoaderTest, AsyncDecodeSameBatchesAsSyncBitwise) {
     EXPECT_EQ((*dl)->corrupt_skipped(), 4);
     return all;
   };
-  const auto sync = run("async_decode", nullptr);
+  const auto sync = run([](LoaderOptions& t) { t.async_decode = false; });
   ASSERT_EQ(sync.size(), 2u * 48 / 4);
-  ExpectIdenticalBatches(sync, run(nullptr, nullptr), "async, 2 lanes");
-  ExpectIdenticalBatches(sync, run(nullptr, "3"), "async, 3 lanes");
-  ExpectIdenticalBatches(sync, run("async_decode,decode_reuse", nullptr), "re-init per batch");
+  ExpectIdenticalBatches(sync, run([](LoaderOptions&) {}), "async, 2 lanes");
+  ExpectIdenticalBatches(sync, run([](LoaderOptions& t) { t.decode_lanes = 3; }), "async, 3 lanes");
+  ExpectIdenticalBatches(sync, run([](LoaderOptions& t) {
+                           t.async_decode = false;
+                           t.decode_reuse = false;
+                         }),
+                         "re-init per batch");
   // Note [Decode turns]: concurrent and staggered lanes, and pages mapped by madvise.
-  for (const char* stagger : {"0", "0.5"}) {
-    ::setenv("LOONGFORGE_LOADER_DECODE_STAGGER", stagger, 1);
-    ExpectIdenticalBatches(sync, run(nullptr, nullptr), "stagger");
-  }
-  ::unsetenv("LOONGFORGE_LOADER_DECODE_STAGGER");
-  ::setenv("LOONGFORGE_LOADER_PREFAULT", "populate", 1);
-  ExpectIdenticalBatches(sync, run(nullptr, nullptr), "prefault=populate");
-  ::unsetenv("LOONGFORGE_LOADER_PREFAULT");
-  for (const char* bad : {"LOONGFORGE_LOADER_DECODE_STAGGER=1.5", "LOONGFORGE_LOADER_PREFAULT=x"}) {
-    const std::string kv(bad);
-    const std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
-    ::setenv(k.c_str(), v.c_str(), 1);
-    auto dl = DataLoader::Create(o);
-    ::unsetenv(k.c_str());
-    ASSERT_FALSE(dl.ok()) << bad;
-    EXPECT_EQ(dl.status().code(), StatusCode::kInvalidArgument) << dl.status();
-    EXPECT_NE(dl.status().message().find(k), std::string::npos) << dl.status();
-  }
+  for (float stagger : {0.f, 0.5f})
+    ExpectIdenticalBatches(sync, run([stagger](LoaderOptions& t) { t.decode_stagger = stagger; }),
+                           "stagger");
+  ExpectIdenticalBatches(sync, run([](LoaderOptions& t) { t.prefault = PrefaultMode::kPopulate; }),
+                         "prefault=populate");
   // Interleaved nvJPEG output (RGBI): the same batches up to the decoder's colour conversion.
-  ::setenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED", "1", 1);
-  const auto rgbi = run(nullptr, nullptr);
-  ::unsetenv("LOONGFORGE_LOADER_DECODE_INTERLEAVED");
+  const auto rgbi = run([](LoaderOptions& t) { t.decode_interleaved = true; });
   ExpectSameBatches(sync, rgbi, 0.04, 0.8, "interleaved output");
-  ::setenv("LOONGFORGE_LOADER_DECODE_LANES", "1", 1);
-  EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
-  ::unsetenv("LOONGFORGE_LOADER_DECODE_LANES");
 }
 
 #ifdef LOONGFORGE_WITH_CUDA
@@ -397,4 +383,5 @@ TEST_F(GpuLoaderTest, DeviceMemoryFlatAcrossEpochs) {
 #endif
 
 }  // namespace
+}  // namespace data
 }  // namespace loongforge

@@ -12,6 +12,7 @@
 #include "test_dataset.h"
 
 namespace loongforge {
+namespace data {
 namespace {
 
 using internal::CropBox;
@@ -502,6 +503,52 @@ TEST_F(LoaderTest, OpenErrorsAreClear) {
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Guards the GPU tuning options (formerly environment variables): out-of-range values are
+// InvalidArgument naming the option, checked at Create on every build (CPU loader included).
+TEST_F(LoaderTest, TuningOptionsOutOfRangeNameTheOption) {
+  std::string db = Db({});
+  struct Case {
+    const char* name;
+    void (*set)(LoaderOptions&);
+  };
+  const Case cases[] = {
+      {"decode_lanes", [](LoaderOptions& o) { o.decode_lanes = 1; }},
+      {"decode_lanes", [](LoaderOptions& o) { o.decode_lanes = 17; }},
+      {"decode_stagger", [](LoaderOptions& o) { o.decode_stagger = 1.5f; }},
+      {"decode_stagger", [](LoaderOptions& o) { o.decode_stagger = -0.1f; }},
+  };
+  for (const Case& c : cases) {
+    LoaderOptions o = Opts(db);
+    c.set(o);
+    auto dl = DataLoader::Create(o);
+    ASSERT_FALSE(dl.ok()) << c.name;
+    EXPECT_EQ(dl.status().code(), StatusCode::kInvalidArgument) << dl.status();
+    EXPECT_NE(dl.status().message().find(c.name), std::string::npos) << dl.status();
+  }
+  // In range: the CPU loader accepts them (they only steer the GPU stage).
+  LoaderOptions o = Opts(db);
+  o.decode_lanes = 16;
+  o.decode_stagger = 0.f;
+  o.prefault = PrefaultMode::kPopulate;
+  EXPECT_TRUE(DataLoader::Create(o).ok());
+}
+
+// Guards the one definition of token buckets shared by the loader and the step runner: sorted,
+// deduplicated, positive; a length maps to the smallest bucket that holds it, or -1.
+TEST(TokenBuckets, SortAndChoose) {
+  auto b = SortTokenBuckets({64, 16, 32, 16});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, (std::vector<int>{16, 32, 64}));
+  EXPECT_EQ(SortTokenBuckets({8, 0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SortTokenBuckets({}).ok());
+  EXPECT_EQ(TokenBucketFor(*b, 1), 0);
+  EXPECT_EQ(TokenBucketFor(*b, 16), 0);
+  EXPECT_EQ(TokenBucketFor(*b, 17), 1);
+  EXPECT_EQ(TokenBucketFor(*b, 64), 2);
+  EXPECT_EQ(TokenBucketFor(*b, 65), -1);
+  EXPECT_EQ(TokenBucketFor({}, 1), -1);
+}
+
 // Guards memory flatness: buffers are recycled, so slots stay bounded over many epochs.
 TEST_F(LoaderTest, BuffersAreRecycledAcrossEpochs) {
   std::string db = Db({});
@@ -519,4 +566,5 @@ TEST_F(LoaderTest, BuffersAreRecycledAcrossEpochs) {
 }
 
 }  // namespace
+}  // namespace data
 }  // namespace loongforge

@@ -19,6 +19,7 @@
 #include "loongforge/logging.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 namespace {
 
@@ -733,4 +734,5 @@ NvJpegDecoderInfo NvJpegBatchDecoder::info() const {
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

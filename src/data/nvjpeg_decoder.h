@@ -76,6 +76,7 @@
 #include "loongforge/thread_pool.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 struct NvJpegDecoderOptions {
@@ -181,6 +182,7 @@ class NvJpegBatchDecoder {
 };
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge
 
 #endif  // LOONGFORGE_WITH_CUDA && LOONGFORGE_WITH_NVJPEG

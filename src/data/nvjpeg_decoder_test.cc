@@ -3,7 +3,6 @@
 
 #include "loongforge/cuda_check.h"
 
-#if defined(LOONGFORGE_WITH_CUDA) && defined(LOONGFORGE_WITH_NVJPEG)
 #include <cuda_runtime_api.h>
 #include <turbojpeg.h>
 
@@ -16,6 +15,7 @@
 #include "test_dataset.h"
 
 namespace loongforge {
+namespace data {
 namespace {
 
 using internal::DecodedImage;
@@ -354,6 +354,5 @@ TEST(NvJpegDecoder, TurnsArePassedOnAndStaggerIsChecked) {
 }
 
 }  // namespace
+}  // namespace data
 }  // namespace loongforge
-
-#endif  // LOONGFORGE_WITH_CUDA && LOONGFORGE_WITH_NVJPEG

@@ -4,6 +4,7 @@
 #include "loongforge/loader.h"
 
 namespace loongforge {
+namespace data {
 namespace {
 
 uint64_t SplitMix64(uint64_t* state) {
@@ -89,4 +90,5 @@ std::vector<int64_t> Sampler::Batch(int64_t epoch, int64_t b) const {
   return std::vector<int64_t>(cached_order_.begin() + begin, cached_order_.begin() + end);
 }
 
+}  // namespace data
 }  // namespace loongforge

@@ -8,6 +8,7 @@
 #include "loongforge/logging.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 namespace {
 
@@ -98,4 +99,5 @@ void Stage3Reference(const Stage3Layout& L, const uint8_t* raw, const Stage3Dims
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -26,6 +26,7 @@
 #include "loongforge/status.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 
 // Offsets (bytes, 256-aligned) of each part of a staging buffer for `capacity_rows` raw rows.
@@ -90,4 +91,5 @@ Status LaunchStage3(const Stage3Layout& layout, const uint8_t* device_raw, const
 #endif
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -8,6 +8,7 @@
 #include "stage3.h"
 
 namespace loongforge {
+namespace data {
 namespace internal {
 namespace {
 
@@ -88,4 +89,5 @@ Status LaunchStage3(const Stage3Layout& L, const uint8_t* raw, const Stage3Dims&
 }
 
 }  // namespace internal
+}  // namespace data
 }  // namespace loongforge

@@ -16,6 +16,7 @@
 #endif
 
 namespace loongforge {
+namespace data {
 namespace {
 
 using internal::Stage3Dims;
@@ -214,4 +215,5 @@ TEST(Stage3Kernel, MatchesReference) {
 #endif  // LOONGFORGE_WITH_CUDA
 
 }  // namespace
+}  // namespace data
 }  // namespace loongforge

@@ -183,3 +183,42 @@ def test_token_buckets_too_long(tmp_path):
     assert batches[1]["attention_mask"][1].all()  # sample 5, cut to 6
     with pytest.raises(ValueError, match="truncate_tokens"):
         loongforge.DataFusionLoader(path, 4, token_buckets=[4, 5])
+
+
+# Guards "options declared once" (Note [Loader options] in python/bindings/bind_data.cc): the
+# Python defaults are the C++ struct's, an unknown option is refused naming it (in the adapter and
+# in the binding), a bad value names the option, and the GPU tuning options (formerly
+# LOONGFORGE_LOADER_* environment variables) are accepted and checked on every build.
+def test_options_declared_once(db):
+    from loongforge import _C
+    from loongforge.data import loader_options
+    opts = loader_options()
+    assert opts["batch_size"] == 32 and opts["threads"] == 2 and opts["prefetch"] == 4
+    assert opts["on_corrupt"] == "skip" and opts["device"] == "cpu" and opts["prefault"] == "touch"
+    assert opts["decode_lanes"] == 2 and opts["decode_stagger"] == 1.0 and opts["async_decode"]
+    assert opts["mean"] == [0.5, 0.5, 0.5] and opts["token_buckets"] == []
+    with pytest.raises(TypeError, match="'no_such_option'"):
+        _loader(db, no_such_option=1)
+    with pytest.raises(ValueError, match="'no_such_option'"):
+        _C.DataLoader(db, no_such_option=1)
+    with pytest.raises(TypeError, match="timeout_s"):
+        _loader(db, timeout_ms=5)
+    with pytest.raises(ValueError, match="'threads'"):
+        _loader(db, threads="two")
+    with pytest.raises(ValueError, match="decode_lanes"):
+        _loader(db, decode_lanes=1)
+    with pytest.raises(ValueError, match="prefault"):
+        _loader(db, prefault="sometimes")
+    ld = _loader(db, decode_lanes=3, decode_stagger=0.5, prefault="populate", async_decode=False)
+    assert len(next(iter(ld))["sample_index"]) == 4
+    ld.close()
+
+
+# Guards the one bucket rule: the step runner's padding (graphs.pad_to_bucket) picks the bucket
+# the loader would (smallest >= length), through the loader's own function.
+def test_token_bucket_rule_is_the_loaders():
+    from loongforge import _C
+    assert _C.sort_token_buckets([64, 16, 32, 16]) == [16, 32, 64]
+    with pytest.raises(ValueError, match="positive"):
+        _C.sort_token_buckets([8, 0])
+    assert [_C.token_bucket_for([16, 32, 64], n) for n in (1, 16, 17, 64, 65)] == [0, 0, 1, 2, -1]

@@ -1,0 +1,249 @@
+// The CPU stage of the loader (loader_pipeline.h): stage 2 as one libjpeg-turbo decode task per
+// image on the lf-decode pool (DCT-domain downscaling, then the fused crop/resize/jitter/normalize
+// of image_ops.h straight into the batch buffer), and stage 3 by its CPU twin (stage3.h), on
+// lf-collate. Batches live in host memory, pinned with pin_memory where the build has CUDA.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "image_ops.h"
+#include "loader_pipeline.h"
+
+namespace loongforge {
+namespace data {
+namespace internal {
+namespace {
+
+// Host slots: one allocation per batch, every array at its maximum size.
+class HostSlotMemory : public SlotMemory {
+ public:
+  explicit HostSlotMemory(bool pin) : pin_(pin) {}
+
+  StatusOr<Slot*> Allocate(const SlotShape& shape) override {
+    const size_t b_ = shape.b, k_ = shape.k, hw_ = shape.hw, l_ = shape.l, s_ = shape.s,
+                 a_ = shape.a, h_ = shape.h, raw_ = shape.raw;
+    auto Align = SlotShape::Align;
+    size_t img = Align(sizeof(float) * b_ * k_ * 3 * hw_ * hw_);
+    size_t tok = Align(sizeof(int64_t) * b_ * l_);
+    size_t am = Align(static_cast<size_t>(b_) * l_);
+    size_t st = Align(sizeof(float) * b_ * s_);
+    size_t ac = Align(sizeof(float) * b_ * h_ * a_);
+    size_t amk = Align(static_cast<size_t>(b_) * h_);
+    size_t idx = Align(sizeof(int64_t) * b_);
+    auto* slot = new Slot();
+    slot->bytes = img + tok + am + st + ac + amk + idx + raw_;
+    if (pin_) {
+      if (void* p = AllocPinned(slot->bytes)) {
+        slot->base = static_cast<uint8_t*>(p);
+        slot->pinned = true;
+      }
+    }
+    if (!slot->base) {
+      void* p = nullptr;
+      if (posix_memalign(&p, 4096, slot->bytes) != 0) {
+        Status err = ResourceExhaustedError(
+            "loader: cannot allocate a " + std::to_string(slot->bytes >> 20) + " MiB batch buffer");
+        delete slot;
+        return err;
+      }
+      slot->base = static_cast<uint8_t*>(p);
+      // Fault the pages in now, once, on the fetch thread: first-touch faults inside the decode
+      // workers showed up as batch-interval jitter (a fresh GiB costs seconds on some VMs).
+      std::memset(slot->base, 0, slot->bytes);
+    }
+    uint8_t* p = slot->base;
+    Batch& b = slot->batch;
+    b.images = reinterpret_cast<float*>(p);
+    p += img;
+    b.tokens = reinterpret_cast<int64_t*>(p);
+    p += tok;
+    b.attention_mask = p;
+    p += am;
+    b.state = reinterpret_cast<float*>(p);
+    p += st;
+    b.action = reinterpret_cast<float*>(p);
+    p += ac;
+    b.action_mask = p;
+    p += amk;
+    b.sample_index = reinterpret_cast<int64_t*>(p);
+    p += idx;
+    slot->raw = p;
+    b.pinned = slot->pinned;
+    slot->published = &slot->batch;
+    return slot;
+  }
+
+  void Free(Slot* s) override {
+    if (s->pinned)
+      FreePinned(s->base);
+    else
+      std::free(s->base);
+    delete s;
+  }
+
+ private:
+  const bool pin_;
+};
+
+class CpuStage : public DecodeStage {
+ public:
+  explicit CpuStage(Pipeline& p) : p_(p) {}
+
+  bool QueueDecode(const WorkPtr& w) override {
+    const size_t n = w->samples.size();
+    const int cams = static_cast<int>(p_.camera_modality.size());
+    int tasks = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (w->sample_status[i].ok()) tasks += cams;
+    w->pending = tasks + 1;  // +1 released by the pipeline, after every task is queued
+    for (size_t i = 0; i < n && !p_.stop.load(); ++i) {
+      if (!w->sample_status[i].ok()) continue;
+      for (int c = 0; c < cams; ++c) {
+        p_.tasks_in_flight.fetch_add(1);
+        Status s = p_.decode_pool->Submit([this, w, i, c] {
+          DecodeImage(w, static_cast<int>(i), c);
+          p_.tasks_in_flight.fetch_sub(1);
+        });
+        if (!s.ok()) {
+          p_.tasks_in_flight.fetch_sub(1);
+          w->cancelled = true;
+          return false;  // pool shut down: the loader is being destroyed
+        }
+      }
+    }
+    return true;
+  }
+
+  void CollateLoop() override;
+
+ private:
+  // Stage 2: one image of one sample, on an lf-decode worker.
+  void DecodeImage(const WorkPtr& w, int sample, int camera);
+  // Stage 3: compaction, padding rows, the stage-3 CPU twin, publication.
+  Status Collate(Work& w, std::shared_ptr<Batch>* out);
+
+  Pipeline& p_;
+};
+
+void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
+  if (!w->cancelled.load()) {
+    ScopedTimerMs timer(p_.h_decode);
+    thread_local JpegDecoder decoder;
+    thread_local RgbImage rgb;
+    const Schema& sc = p_.reader->schema();
+    const int cams = static_cast<int>(sc.cameras.size());
+    const int out = p_.opts.image_size;
+    const std::string_view jpeg = w->jpeg[static_cast<size_t>(sample) * cams + camera];
+    const int64_t id = w->samples[sample];
+    // Ask the decoder for an image whose crop is still >= the output size.
+    int min_w = 0, min_h = 0;
+    if (p_.opts.dct_scaling) {
+      min_w = static_cast<int>(std::ceil(out / p_.opts.crop_fraction));
+      min_h = min_w;
+    }
+    Status s = decoder.Decode(
+        jpeg, min_w, min_h, &rgb,
+        p_.reader->path() + ": record '" + SampleKey(id, p_.camera_modality[camera]) + "'");
+    if (s.ok()) {
+      SampleRng rng(p_.opts.seed, w->epoch, id, camera);
+      CropBox box;
+      box.w = rgb.width * p_.opts.crop_fraction;
+      box.h = rgb.height * p_.opts.crop_fraction;
+      float fx = p_.opts.train ? rng.Uniform() : 0.5f, fy = p_.opts.train ? rng.Uniform() : 0.5f;
+      // Integer offsets in source pixels, as torchvision's RandomCrop/CenterCrop.
+      box.x0 = std::floor((rgb.width - box.w) * fx);
+      box.y0 = std::floor((rgb.height - box.h) * fy);
+      Jitter j;
+      float gray = 0;
+      if (p_.opts.color_jitter) {
+        j.enabled = true;
+        j.brightness = rng.Range(0.7f, 1.3f);
+        j.contrast = rng.Range(0.6f, 1.4f);
+        j.saturation = rng.Range(0.5f, 1.5f);
+        gray = internal::MeanGray(rgb, box, 4);
+      }
+      internal::NormalizeParams norm{p_.opts.mean, p_.opts.std};
+      float* dst =
+          w->slot->batch.images + (static_cast<size_t>(sample) * cams + camera) * 3 * out * out;
+      internal::CropResizeNormalize(rgb, box, out, out, j, gray, norm, dst);
+      p_.c_images->fetch_add(1);
+    } else {
+      w->SetError(static_cast<size_t>(sample), std::move(s));
+    }
+  }
+  w->TaskDone();
+}
+
+// Stage 3 of the CPU loader: compaction, padding rows, the stage-3 CPU twin, publication.
+Status CpuStage::Collate(Work& w, std::shared_ptr<Batch>* out) {
+  const Schema& sc = p_.reader->schema();
+  const int cams = static_cast<int>(sc.cameras.size());
+  const size_t img_elems = static_cast<size_t>(3) * p_.opts.image_size * p_.opts.image_size;
+  Batch& b = w.slot->batch;
+  Stage3Plan p;
+  LF_RETURN_IF_ERROR(p_.PlanStage3(w, &p));
+  for (int o = 0; o < p.n; ++o) {
+    const size_t i = static_cast<size_t>(p.keep[o]);
+    // Move decoded images down over a skipped sample.
+    if (static_cast<size_t>(o) != i)
+      std::memmove(b.images + static_cast<size_t>(o) * cams * img_elems,
+                   b.images + i * cams * img_elems, sizeof(float) * cams * img_elems);
+  }
+  if (p.rows > p.n)  // static shapes: padding rows are zero
+    std::memset(b.images + static_cast<size_t>(p.n) * cams * img_elems, 0,
+                sizeof(float) * (p.rows - p.n) * cams * img_elems);
+  internal::Stage3Out o3;
+  o3.tokens = b.tokens;
+  o3.attention_mask = b.attention_mask;
+  o3.state = b.state;
+  o3.action = b.action;
+  o3.action_mask = b.action_mask;
+  o3.sample_index = b.sample_index;
+  internal::Stage3Reference(p_.s3, w.slot->raw, p_.Dims(p), o3);
+  p_.Publish(w, p, out);
+  return Status::Ok();
+}
+
+void CpuStage::CollateLoop() {
+  WorkPtr w;
+  while (!p_.stop.load()) {
+    Status s = p_.work_q->Pop(&w, std::chrono::hours(24 * 365));
+    if (!s.ok()) break;  // closed: stop
+    if (w->epoch_end) {
+      if (!p_.out_q
+               ->Push(OutOfRangeError("end of epoch " + std::to_string(w->epoch)),
+                      std::chrono::hours(24 * 365))
+               .ok())
+        return;
+      continue;
+    }
+    if (!p_.WaitDecoded(*w)) return;
+    if (p_.stop.load()) break;
+    std::shared_ptr<Batch> batch;
+    Status cs;
+    {
+      ScopedTimerMs timer(p_.h_collate);
+      cs = Collate(*w, &batch);
+    }
+    w.reset();  // ends the read transaction
+    if (!cs.ok()) {
+      p_.out_q->Push(cs, std::chrono::hours(24 * 365)).IgnoreError();
+      return;
+    }
+    p_.h_latency->Record(batch->latency_ms);
+    p_.c_batches->fetch_add(1);
+    if (!p_.out_q->Push(std::move(batch), std::chrono::hours(24 * 365)).ok()) return;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<DecodeStage> CreateCpuStage(Pipeline& p) { return std::make_unique<CpuStage>(p); }
+
+std::shared_ptr<SlotMemory> CreateHostSlotMemory(bool pin) {
+  return std::make_shared<HostSlotMemory>(pin);
+}
+
+}  // namespace internal
+}  // namespace data
+}  // namespace loongforge
