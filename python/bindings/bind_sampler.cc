@@ -9,6 +9,9 @@
 namespace loongforge {
 namespace {
 
+using data::Sampler;
+using data::SamplerOptions;
+
 // Sampler caches the last epoch's order in mutable members and is not thread-safe; the GIL stays
 // held in every method (they are short), which serializes the calls.
 void RegisterSampler(py::module_& m) {
