@@ -855,8 +855,8 @@ TEST(CkptVault, RestoreToDirectoryOnFullDiskLeavesNothing) {
   ::umount2(mnt.c_str(), MNT_DETACH);
 }
 
-// Guards the abort (exit 134) on a vault path that cannot be entered: a Status naming the path,
-// PermissionDenied for permissions (checked only when not root: root bypasses them).
+// Guards the abort (exit 134) on a vault path that cannot be entered (a symlink loop, a file as a
+// directory): a Status naming the path.
 TEST(CkptVault, UnreadableVaultPathIsAStatusNotAnAbort) {
   std::string base = TempDir("unreadable");
   fs::create_symlink("loop", base + "/loop");
@@ -868,7 +868,15 @@ TEST(CkptVault, UnreadableVaultPathIsAStatusNotAnAbort) {
   std::ofstream(base + "/file") << "x";
   EXPECT_FALSE(CheckpointVault::Open(base + "/file/vault", ro).ok());
   EXPECT_FALSE(CheckpointVault::Open(base + "/file/vault", SmallOpts()).ok());
+}
+
+// Guards the error class of a directory the user cannot enter: PermissionDenied naming it (was
+// NotFound, or an abort).
+TEST(CkptVault, UnreadableVaultIsPermissionDenied) {
   if (::geteuid() == 0) GTEST_SKIP() << "root bypasses directory permissions";
+  std::string base = TempDir("locked");
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
   fs::create_directories(base + "/locked/manifests");
   fs::permissions(base + "/locked", fs::perms::none);
   auto p = CheckpointVault::Open(base + "/locked", ro);
