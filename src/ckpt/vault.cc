@@ -155,7 +155,8 @@ Status CheckpointVault::Impl::ChooseWriter() {
 // even in compat mode (e.g. in containers without udev data for the block device: cufile.log
 // then says "unable to get volume attributes").
 Status CheckpointVault::Impl::ProbeCufile() {
-  const std::string probe = seg_dir_ + "/.cufile-probe";
+  // A random name: the sink creates a new file (O_EXCL), so a stale probe cannot block Open.
+  const std::string probe = seg_dir_ + "/.cufile-probe-" + internal::NewSegmentName(0, "p");
   auto sink = cufile_->NewSink(probe);
   Status s = sink.ok() ? (*sink)->Close() : sink.status();
   ::unlink(probe.c_str());
