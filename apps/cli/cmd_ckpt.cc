@@ -20,7 +20,9 @@ constexpr const char* kUsage =
     "  ls DIR                      list checkpoints\n"
     "  show DIR [--step N]         tensors of a checkpoint (default: latest)\n"
     "  verify DIR [--step N|--all] re-read every chunk and check its checksum\n"
-    "  restore DIR --out OUTDIR [--step N]   write each tensor as OUTDIR/<i>.bin + tensors.json\n"
+    "  restore DIR --out OUTDIR [--step N] [--force]   write each tensor as OUTDIR/<i>.bin +\n"
+    "                              tensors.json (OUTDIR new or empty; --force replaces those "
+    "files)\n"
     "  merge DIR [--step N]        make a checkpoint self-contained (one segment)\n"
     "  gc DIR [--dry-run]          delete segments no checkpoint references\n"
     "  export DIR --out FILE.safetensors [--step N]";
@@ -66,7 +68,13 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     std::printf("%12s %12s %8s %12s %12s %9s  %s\n", "step", "parent", "tensors", "total", "own",
                 "segments", "created");
     for (int64_t s : steps) {
-      LF_ASSIGN_OR_RETURN(auto m, v->Summary(s));
+      auto sum = v->Summary(s);
+      if (!sum.ok()) {  // list every step; a damaged one is marked, not the end of the list
+        std::printf("%12lld  DAMAGED: %s\n", static_cast<long long>(s),
+                    sum.status().ToString().c_str());
+        continue;
+      }
+      const auto& m = *sum;
       std::time_t t = static_cast<std::time_t>(m.created_unix);
       char when[32];
       std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
@@ -124,26 +132,11 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
       std::printf("wrote %s\n", a.Get("out").c_str());
       return Status::Ok();
     }
-    LF_ASSIGN_OR_RETURN(auto tensors, v->Restore(step, progress));
-    bar.Finish();
     const std::string out = a.Get("out");
-    std::error_code ec;
-    std::filesystem::create_directories(out, ec);
-    if (ec) return ErrnoToStatus(ec.value(), "create " + out);
-    nlohmann::json index = nlohmann::json::array();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const std::string file = std::to_string(i) + ".bin";
-      std::ofstream f(out + "/" + file, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(tensors[i].data.data()),
-              static_cast<std::streamsize>(tensors[i].data.size()));
-      if (!f) return InternalError("write " + out + "/" + file);
-      index.push_back({{"name", tensors[i].info.name},
-                       {"dtype", tensors[i].info.dtype},
-                       {"shape", tensors[i].info.shape},
-                       {"file", file}});
-    }
-    std::ofstream(out + "/tensors.json") << index.dump(1) << "\n";
-    std::printf("restored %zu tensors of checkpoint %lld into %s\n", tensors.size(),
+    LF_RETURN_IF_ERROR(v->RestoreToDirectory(step, out, a.Has("force"), progress));
+    bar.Finish();
+    LF_ASSIGN_OR_RETURN(auto infos, v->Describe(step));
+    std::printf("restored %zu tensors of checkpoint %lld into %s\n", infos.size(),
                 static_cast<long long>(step), out.c_str());
     return Status::Ok();
   }
@@ -166,6 +159,8 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
                 a.Has("dry-run") ? "would delete" : "deleted",
                 static_cast<long long>(st.segments_deleted), Human(st.bytes_freed).c_str(),
                 static_cast<long long>(st.segments_live), Human(st.bytes_live).c_str());
+    for (const auto& p : st.skipped)
+      std::printf("left alone (not a vault segment): %s\n", p.c_str());
     return Status::Ok();
   }
   return InvalidArgumentError("unknown ckpt subcommand '" + sub + "'");
@@ -177,6 +172,7 @@ int RunCkpt(int argc, char** argv) {
   args.Flag("out", "", "output file (export) or directory (restore)");
   args.Switch("all", "verify every checkpoint");
   args.Switch("dry-run", "gc: only report");
+  args.Switch("force", "restore: replace the files restore writes in a non-empty --out");
   if (Status s = args.Parse(argc, argv); !s.ok()) return Fail("ckpt", s);
   if (args.help_requested()) {
     std::printf("%s", args.Usage().c_str());

@@ -3,7 +3,7 @@
 // A tensor (name, dtype, shape, contiguous bytes) is cut into fixed chunks (4 MiB by default), each
 // hashed with XXH3-128. A checkpoint stores only the chunks whose hash is not already stored by the
 // previous checkpoint; a manifest maps every tensor to its chunks (hash, length, compression,
-// location). See Note [Vault layout] in src/ckpt/vault.cc for the on-disk format.
+// location). See Note [Vault layout] in src/ckpt/vault_impl.h for the on-disk format.
 //
 //   auto vault = CheckpointVault::Open(dir, opts);            // StatusOr<unique_ptr<...>>
 //   (*vault)->Save(step, tensors);   // snapshots (copy to staging) and returns
@@ -16,6 +16,7 @@
 //
 // Errors: InvalidArgument (bad dtype/shape/step), NotFound (no such step), DataLoss (checksum
 // mismatch, truncated or tampered manifest; the message names the tensor and chunk or the file),
+// PermissionDenied (a directory or file of the vault cannot be read; the message names it),
 // ResourceExhausted (disk full; older checkpoints stay intact), Unavailable (another process holds
 // the vault open for writing), DeadlineExceeded (a wait ran past its timeout).
 #pragma once
@@ -104,7 +105,9 @@ class WritableFile {
 class Env {
  public:
   virtual ~Env() = default;
-  // Creates or truncates `path`.
+  // Creates `path` as a new file: fails (AlreadyExists) if anything, a symlink included, is
+  // there already (O_CREAT | O_EXCL | O_NOFOLLOW; Note [Outputs are created, never followed] in
+  // src/common/file_util.h). The vault passes only new, random names.
   virtual StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   virtual Status SyncDir(const std::string& dir) = 0;
@@ -112,7 +115,7 @@ class Env {
   static std::shared_ptr<Env> Posix();
 };
 
-// Where Save() stages device tensors (Note [Device staging] in src/ckpt/vault.cc).
+// Where Save() stages device tensors (Note [Device staging] in src/ckpt/snapshot.cc).
 //   kAuto: a device arena when cudaMemGetInfo shows room for it with a margin (max(1 GiB, 10% of
 //          the device)) and it is within device_staging_max_bytes; else pinned host staging.
 //   kOn:   a device arena always; Save() returns ResourceExhausted when it cannot have one.
@@ -210,6 +213,9 @@ struct GcStats {
   int64_t bytes_freed = 0;
   int64_t segments_live = 0;
   int64_t bytes_live = 0;
+  // Paths in segments/ that gc left alone because they are not segment files of the vault
+  // (other names, directories, symlinks, ...).
+  std::vector<std::string> skipped;
 };
 
 using ProgressFn = std::function<void(int64_t bytes_done)>;
@@ -238,11 +244,15 @@ class CheckpointVault {
   // Wait() and stop the writer thread. Idempotent.
   Status Close();
 
-  // Committed steps, ascending.
+  // Committed steps (every manifest name, damaged manifests included), ascending.
   StatusOr<std::vector<int64_t>> List() const;
+  // The newest step whose manifest loads; a damaged newer one is skipped with a warning in the
+  // log that names the file and why. nullopt if there is none.
   std::optional<int64_t> Latest() const;
   StatusOr<CheckpointSummary> Summary(int64_t step) const;
   StatusOr<std::vector<TensorInfo>> Describe(int64_t step) const;
+  // Summary, Describe, Restore*, Verify, Export: an explicit step whose manifest is damaged is
+  // DataLoss naming the manifest file.
   // Restores every tensor into new CPU buffers (one pass over the chunks; each checksum verified).
   StatusOr<std::vector<HostTensor>> Restore(int64_t step, const ProgressFn& progress = {}) const;
   // Restores into caller buffers; `targets` names a subset (or all) of the tensors. Chunks are read
@@ -252,15 +262,23 @@ class CheckpointVault {
                      const ProgressFn& progress = {}) const;
   // Reads every chunk of `step` and recomputes its checksum.
   Status Verify(int64_t step, const ProgressFn& progress = {}) const;
-  // Writes `step` as a safetensors file (atomically: temp + fsync + rename).
+  // Writes `step` as a safetensors file (atomically: a new temporary file next to `path`,
+  // fsync, rename; a symlink at `path` is replaced, never written through).
   Status ExportSafetensors(int64_t step, const std::string& path,
                            const ProgressFn& progress = {}) const;
+  // Writes every tensor of `step` as OUT/<i>.bin (raw bytes) plus OUT/tensors.json (name, dtype,
+  // shape, file of each). OUT is created if missing; an existing non-empty OUT is AlreadyExists
+  // unless `replace`, which replaces only the files restore writes. On any failure (e.g. a full
+  // disk) nothing partial is left (Note [Restore into a directory] in src/ckpt/lifecycle.cc).
+  Status RestoreToDirectory(int64_t step, const std::string& out_dir, bool replace = false,
+                            const ProgressFn& progress = {}) const;
 
   // Rewrites `step` into one segment of its own (self-contained) and recommits its manifest.
   Status Merge(int64_t step, const ProgressFn& progress = {});
   // Applies keep_last / keep_every (never deletes the newest), then gc.
   Status ApplyRetention();
-  // Deletes segments no manifest references and stray temp files. Never a referenced segment.
+  // Deletes segments no manifest references and stray temp manifests. Never a referenced
+  // segment, and only regular files named like the vault's own (others: GcStats::skipped).
   StatusOr<GcStats> Gc(bool dry_run = false);
 
   SaveStats last_stats() const;

@@ -13,6 +13,7 @@ into one small blob stored next to the tensors. See docs/ckpt.md.
 """
 from __future__ import annotations
 
+import operator
 import pickle
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,6 +39,21 @@ _TO_CODE = {
 }
 _FROM_CODE = {v: k for k, v in _TO_CODE.items()}
 _CUDA_COMPILED = bool(_C.build_info().get("cuda", False))
+
+
+def _as_step(step: Any) -> int:
+    """A checkpoint step as an int: Python, numpy or torch integers only (1.7 is not silently 1),
+    and >= 0."""
+    if isinstance(step, bool):
+        raise TypeError(f"checkpoint step must be an integer, got {step!r}")
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise TypeError(f"checkpoint step must be an integer, got {step!r} "
+                        f"({type(step).__name__})") from None
+    if value < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {value}")
+    return value
 
 
 class _Slot:
@@ -143,7 +159,9 @@ class CheckpointVault:
 
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:
-        """Snapshots `state` and returns; the write happens in the background."""
+        """Snapshots `state` and returns; the write happens in the background. `step` is an
+        integer >= 0 (int, numpy or torch integer), greater than every step saved before."""
+        step = _as_step(step)
         pairs: List[Tuple[str, torch.Tensor]] = []
         skeleton = _flatten(state, "", pairs, set())
         meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
@@ -169,7 +187,7 @@ class CheckpointVault:
                     t = t.cpu()
             keep_alive.append(t)
             refs.append((name, code, list(t.shape), t.data_ptr(), device, stream))
-        self._v.save(int(step), refs)
+        self._v.save(step, refs)
         del keep_alive  # the C++ snapshot holds its own copy now
 
     def wait(self) -> None:
@@ -199,9 +217,12 @@ class CheckpointVault:
         saved from (CUDA when available) unless `map_location` names one (e.g. "cpu")."""
         self._settle()
         if step is None:
+            # The newest checkpoint whose manifest loads: a damaged newer one is skipped with a
+            # warning in the log naming it (an explicit load(step) of it raises DataLossError).
             step = self.latest()
             if step is None:
                 raise FileNotFoundError(f"no checkpoint in {self.dir}")
+        step = _as_step(step)
         infos = {d["name"]: d for d in self._v.describe(int(step))}
         if _META_NAME not in infos:
             raise ValueError(f"checkpoint {step} in {self.dir} was not written by loongforge.ckpt")
@@ -236,18 +257,20 @@ class CheckpointVault:
     def verify(self, step: Optional[int] = None) -> None:
         """Re-reads every chunk of `step` (default latest) and checks its checksum."""
         self._settle()
-        step = self.latest() if step is None else step
-        self._v.verify(int(step))
+        step = self.latest() if step is None else _as_step(step)
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.dir}")
+        self._v.verify(step)
 
     # ---- lifecycle ----
     def merge(self, step: int) -> None:
-        self._v.merge(int(step))
+        self._v.merge(_as_step(step))
 
     def gc(self, dry_run: bool = False) -> Dict[str, int]:
         return dict(self._v.gc(dry_run))
 
     def export_safetensors(self, step: int, path: str) -> None:
-        self._v.export_safetensors(int(step), str(path))
+        self._v.export_safetensors(_as_step(step), str(path))
 
     def stats(self) -> Dict[str, Any]:
         """Figures of the last save: blocking_s, bytes_written, bytes_total, chunks_written, ..."""

@@ -1,4 +1,4 @@
-// Chunk reading, decoding and the parallel read pass (see chunk_io.h).
+// Chunk encoding, reading, decoding and the parallel read pass (see chunk_io.h).
 //
 // Note [Fresh memory]
 // Restoring 1 GiB into freshly allocated tensors, or snapshotting into a freshly allocated staging
@@ -96,6 +96,46 @@ Status SegmentReader::Read(const ChunkLoc& loc, void* dst) {
   std::vector<iovec> iov{{dst, static_cast<size_t>(loc.len)}};
   if (loc.len == 0) return Status::Ok();
   return PreadvAll(fd, iov, loc.off, loc.seg, loc.len);
+}
+
+// ---------------- ChunkEncoder ----------------
+
+ChunkEncoder::~ChunkEncoder() {
+  if (cctx_) ZSTD_freeCCtx(cctx_);
+}
+
+size_t ChunkEncoder::Compress(const uint8_t* src, size_t n, std::vector<uint8_t>* dst) {
+  dst->resize(ZSTD_compressBound(n));
+  if (!cctx_) cctx_ = ZSTD_createCCtx();
+  size_t z = ZSTD_compressCCtx(cctx_, dst->data(), dst->size(), src, n, opts_.level);
+  return ZSTD_isError(z) ? 0 : z;
+}
+
+ChunkEncoder::Payload ChunkEncoder::Encode(const uint8_t* raw, ChunkRec* rec, const ChunkRec* base,
+                                           uint8_t* base_bytes) {
+  const int64_t n = rec->raw;
+  Payload out{raw, n};
+  rec->codec = Codec::kRaw;
+  if (opts_.compress) {
+    size_t z = Compress(raw, static_cast<size_t>(n), &zbuf_);
+    if (z > 0 && static_cast<double>(z) < opts_.max_ratio * n) {
+      rec->codec = Codec::kZstd;
+      out = {zbuf_.data(), static_cast<int64_t>(z)};
+    }
+  }
+  if (base != nullptr && base_bytes != nullptr) {
+    for (int64_t i = 0; i < n; ++i) base_bytes[i] ^= raw[i];
+    size_t z = Compress(base_bytes, static_cast<size_t>(n), &xbuf_);
+    if (z > 0 && static_cast<int64_t>(z) < out.len &&
+        static_cast<double>(z) < opts_.max_ratio * n) {
+      rec->codec = Codec::kXorZstd;
+      rec->base_codec = base->codec;
+      rec->base_hash = base->hash;
+      rec->base = base->loc;
+      out = {xbuf_.data(), static_cast<int64_t>(z)};
+    }
+  }
+  return out;
 }
 
 // ---------------- ChunkDecoder ----------------

@@ -1,6 +1,6 @@
-// Reading stored chunks: segment files, chunk decoding (raw / zstd / xor+zstd) with checksum
-// verification, the parallel read pass used by restore and verify, and host memory helpers
-// (staging arenas, pre-faulting). Private to CheckpointVault.
+// Stored chunks: encoding (raw / zstd / xor+zstd) for the writer and merge, reading segment
+// files, decoding with checksum verification, the parallel read pass used by restore and verify,
+// and host memory helpers (staging arenas, pre-faulting). Private to CheckpointVault.
 #pragma once
 
 #include <zstd.h>
@@ -60,6 +60,42 @@ class ChunkDecoder {
   SegmentReader reader_;
   ZSTD_DCtx* dctx_ = nullptr;
   std::vector<uint8_t> stored_, delta_;
+};
+
+// Encodes raw chunks for storage, the inverse of ChunkDecoder: zstd when the stored size is below
+// max_ratio * raw, and (with a delta base) zstd of the XOR with the previous full version of the
+// chunk when that is smaller still. One per thread (owns a ZSTD_CCtx and scratch buffers).
+class ChunkEncoder {
+ public:
+  struct Options {
+    bool compress = false;   // try zstd of the chunk itself
+    int level = 1;           // zstd level (both codecs)
+    double max_ratio = 0.9;  // keep an encoding only if stored < max_ratio * raw
+  };
+  // What to store: `len` bytes at `data` (the raw chunk itself, or the encoder's scratch, valid
+  // until the next Encode call).
+  struct Payload {
+    const uint8_t* data = nullptr;
+    int64_t len = 0;
+  };
+  explicit ChunkEncoder(Options opts) : opts_(opts) {}
+  ~ChunkEncoder();
+  ChunkEncoder(const ChunkEncoder&) = delete;
+  ChunkEncoder& operator=(const ChunkEncoder&) = delete;
+
+  // Encodes the rec->raw bytes at `raw`; sets rec->codec (and, for kXorZstd, the base fields).
+  // `base` / `base_bytes` (both or neither): a full (kRaw or kZstd) stored chunk of the same raw
+  // length and its decoded bytes, which are XORed with `raw` in place (clobbered).
+  Payload Encode(const uint8_t* raw, ChunkRec* rec, const ChunkRec* base = nullptr,
+                 uint8_t* base_bytes = nullptr);
+
+ private:
+  // zstd of n bytes at `src` into `dst`; the compressed size, or 0 when it fails.
+  size_t Compress(const uint8_t* src, size_t n, std::vector<uint8_t>* dst);
+
+  Options opts_;
+  ZSTD_CCtx* cctx_ = nullptr;
+  std::vector<uint8_t> zbuf_, xbuf_;
 };
 
 Status CheckChunkHash(const Hash128& want, const uint8_t* data, int64_t n, const std::string& what);

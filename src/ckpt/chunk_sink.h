@@ -3,7 +3,7 @@
 //
 // Note [cuFile writer]
 // With writer=cufile the writer thread moves raw device-staged chunks (Note [Device staging] in
-// vault.cc) from the staging arena straight to the segment file with cuFileWrite, instead of
+// snapshot.cc) from the staging arena straight to the segment file with cuFileWrite, instead of
 // copying them through the two pinned host buffers and write(2). Everything else is unchanged:
 //   - The segment layout is the POSIX writer's: chunks are appended in the same order (host-staged
 //     chunks first, then device-staged ones per device), so the file is byte-identical. A chunk the

@@ -215,7 +215,9 @@ class CufileSessionImpl : public CufileSession {
 
   StatusOr<std::unique_ptr<ChunkSink>> NewSink(const std::string& path) override {
     // O_RDWR, not O_WRONLY: cuFile reads back around unaligned writes (read-modify-write).
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // O_EXCL | O_NOFOLLOW: a new file, never a planted one (Note [Outputs are created, never
+    // followed]); segment names are random.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoToStatus(errno, "create " + path);
     // Register the plain descriptor, else an O_DIRECT one (GPUDirect needs O_DIRECT; compat mode
     // works with either, but some libcufile versions refuse one or the other): the first that
@@ -225,7 +227,7 @@ class CufileSessionImpl : public CufileSession {
       bool use_direct = (attempt == 0) == direct_;
       int dio_fd = -1;
       if (use_direct) {
-        dio_fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+        dio_fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
         if (dio_fd < 0) {
           tried +=
               std::string(tried.empty() ? "" : "; ") + "O_DIRECT open: " + std::strerror(errno);

@@ -21,7 +21,7 @@ Status DeviceHashChunks(const void* dptr, int64_t nbytes, int64_t chunk_bytes, i
 Status DeviceToHost(void* host_dst, const void* dev_src, size_t n, int device);
 Status HostToDevice(void* dev_dst, const void* host_src, size_t n, int device);
 // Device memory that holds one save's copy of the device tensors of one CUDA device (Note [Device
-// staging] in vault.cc). Owned by a queued save while its writer reads it, then recycled.
+// staging] in snapshot.cc). Owned by a queued save while its writer reads it, then recycled.
 class DeviceArena {
  public:
   virtual ~DeviceArena() = default;
@@ -45,7 +45,7 @@ struct DeviceSpan {
 //   Begin: an event recorded on each producer stream (the caller's current stream, or the legacy
 //     default stream) is waited on by the vault's stream, so hashing and copies read the tensors
 //     only after the kernels that produce them, without blocking the host or other streams.
-// Then one of two paths (Note [Device staging] in vault.cc):
+// Then one of two paths (Note [Device staging] in snapshot.cc):
 //   device staging: EnqueueDeviceCopy per tensor into a DeviceArena, then Publish: the arena's
 //     ready event is recorded after the copies and every producer stream waits on it, so the
 //     caller's later kernels on those streams cannot overwrite a tensor before it is copied.

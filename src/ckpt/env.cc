@@ -52,8 +52,7 @@ class PosixWritableFile : public WritableFile {
 class PosixEnv : public Env {
  public:
   StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoToStatus(errno, "create " + path);
+    LF_ASSIGN_OR_RETURN(int fd, loongforge::internal::OpenNewFile(path));
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   Status Rename(const std::string& from, const std::string& to) override {

@@ -316,6 +316,7 @@ TEST(CkptVault, RealFullTmpfs) {
     ASSERT_TRUE((*v)->Save(2, s.Refs()).ok());
     Status w = (*v)->Wait();
     EXPECT_EQ(w.code(), StatusCode::kResourceExhausted) << w;
+    EXPECT_NE(w.message().find(dir + "/segments/seg-000000000002-"), std::string::npos) << w;
     ExpectRestores(v->get(), 1, first);
   }
   ::umount2(dir.c_str(), MNT_DETACH);
@@ -646,6 +647,244 @@ TEST(CkptVault, RejectsBadInput) {
             StatusCode::kInvalidArgument);
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Guards steps of 10^12 and more (timestamps): listed, loaded and kept by gc, sorted by value;
+// names the vault does not write (overflowing, extra zeros) are ignored, not parsed by throwing.
+TEST(CkptVault, StepsOfAnyWidthListLoadAndSurviveGc) {
+  std::string dir = TempDir("wide");
+  const std::vector<int64_t> steps = {7, 999999999999, 1000000000000, 1700000000123,
+                                      int64_t{1} << 62};
+  std::map<int64_t, State> hist;
+  State s;
+  s.Add("w", "f32", {2048}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE(v.ok()) << v.status();
+    for (int64_t step : steps) {
+      s.ts[0].bytes[static_cast<size_t>(step % 1000)] ^= 1;
+      ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+      ASSERT_TRUE((*v)->Wait().ok());
+      hist[step] = s;
+    }
+  }
+  EXPECT_TRUE(fs::exists(dir + "/manifests/ckpt-1000000000000.manifest"));
+  std::ofstream(dir + "/manifests/ckpt-99999999999999999999999.manifest") << "overflow";
+  std::ofstream(dir + "/manifests/ckpt-0000000000007.manifest") << "not our spelling";
+  auto v = CheckpointVault::Open(dir, SmallOpts());  // reopens at the largest step
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*(*v)->List(), steps);
+  EXPECT_EQ((*v)->Latest(), std::optional<int64_t>(steps.back()));
+  auto st = (*v)->Gc();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->segments_deleted, 0);
+  for (int64_t step : steps) ExpectRestores(v->get(), step, hist[step]);
+  EXPECT_EQ((*v)->Save(steps.back(), s.Refs()).code(), StatusCode::kInvalidArgument);
+}
+
+// Guards the message for a negative step: it says what a step must be.
+TEST(CkptVault, NegativeStepIsAClearError) {
+  auto v = CheckpointVault::Open(TempDir("neg"), SmallOpts());
+  uint8_t x[4] = {};
+  Status s = (*v)->Save(-1, {{"a", "u8", {4}, x, -1}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("must be >= 0, got -1"), std::string::npos) << s;
+  EXPECT_EQ((*v)->Restore(-1).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Guards against one damaged manifest disabling the vault: every step is still listed, Latest
+// (resume) falls back to the newest good one, a writer can reopen the vault, and an explicit load
+// of the damaged step is DataLoss naming the file.
+TEST(CkptVault, DamagedManifestFallsBackToNewestGood) {
+  std::string dir = TempDir("damaged");
+  State s;
+  s.Add("w", "f32", {2048}, 1);
+  std::map<int64_t, State> hist;
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    for (int64_t step = 1; step <= 3; ++step) {
+      s.ts[0].bytes[static_cast<size_t>(step)] ^= 1;
+      ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+      ASSERT_TRUE((*v)->Wait().ok());
+      hist[step] = s;
+    }
+  }
+  const std::string bad = dir + "/manifests/ckpt-000000000003.manifest";
+  std::string body = ReadFile(bad);
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << body.substr(0, body.size() / 2);
+  std::ofstream(dir + "/manifests/ckpt-000000000001.manifest", std::ios::trunc) << "garbage";
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
+  auto r = CheckpointVault::Open(dir, ro);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*(*r)->List(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ((*r)->Latest(), std::optional<int64_t>(2));
+  ExpectRestores(r->get(), 2, hist[2]);
+  Status e = (*r)->Restore(3).status();
+  EXPECT_EQ(e.code(), StatusCode::kDataLoss);
+  EXPECT_NE(e.message().find(bad), std::string::npos) << e;
+  EXPECT_EQ((*r)->Summary(1).status().code(), StatusCode::kDataLoss);
+  auto w = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Save(3, s.Refs()).ok());  // redoing step 3 replaces the damaged manifest
+  ASSERT_TRUE((*w)->Wait().ok());
+  ExpectRestores(w->get(), 3, s);
+}
+
+// Guards Note [Outputs are created, never followed]: symlinks planted where the vault commits a
+// manifest or export writes its temp file (the old fixed names) or its output are never written
+// through.
+TEST(CkptVault, CommitAndExportNeverWriteThroughSymlinks) {
+  std::string dir = TempDir("symlink");
+  std::string victim = TempDir("symlink_victim") + "/victim";
+  std::ofstream(victim) << "precious";
+  State s;
+  s.Add("w", "f32", {2048}, 1);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  fs::create_symlink(victim, dir + "/manifests/ckpt-000000000001.manifest.tmp");
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  const std::string out = dir + "/x.safetensors";
+  fs::create_symlink(victim, out + ".tmp");
+  ASSERT_TRUE((*v)->ExportSafetensors(1, out).ok());
+  fs::create_symlink(victim, dir + "/y.safetensors");
+  ASSERT_TRUE((*v)->ExportSafetensors(1, dir + "/y.safetensors").ok());
+  EXPECT_EQ(ReadFile(victim), "precious");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir + "/y.safetensors")));
+  EXPECT_EQ(ReadFile(out), ReadFile(dir + "/y.safetensors"));
+  ExpectRestores(v->get(), 1, s);
+  // gc leaves the planted link alone (not a file the vault wrote).
+  ASSERT_TRUE((*v)->Gc().ok());
+  EXPECT_TRUE(fs::is_symlink(dir + "/manifests/ckpt-000000000001.manifest.tmp"));
+}
+
+// Guards gc against deleting what is not the vault's: notes, dotfiles, symlinks and folders in
+// segments/ stay (and are reported); gc does not stop at a folder; a stray segment still goes.
+TEST(CkptVault, GcDeletesOnlyItsOwnSegmentFiles) {
+  std::string dir = TempDir("gcown");
+  std::string outside = TempDir("gcown_outside") + "/data";
+  std::ofstream(outside) << "keep";
+  State s;
+  s.Add("w", "f32", {2048}, 1);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  const std::string seg = dir + "/segments/";
+  std::ofstream(seg + "notes.txt") << "mine";
+  std::ofstream(seg + ".hidden") << "mine";
+  fs::create_directories(seg + "sub");
+  std::ofstream(seg + "sub/file") << "mine";
+  fs::create_symlink(outside, seg + "seg-000000000077-0badf00d.lfs");
+  std::ofstream(seg + "seg-000000000099-deadbeef.lfs") << "stray";
+  auto st = (*v)->Gc();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->segments_deleted, 1);
+  EXPECT_EQ(st->segments_live, 1);
+  EXPECT_EQ(st->skipped.size(), 4u);
+  EXPECT_FALSE(fs::exists(seg + "seg-000000000099-deadbeef.lfs"));
+  EXPECT_TRUE(fs::exists(seg + "notes.txt"));
+  EXPECT_TRUE(fs::exists(seg + ".hidden"));
+  EXPECT_TRUE(fs::exists(seg + "sub/file"));
+  EXPECT_TRUE(fs::is_symlink(seg + "seg-000000000077-0badf00d.lfs"));
+  EXPECT_EQ(ReadFile(outside), "keep");
+  ExpectRestores(v->get(), 1, s);
+}
+
+// Guards restore into a directory: a non-empty OUT is refused unless asked, then only restore's
+// own files are replaced (a planted symlink is replaced, not followed); a failed restore leaves
+// nothing behind.
+TEST(CkptVault, RestoreToDirectoryRefusesNonEmptyAndLeavesNothingOnFailure) {
+  std::string dir = TempDir("rdir");
+  std::string victim = TempDir("rdir_victim") + "/victim";
+  std::ofstream(victim) << "precious";
+  State s;
+  s.Add("a", "f32", {2048}, 1);
+  s.Add("b", "u8", {100}, 2);
+  auto v = CheckpointVault::Open(dir, SmallOpts());
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  const std::string out = dir + "/out";
+  ASSERT_TRUE((*v)->RestoreToDirectory(1, out).ok());
+  EXPECT_EQ(ReadFile(out + "/0.bin"), std::string(s.ts[0].bytes.begin(), s.ts[0].bytes.end()));
+  auto index = nlohmann::json::parse(ReadFile(out + "/tensors.json"));
+  EXPECT_EQ(index[1]["name"], "b");
+  EXPECT_EQ(index[1]["file"], "1.bin");
+  const std::string user = TempDir("rdir_user");
+  std::ofstream(user + "/keep.txt") << "mine";
+  fs::create_symlink(victim, user + "/0.bin");
+  Status refused = (*v)->RestoreToDirectory(1, user);
+  EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(refused.message().find(user), std::string::npos) << refused;
+  EXPECT_FALSE(fs::exists(user + "/tensors.json"));
+  ASSERT_TRUE((*v)->RestoreToDirectory(1, user, /*replace=*/true).ok());
+  EXPECT_EQ(ReadFile(victim), "precious");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(user + "/0.bin")));
+  EXPECT_EQ(ReadFile(user + "/keep.txt"), "mine");
+  EXPECT_EQ(std::distance(fs::directory_iterator(user), fs::directory_iterator()), 4);
+  // A damaged chunk: DataLoss, and the new directory is gone again.
+  for (auto& e : fs::directory_iterator(dir + "/segments")) fs::resize_file(e.path(), 100);
+  Status bad = (*v)->RestoreToDirectory(1, dir + "/out2");
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad;
+  EXPECT_FALSE(fs::exists(dir + "/out2"));
+}
+
+// Guards restore on a real full filesystem: ResourceExhausted naming a file, nothing left.
+TEST(CkptVault, RestoreToDirectoryOnFullDiskLeavesNothing) {
+  std::string dir = TempDir("rfull");
+  std::string mnt = TempDir("rfull_mnt");
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount tmpfs here: " << std::strerror(errno);
+  State s;
+  s.Add("a", "u8", {600 * 1024}, 1);
+  s.Add("b", "u8", {600 * 1024}, 2);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+    std::ofstream(mnt + "/keep.txt") << "mine";
+    Status st = (*v)->RestoreToDirectory(1, mnt, /*replace=*/true);
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find(mnt), std::string::npos) << st;
+    std::vector<std::string> left;
+    for (auto& e : fs::directory_iterator(mnt)) left.push_back(e.path().filename().string());
+    EXPECT_EQ(left, std::vector<std::string>{"keep.txt"});
+  }
+  ::umount2(mnt.c_str(), MNT_DETACH);
+}
+
+// Guards the abort (exit 134) on a vault path that cannot be entered (a symlink loop, a file as a
+// directory): a Status naming the path.
+TEST(CkptVault, UnreadableVaultPathIsAStatusNotAnAbort) {
+  std::string base = TempDir("unreadable");
+  fs::create_symlink("loop", base + "/loop");
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
+  auto a = CheckpointVault::Open(base + "/loop", ro);
+  EXPECT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find(base + "/loop"), std::string::npos) << a.status();
+  std::ofstream(base + "/file") << "x";
+  EXPECT_FALSE(CheckpointVault::Open(base + "/file/vault", ro).ok());
+  EXPECT_FALSE(CheckpointVault::Open(base + "/file/vault", SmallOpts()).ok());
+}
+
+// Guards the error class of a directory the user cannot enter: PermissionDenied naming it (was
+// NotFound, or an abort).
+TEST(CkptVault, UnreadableVaultIsPermissionDenied) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root bypasses directory permissions";
+  std::string base = TempDir("locked");
+  VaultOptions ro = SmallOpts();
+  ro.read_only = true;
+  fs::create_directories(base + "/locked/manifests");
+  fs::permissions(base + "/locked", fs::perms::none);
+  auto p = CheckpointVault::Open(base + "/locked", ro);
+  fs::permissions(base + "/locked", fs::perms::owner_all);
+  EXPECT_EQ(p.status().code(), StatusCode::kPermissionDenied) << p.status();
+  EXPECT_NE(p.status().message().find(base + "/locked"), std::string::npos) << p.status();
+}
+
 #ifdef LOONGFORGE_WITH_CUDA
 bool HaveDevice() {
   int n = 0;
@@ -938,6 +1177,56 @@ TEST(CkptCli, SubcommandsAndDataLossExitCode) {
   for (auto& e : fs::directory_iterator(dir + "/segments")) seg = e.path().string();
   fs::resize_file(seg, fs::file_size(seg) - 1);  // either live segment: --all must catch it
   EXPECT_EQ(RunCli("ckpt verify " + dir + " --all"), 4);
+}
+
+// Runs the CLI; returns the exit code and puts stdout + stderr in *out.
+int RunCliOut(const std::string& args, std::string* out) {
+  const std::string log = TempDir("cli_out") + "/log";
+  int rc = std::system((std::string(LF_TEST_CLI) + " " + args + " > " + log + " 2>&1").c_str());
+  *out = ReadFile(log);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Guards the CLI on damaged and odd vaults: ls lists every step and marks the damaged one, an
+// unreadable path is a one-line error below 128 (was an abort, 134), restore refuses a non-empty
+// --out unless --force, and gc reports what it leaves alone.
+TEST(CkptCli, DamagedVaultsAndUserFiles) {
+  std::string dir = TempDir("cli2");
+  State s;
+  s.Add("w", "f32", {4096}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    for (int64_t step : {int64_t{1}, int64_t{2}, int64_t{1000000000000}}) {
+      s.ts[0].bytes[static_cast<size_t>(step % 100)] ^= 1;
+      ASSERT_TRUE((*v)->Save(step, s.Refs()).ok());
+    }
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  std::ofstream(dir + "/manifests/ckpt-000000000001.manifest", std::ios::trunc) << "garbage";
+  std::string out;
+  EXPECT_EQ(RunCliOut("ckpt ls " + dir, &out), 0) << out;
+  EXPECT_NE(out.find("DAMAGED"), std::string::npos) << out;
+  EXPECT_NE(out.find("ckpt-000000000001.manifest"), std::string::npos) << out;
+  EXPECT_NE(out.find("1000000000000"), std::string::npos) << out;
+  fs::create_symlink("loop", dir + "/loop");
+  const int rc = RunCliOut("ckpt ls " + dir + "/loop", &out);
+  EXPECT_GT(rc, 0);
+  EXPECT_LT(rc, 128) << out;
+  EXPECT_NE(out.find(dir + "/loop"), std::string::npos) << out;
+  const std::string user = TempDir("cli2_user");
+  std::ofstream(user + "/keep.txt") << "mine";
+  EXPECT_NE(RunCliOut("ckpt restore " + dir + " --out " + user, &out), 0);
+  EXPECT_NE(out.find("--force"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(user + "/0.bin"));
+  EXPECT_EQ(RunCliOut("ckpt restore " + dir + " --out " + user + " --force", &out), 0) << out;
+  EXPECT_EQ(fs::file_size(user + "/0.bin"), 4096u * 4);
+  EXPECT_EQ(ReadFile(user + "/keep.txt"), "mine");
+  std::ofstream(dir + "/segments/notes.txt") << "mine";
+  fs::remove(dir + "/manifests/ckpt-000000000001.manifest");  // gc stops at a damaged one
+  EXPECT_EQ(RunCliOut("ckpt gc " + dir, &out), 0) << out;
+  EXPECT_NE(out.find("notes.txt"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir + "/segments/notes.txt"));
+  EXPECT_EQ(RunCliOut("ckpt verify " + dir + " --all", &out), 0) << out;
 }
 
 }  // namespace

@@ -313,3 +313,49 @@ def test_parallel_io_threads_round_trip_and_stats(tmp_path):
         second = v.stats()
         assert second["staging_allocated"] == 0 and second["bytes_copied"] == 8192
         _assert_same(state, v.load(2))
+
+
+# Guards step validation: 1.7 was silently saved as 1 and -1 gave a confusing message; numpy and
+# torch integers are steps too.
+def test_step_must_be_a_nonnegative_integer(tmp_path):
+    import numpy as np
+    v = CheckpointVault(str(tmp_path / "v"))
+    state = {"w": torch.arange(10, dtype=torch.float32)}
+    with pytest.raises(TypeError, match="integer"):
+        v.save(1.7, state)
+    with pytest.raises(ValueError, match=r"must be >= 0, got -1"):
+        v.save(-1, state)
+    with pytest.raises(TypeError):
+        v.save(True, state)
+    v.save(np.int64(3), state)
+    v.save(torch.tensor(5), state)
+    v.save(10 ** 12 + 1, state)
+    assert v.steps() == [3, 5, 10 ** 12 + 1]
+    assert v.latest() == 10 ** 12 + 1
+    _assert_same(v.load(np.int32(5)), state)
+    with pytest.raises(TypeError):
+        v.load(5.0)
+    v.close()
+
+
+# Guards resume against one damaged manifest: load() falls back to the newest good checkpoint and
+# the log names the skipped file; load(step) of the damaged one is DataLossError naming the file.
+def test_damaged_newest_manifest_falls_back_with_warning(tmp_path, capfd):
+    d = str(tmp_path / "v")
+    v = CheckpointVault(d)
+    v.save(1, {"w": torch.ones(4)})
+    v.save(2, {"w": torch.full((4,), 2.0)})
+    v.close()
+    bad = os.path.join(d, "manifests", "ckpt-000000000002.manifest")
+    with open(bad, "r+b") as f:
+        f.truncate(20)
+    v = CheckpointVault(d)
+    capfd.readouterr()
+    state = v.load()
+    _assert_same(state, {"w": torch.ones(4)})
+    err = capfd.readouterr().err
+    assert "ckpt-000000000002.manifest" in err and "skipping checkpoint 2" in err, err
+    with pytest.raises(_C.DataLossError, match="ckpt-000000000002.manifest"):
+        v.load(2)
+    assert v.steps() == [1, 2]
+    v.close()

@@ -1,0 +1,323 @@
+// CheckpointVault lifecycle: merge, retention, gc, export to safetensors and restore into a
+// directory of files. Every file written here is created new next to its target and renamed
+// into place (Note [Outputs are created, never followed] in common/file_util.h); gc and
+// retention delete only the vault's own files (names.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/names.h"
+#include "ckpt/vault_impl.h"
+#include "common/file_util.h"
+#include "loongforge/logging.h"
+
+namespace loongforge {
+namespace ckpt {
+using internal::ChunkDecoder;
+using internal::ChunkRec;
+using internal::ChunkWhat;
+using internal::HashKey;
+using internal::Manifest;
+
+Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path,
+                                                const ProgressFn& progress) const {
+  LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
+  int64_t off = 0;
+  for (const auto& t : m.tensors) {
+    header[t.name] = {{"dtype", DTypeSafetensorsName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {off, off + t.nbytes}}};
+    off += t.nbytes;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
+  // A new temporary file next to `path`, removed on any failure (TempFile).
+  auto created = loongforge::internal::TempFile::CreateNextTo(path);
+  if (!created.ok()) return created.status().WithContext(ctx);
+  loongforge::internal::TempFile f = std::move(created).value();
+  uint8_t len_le[8];
+  uint64_t hl = h.size();
+  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(hl >> (8 * i));
+  Status s = f.Write(std::string_view(reinterpret_cast<const char*>(len_le), 8));
+  if (s.ok()) s = f.Write(h);
+  // Tensors in manifest order, chunks in order (safetensors data must be contiguous).
+  std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
+  ChunkDecoder dec(seg_dir_);
+  int64_t done = 0;
+  for (const auto& t : m.tensors) {
+    for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
+      const ChunkRec& c = t.chunks[ci];
+      s = dec.Decode(c, scratch.data(), ChunkWhat(step, t.name, ci, c.loc));
+      if (s.ok())
+        s = f.Write(std::string_view(reinterpret_cast<const char*>(scratch.data()),
+                                     static_cast<size_t>(c.raw)));
+      done += c.raw;
+      if (progress) progress(done);
+    }
+  }
+  if (s.ok()) s = f.Publish(path);
+  if (!s.ok()) return s.WithContext(ctx);
+  return Status::Ok();
+}
+
+// Note [Restore into a directory]
+// `ckpt restore` writes OUT/<i>.bin per tensor and OUT/tensors.json (the index, written last).
+// OUT must be new or empty unless `replace` is given, and then only the files restore itself
+// writes are replaced; nothing else in OUT is touched. All files are first written and fsync()ed
+// in a new private directory OUT/.restore.XXXXXX (mkdtemp: nobody can have planted anything in
+// it), then renamed into OUT: rename() replaces a planted symlink, it never writes through one.
+// Any failure before the renames (a full disk, an unreadable chunk) removes the private directory
+// and, when restore created OUT, OUT itself: nothing partial is left behind.
+Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string& out_dir,
+                                                 bool replace, const ProgressFn& progress) const {
+  const std::string ctx = "restore checkpoint " + std::to_string(step) + " into " + out_dir;
+  LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+  bool created = false;
+  struct stat sb;
+  if (::stat(out_dir.c_str(), &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode))
+      return AlreadyExistsError(ctx + ": " + out_dir + " exists and is not a directory");
+    auto entries = internal::ListDirectory(out_dir);
+    if (!entries.ok()) return entries.status().WithContext(ctx);
+    if (!entries->empty() && !replace)
+      return AlreadyExistsError(ctx + ": " + out_dir + " is not empty (" +
+                                std::to_string(entries->size()) +
+                                " entries); choose a new or empty directory, or ask to replace "
+                                "the files restore writes (<i>.bin, tensors.json) with --force");
+  } else if (errno == ENOENT) {
+    if (::mkdir(out_dir.c_str(), 0755) != 0)
+      return ErrnoToStatus(errno, "create directory " + out_dir).WithContext(ctx);
+    created = true;
+  } else {
+    return ErrnoToStatus(errno, "stat " + out_dir).WithContext(ctx);
+  }
+  std::string tmpl = out_dir + "/.restore.XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    Status s = ErrnoToStatus(errno, "create a private directory in " + out_dir);
+    if (created) ::rmdir(out_dir.c_str());
+    return s.WithContext(ctx);
+  }
+  const std::string priv = buf.data();
+  std::vector<std::string> files;  // names written into priv, in order
+  auto cleanup = [&] {
+    for (const auto& f : files) ::unlink((priv + "/" + f).c_str());
+    ::rmdir(priv.c_str());
+    if (created) ::rmdir(out_dir.c_str());
+  };
+  auto write_file = [&](const std::string& name, const uint8_t* data, size_t n) -> Status {
+    const std::string path = priv + "/" + name;
+    LF_ASSIGN_OR_RETURN(int fd, loongforge::internal::OpenNewFile(path));
+    files.push_back(name);
+    Status s;
+    while (n > 0 && s.ok()) {
+      ssize_t w = ::write(fd, data, n);
+      if (w < 0) {
+        if (errno != EINTR) s = ErrnoToStatus(errno, "write " + path);
+        continue;
+      }
+      data += w;
+      n -= static_cast<size_t>(w);
+    }
+    if (s.ok() && ::fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + path);
+    if (::close(fd) != 0 && s.ok()) s = ErrnoToStatus(errno, "close " + path);
+    return s;
+  };
+  // One tensor at a time: decode it, write it.
+  std::vector<uint8_t> data;
+  ChunkDecoder dec(seg_dir_);
+  nlohmann::json index = nlohmann::json::array();
+  int64_t done = 0;
+  Status s;
+  for (size_t i = 0; s.ok() && i < m.tensors.size(); ++i) {
+    const auto& t = m.tensors[i];
+    data.resize(static_cast<size_t>(t.nbytes));
+    int64_t off = 0;
+    for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
+      const ChunkRec& c = t.chunks[ci];
+      s = dec.Decode(c, data.data() + off, ChunkWhat(step, t.name, ci, c.loc));
+      off += c.raw;
+      done += c.raw;
+      if (progress) progress(done);
+    }
+    const std::string file = std::to_string(i) + ".bin";
+    if (s.ok()) s = write_file(file, data.data(), data.size());
+    index.push_back(
+        {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"file", file}});
+  }
+  if (s.ok()) {
+    const std::string body = index.dump(1) + "\n";
+    s = write_file("tensors.json", reinterpret_cast<const uint8_t*>(body.data()), body.size());
+  }
+  if (s.ok()) s = loongforge::internal::SyncDir(priv);
+  if (!s.ok()) {
+    cleanup();
+    return s.WithContext(ctx);
+  }
+  // Publish: the tensor files, then the index.
+  for (const auto& f : files) {
+    if (::rename((priv + "/" + f).c_str(), (out_dir + "/" + f).c_str()) != 0) {
+      s = ErrnoToStatus(errno, "rename " + priv + "/" + f + " to " + out_dir + "/" + f);
+      break;
+    }
+  }
+  if (!s.ok()) {
+    cleanup();  // tensor files already renamed are complete; the index (last) is not published
+    return s.WithContext(ctx);
+  }
+  ::rmdir(priv.c_str());
+  return loongforge::internal::SyncDir(out_dir).WithContext(ctx);
+}
+
+Status CheckpointVault::Impl::Merge(int64_t step, const ProgressFn& progress) {
+  std::lock_guard<std::mutex> api(api_mu_);
+  if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+  LF_RETURN_IF_ERROR(WaitLocked());
+  std::lock_guard<std::mutex> wl(writer_mu_);
+  LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+  const std::string seg_name = internal::NewSegmentName(step, "m");
+  const std::string seg_path = seg_dir_ + "/" + seg_name;
+  LF_ASSIGN_OR_RETURN(auto file, opts_.env->NewWritableFile(seg_path));
+  ChunkDecoder dec(seg_dir_);
+  std::vector<uint8_t> raw(static_cast<size_t>(m.chunk_bytes));
+  std::unordered_map<Hash128, ChunkRec, HashKey> done_map;
+  int64_t off = 0, done_bytes = 0;
+  Status s;
+  for (auto& t : m.tensors) {
+    for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
+      ChunkRec& c = t.chunks[ci];
+      done_bytes += c.raw;
+      if (auto it = done_map.find(c.hash); it != done_map.end()) {
+        c = it->second;
+        continue;
+      }
+      s = dec.Decode(c, raw.data(), ChunkWhat(step, t.name, ci, c.loc));
+      if (!s.ok()) break;
+      ChunkRec n;
+      n.hash = c.hash;
+      n.raw = c.raw;
+      const internal::ChunkEncoder::Payload payload = encoder_->Encode(raw.data(), &n);
+      s = file->Append(payload.data, static_cast<size_t>(payload.len));
+      n.loc = {seg_name, off, payload.len};
+      off += payload.len;
+      done_map.emplace(n.hash, n);
+      c = n;
+      if (progress) progress(done_bytes);
+    }
+  }
+  if (s.ok() && opts_.fsync) s = file->Sync();
+  Status cs = file->Close();
+  if (s.ok()) s = cs;
+  if (s.ok() && opts_.fsync) s = opts_.env->SyncDir(seg_dir_);
+  m.parent = -1;
+  if (s.ok()) s = CommitManifest(m);  // atomically replaces the old manifest of `step`
+  if (!s.ok()) {
+    opts_.env->Remove(seg_path).IgnoreError();
+    return s.WithContext("merge checkpoint " + std::to_string(step) + " (it is unchanged)");
+  }
+  if (step == latest_committed_) IndexFrom(m, /*seed_known=*/false);
+  return GcLocked(false).status();
+}
+
+Status CheckpointVault::Impl::ApplyRetention() {
+  std::lock_guard<std::mutex> api(api_mu_);
+  if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+  LF_RETURN_IF_ERROR(WaitLocked());
+  std::lock_guard<std::mutex> wl(writer_mu_);
+  return RetentionLocked();
+}
+
+Status CheckpointVault::Impl::RetentionLocked() {
+  if (opts_.keep_last <= 0) return Status::Ok();
+  LF_ASSIGN_OR_RETURN(std::vector<int64_t> steps, List());
+  if (steps.empty()) return Status::Ok();
+  std::set<int64_t> keep;
+  for (size_t i = steps.size() > static_cast<size_t>(opts_.keep_last)
+                      ? steps.size() - static_cast<size_t>(opts_.keep_last)
+                      : 0;
+       i < steps.size(); ++i)
+    keep.insert(steps[i]);
+  keep.insert(steps.back());
+  bool removed = false;
+  for (int64_t s : steps) {
+    if (keep.count(s) || (opts_.keep_every > 0 && s % opts_.keep_every == 0)) continue;
+    LF_RETURN_IF_ERROR(opts_.env->Remove(man_dir_ + "/" + internal::ManifestName(s)));
+    removed = true;
+  }
+  if (removed && opts_.fsync) LF_RETURN_IF_ERROR(opts_.env->SyncDir(man_dir_));
+  if (removed) return GcLocked(false).status();
+  return Status::Ok();
+}
+
+StatusOr<GcStats> CheckpointVault::Impl::Gc(bool dry_run) {
+  std::lock_guard<std::mutex> api(api_mu_);
+  if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
+  LF_RETURN_IF_ERROR(WaitLocked());
+  std::lock_guard<std::mutex> wl(writer_mu_);
+  return GcLocked(dry_run);
+}
+
+// Runs with writer_mu_ held, so no segment is being written. A manifest that cannot be read
+// stops gc: nothing is deleted unless every manifest proves it unreferenced. Only regular files
+// named like the vault's own segments and temporary manifests (names.h) are deleted; anything
+// else (a user's notes, dotfiles, symlinks, folders) is left alone and listed in `skipped`.
+StatusOr<GcStats> CheckpointVault::Impl::GcLocked(bool dry_run) {
+  LF_ASSIGN_OR_RETURN(std::vector<int64_t> steps, List());
+  std::set<std::string> live;
+  for (int64_t s : steps) {
+    auto m = LoadManifest(s);
+    if (!m.ok()) return m.status().WithContext("gc stopped, nothing deleted");
+    for (auto& seg : m->Segments()) live.insert(seg);
+  }
+  GcStats st;
+  LF_ASSIGN_OR_RETURN(auto seg_names, internal::ListDirectory(seg_dir_));
+  for (const std::string& name : seg_names) {
+    const std::string path = seg_dir_ + "/" + name;
+    struct stat sb;
+    if (::lstat(path.c_str(), &sb) != 0) {
+      if (errno == ENOENT) continue;
+      return ErrnoToStatus(errno, "stat " + path).WithContext("gc");
+    }
+    if (!S_ISREG(sb.st_mode) || !internal::IsSegmentName(name)) {
+      st.skipped.push_back(path);
+      continue;
+    }
+    const int64_t size = static_cast<int64_t>(sb.st_size);
+    if (live.count(name)) {
+      ++st.segments_live;
+      st.bytes_live += size;
+      continue;
+    }
+    ++st.segments_deleted;
+    st.bytes_freed += size;
+    if (!dry_run) LF_RETURN_IF_ERROR(opts_.env->Remove(path));
+  }
+  LF_ASSIGN_OR_RETURN(auto man_names, internal::ListDirectory(man_dir_));
+  for (const std::string& name : man_names) {
+    if (!internal::IsManifestTempName(name)) continue;
+    const std::string path = man_dir_ + "/" + name;
+    struct stat sb;
+    if (::lstat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    if (!dry_run) LF_RETURN_IF_ERROR(opts_.env->Remove(path));
+  }
+  if (!dry_run && st.segments_deleted > 0 && opts_.fsync)
+    LF_RETURN_IF_ERROR(opts_.env->SyncDir(seg_dir_));
+  if (!st.skipped.empty()) {
+    std::string list;
+    for (const auto& p : st.skipped) list += (list.empty() ? "" : ", ") + p;
+    LF_LOG(WARNING) << "checkpoint gc left " << st.skipped.size()
+                    << " entries alone that are not segment files of the vault: " << list;
+  }
+  return st;
+}
+
+}  // namespace ckpt
+}  // namespace loongforge
