@@ -330,7 +330,7 @@ class CheckpointVault::Impl {
     // Validate and size.
     std::set<std::string> names;
     for (const auto& t : tensors) {
-      LF_ASSIGN_OR_RETURN(DType dt, ParseDType(t.dtype));
+      const DType dt = t.dtype;
       if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
       if (!names.insert(t.name).second)
         return InvalidArgumentError("tensor name '" + t.name + "' appears twice");
