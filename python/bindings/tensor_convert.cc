@@ -151,9 +151,14 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
         src = src.attr("view")(torch->dtype_uint8);
       }
     }
-    // No stream argument: the producer does not synchronize (torch), or assumes the legacy
-    // default stream (DLPack's convention for other producers).
-    LF_RETURN_IF_ERROR(FromCapsule(src.attr("__dlpack__")(), name, &out));
+    // torch: stream=-1 asks for no synchronization (torch >= 2 would otherwise make the legacy
+    // default stream wait for the current one, serializing a comm stream with the compute
+    // stream); the view carries the current stream instead (below). Other producers get no stream
+    // argument, which by DLPack's convention means the legacy default stream (and numpy refuses
+    // any stream).
+    py::object capsule =
+        is_torch ? src.attr("__dlpack__")(py::arg("stream") = -1) : src.attr("__dlpack__")();
+    LF_RETURN_IF_ERROR(FromCapsule(std::move(capsule), name, &out));
     if (is_bool) out.view.dtype = DType::kBool;
     if (is_torch && out.view.device.is_cuda()) {
       if (torch->current_stream.is_none()) {

@@ -6,9 +6,10 @@
 // no torch; torch is reached only through its Python API (Tensor.__dlpack__ and
 // torch.cuda.current_stream), so one build works with every torch version that speaks DLPack.
 //
-// Streams: a torch CUDA tensor's view carries torch's current stream on its device (the stream the
-// caller's work was queued on); any other CUDA producer is asked for its tensor with no stream,
-// which by DLPack's convention means the legacy default stream (view.stream = null).
+// Streams: a torch CUDA tensor is exported with no stream synchronization (stream=-1), and its
+// view carries torch's current stream on its device (the stream the caller's work was queued on);
+// any other CUDA producer is asked for its tensor with no stream, which by DLPack's convention
+// means the legacy default stream (view.stream = null).
 //
 // Threads: call with the GIL held. A PyTensor must be destroyed with the GIL held too; keep it in
 // scope around a py::gil_scoped_release block, not inside it.
