@@ -637,8 +637,9 @@ TEST(CkptVault, RejectsBadInput) {
   EXPECT_EQ(TensorRef::FromView("a", strided).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*v)->Save(1, {{"a", DType::kUInt8, {-1}, x, -1}}).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ((*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}, {"a", DType::kUInt8, {4}, x, -1}}).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      (*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}, {"a", DType::kUInt8, {4}, x, -1}}).code(),
+      StatusCode::kInvalidArgument);
   ASSERT_TRUE((*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   uint8_t y[8];
@@ -897,7 +898,8 @@ TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   o.device_staging = DeviceStaging::kOn;
   auto v = CheckpointVault::Open(TempDir("cudacapon"), o);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).code(),
+            StatusCode::kResourceExhausted);
   EXPECT_TRUE((*v)->Wait().ok());
   EXPECT_FALSE((*v)->Latest().has_value());
   cudaFree(d);
