@@ -14,7 +14,7 @@
 // called from one thread at a time (they are serialized by a mutex). Read-only calls (List,
 // Describe, Restore*, Verify, Export) may run from any thread.
 //
-// Errors: InvalidArgument (bad dtype/shape/step), NotFound (no such step), DataLoss (checksum
+// Errors: InvalidArgument (bad shape/step), NotFound (no such step), DataLoss (checksum
 // mismatch, truncated or tampered manifest; the message names the tensor and chunk or the file),
 // PermissionDenied (a directory or file of the vault cannot be read; the message names it),
 // ResourceExhausted (disk full; older checkpoints stay intact), Unavailable (another process holds
@@ -30,15 +30,12 @@
 #include <vector>
 
 #include "loongforge/status.h"
+#include "loongforge/tensor.h"
 
 namespace loongforge {
 namespace ckpt {
 
-// Element types. Names as in the manifest: bool u8 i8 i16 i32 i64 f16 bf16 f32 f64.
-enum class DType { kBool, kU8, kI8, kI16, kI32, kI64, kF16, kBF16, kF32, kF64 };
-StatusOr<DType> ParseDType(const std::string& name);
-const char* DTypeName(DType d);
-int DTypeSize(DType d);
+// Element types are loongforge::DType (loongforge/tensor.h); manifests store DTypeName().
 // Safetensors spelling ("F32", "BF16", ...).
 const char* DTypeSafetensorsName(DType d);
 
@@ -61,11 +58,16 @@ Hash128 HashBytes(const void* data, size_t len);
 // tensor before that copy is done (e.g. make such a stream wait on this one).
 struct TensorRef {
   std::string name;
-  std::string dtype;
+  DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   int device = -1;
   void* stream = nullptr;
+
+  // The tensor `view` saved under `name`: its dtype, shape, data, device (host memory, pinned
+  // included, is -1) and stream. Errors: InvalidArgument naming the tensor when the view is not
+  // contiguous or not valid.
+  static StatusOr<TensorRef> FromView(std::string name, const TensorView& view);
 };
 
 // A stored tensor's description.
@@ -91,6 +93,10 @@ struct RestoreTarget {
   void* data = nullptr;
   int64_t nbytes = 0;
   int device = -1;
+
+  // The memory of `view`, restored into as tensor `name`. Errors: InvalidArgument naming the
+  // tensor when the view is not contiguous, not valid or read-only.
+  static StatusOr<RestoreTarget> FromView(const std::string& name, const TensorView& view);
 };
 
 // Writable file and file-system operations used by the writer. The default is POSIX with fsync; a

@@ -2,8 +2,11 @@
 // that turns gathered (values, indices) from every rank back into an averaged dense gradient.
 //
 // These are the C++ halves of the sparse path of python/loongforge/comm.py; the collectives
-// themselves run on torch.distributed (Gloo/NCCL). Buffers are raw pointers (from torch tensors'
-// data_ptr()), so the core links no torch. See Note [Top-k with error feedback].
+// themselves run on torch.distributed (Gloo/NCCL). Tensors arrive as TensorViews
+// (loongforge/tensor.h), so the core links no torch; every entry point validates its tensors
+// (dtype, size, contiguity, device) and runs on the tensors' device: host memory on CPU threads,
+// CUDA memory on the CUDA twin (src/comm/topk_cuda.cu), queued on the stream named below and not
+// synchronized. See Note [Top-k with error feedback].
 //
 // Note [Top-k with error feedback]
 //   residual += grad;  select the k entries of largest |residual| (ties: lower index first);
@@ -17,54 +20,41 @@
 #include <cstdint>
 
 #include "loongforge/status.h"
+#include "loongforge/tensor.h"
 
 namespace loongforge {
-
-// Element types of gradient, value and dense buffers. bf16 is passed as raw uint16 storage.
-enum class GradDType : int { kFloat32 = 0, kBFloat16 = 1 };
-
-// Bytes per element of `t`.
-int GradDTypeSize(GradDType t);
-
-// ---- CPU -------------------------------------------------------------------------------------
-
-// Note [Top-k with error feedback]. `grad` (n elements of grad_dtype) may be null: then the
-// residual is selected from as it is (no accumulation). `residual`: n floats, updated in place.
-// `out_values`: k elements of value_dtype; `out_indices`: k int32, strictly increasing.
-// k is clamped to n; n must be < 2^31. `num_threads` <= 0 means hardware concurrency (buffers
-// under 256 Ki elements run on the calling thread). Thread-safe for disjoint buffers.
-// Errors: InvalidArgument for null buffers, negative sizes, n >= 2^31.
-Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* residual, int64_t n,
-                            int64_t k, void* out_values, GradDType value_dtype,
-                            int32_t* out_indices, int num_threads = 0);
-
-// dense[idx] += scale * value for every (value, idx) of `num_segments` segments of `segment_len`
-// entries each (one segment per rank, as all_gather lays them out), segment by segment in order,
-// so every rank computes bit-identical results. With `zero_dense_first` the n-element dense buffer
-// is cleared first. Averaging: scale = 1 / world_size. bf16 dense buffers round after every add.
-// Errors: InvalidArgument for null buffers or an index outside [0, n) (names segment and entry;
-// dense may then be partially updated).
-Status ScatterAddCpu(const void* values, GradDType value_dtype, const int32_t* indices,
-                     int64_t num_segments, int64_t segment_len, void* dense, GradDType dense_dtype,
-                     int64_t n, float scale, bool zero_dense_first, int num_threads = 0);
-
-// ---- CUDA (device pointers; work is queued on `stream`, a cudaStream_t, and not synchronized)
-// ----
+namespace comm {
 
 // True if this build has the CUDA kernels and a device is visible.
-bool CommCudaAvailable();
+bool CudaAvailable();
 
-// CUDA twin of TopKErrorFeedbackCpu (same contract, same selection, same output order).
-// Scratch memory is taken with cudaMallocAsync on `stream`. Unavailable without CUDA.
-Status TopKErrorFeedbackCuda(const void* grad, GradDType grad_dtype, float* residual, int64_t n,
-                             int64_t k, void* out_values, GradDType value_dtype,
-                             int32_t* out_indices, void* stream);
+// Note [Top-k with error feedback], on the device of `residual`.
+//   residual:    contiguous f32, n < 2^31 elements (any shape), updated in place.
+//   grad:        null (select from the residual as it is), or contiguous f32/bf16 with n elements
+//                on the residual's device.
+//   values:      min(k, n) contiguous f32/bf16 elements (the value dtype), written.
+//   indices:     min(k, n) contiguous i32 elements, written, strictly increasing.
+// CPU: `num_threads` <= 0 means hardware concurrency (buffers under 256 Ki elements run on the
+// calling thread); thread-safe for disjoint buffers. CUDA: queued on residual.stream; scratch
+// memory comes from cudaMallocAsync on that stream.
+// Errors: InvalidArgument naming the tensor (dtype, size, contiguity, device, read-only output,
+// negative k); Unavailable for CUDA tensors in a build without CUDA.
+Status TopKErrorFeedback(const TensorView* grad, const TensorView& residual, int64_t k,
+                         const TensorView& values, const TensorView& indices, int num_threads = 0);
 
-// CUDA twin of ScatterAddCpu. Indices are not range-checked on the device: out-of-range indices
-// are skipped. Within a segment, indices must be unique for bit-reproducible results (top-k output
-// is). Unavailable without CUDA.
-Status ScatterAddCuda(const void* values, GradDType value_dtype, const int32_t* indices,
-                      int64_t num_segments, int64_t segment_len, void* dense, GradDType dense_dtype,
-                      int64_t n, float scale, bool zero_dense_first, void* stream);
+// dense[idx] += scale * value for every (value, idx) of `num_segments` equal segments of
+// `values`/`indices` (one segment per rank, as all_gather lays them out), segment by segment in
+// order, so every rank computes bit-identical results. With `zero_dense_first` the dense tensor is
+// cleared first. Averaging: scale = 1 / world_size. bf16 dense tensors round after every add.
+//   values:  contiguous f32/bf16; indices: contiguous i32 with as many elements;
+//   dense:   contiguous f32/bf16, written; all three on one device.
+// CPU: every index is checked first (InvalidArgument naming segment and entry; dense may then be
+// partially updated). CUDA: queued on dense.stream; out-of-range indices are skipped, and within a
+// segment indices must be unique for bit-reproducible results (top-k output is).
+// Errors: InvalidArgument naming the tensor, or a bad num_segments; Unavailable for CUDA tensors
+// in a build without CUDA.
+Status ScatterAdd(const TensorView& values, const TensorView& indices, int64_t num_segments,
+                  const TensorView& dense, float scale, bool zero_dense_first, int num_threads = 0);
 
+}  // namespace comm
 }  // namespace loongforge

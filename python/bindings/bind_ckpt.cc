@@ -1,11 +1,12 @@
-// Bindings of CheckpointVault (loongforge._C.CheckpointVault). Tensors cross as raw pointers:
-// (name, dtype, shape, data_ptr, device) tuples built by python/loongforge/ckpt.py from torch
-// tensors, so nothing is copied on the Python side. The GIL is released around save, restore and
-// lifecycle calls.
+// Bindings of CheckpointVault (loongforge._C.CheckpointVault). Tensors cross as (name, tensor)
+// pairs, converted by the one converter (tensor_convert.h) from torch tensors or any DLPack
+// producer, so nothing is copied on the Python side; CUDA tensors carry torch's current stream of
+// their device. The GIL is released around save, restore and lifecycle calls.
 #include <pybind11/stl.h>
 
 #include "bindings.h"
 #include "loongforge/ckpt.h"
+#include "tensor_convert.h"
 
 namespace loongforge {
 namespace {
@@ -79,18 +80,17 @@ void BindCkpt(py::module_& m) {
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {
+            std::vector<PyTensor> held;  // keeps each tensor's memory alive through Save()
             std::vector<ckpt::TensorRef> refs;
+            held.reserve(tensors.size());
             refs.reserve(tensors.size());
             for (const auto& item : tensors) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 5 && t.size() != 6)
-                throw py::value_error(
-                    "save: each tensor is (name, dtype, shape, data_ptr, device[, stream])");
+              if (t.size() != 2) throw py::value_error("save: each tensor is (name, tensor)");
+              std::string name = t[0].cast<std::string>();
+              held.push_back(ToTensorViewOrThrow(t[1], name));
               refs.push_back(
-                  {t[0].cast<std::string>(), t[1].cast<std::string>(),
-                   t[2].cast<std::vector<int64_t>>(),
-                   reinterpret_cast<const void*>(t[3].cast<uintptr_t>()), t[4].cast<int>(),
-                   t.size() == 6 ? reinterpret_cast<void*>(t[5].cast<uintptr_t>()) : nullptr});
+                  ValueOrThrow(ckpt::TensorRef::FromView(std::move(name), held.back().view)));
             }
             Status s;
             {
@@ -100,9 +100,9 @@ void BindCkpt(py::module_& m) {
             ThrowIfError(s);
           },
           py::arg("step"), py::arg("tensors"),
-          "Snapshots the tensors (pointers must stay valid until it returns) and queues the write. "
-          "`stream` (a cudaStream_t as int) orders the snapshot of a device tensor after the work "
-          "queued on it.")
+          "Snapshots the (name, tensor) pairs (contiguous; host or CUDA memory) and queues the "
+          "write. A CUDA tensor's snapshot is ordered after the work queued so far on torch's "
+          "current stream of its device.")
       .def("wait",
            [](CheckpointVault& v) {
              Status s;
@@ -154,14 +154,16 @@ void BindCkpt(py::module_& m) {
       .def(
           "restore_into",
           [](const CheckpointVault& v, int64_t step, const py::list& targets) {
+            std::vector<PyTensor> held;  // keeps each target's memory alive through RestoreInto()
             std::map<std::string, ckpt::RestoreTarget> tg;
+            held.reserve(targets.size());
             for (const auto& item : targets) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 4)
-                throw py::value_error(
-                    "restore_into: each target is (name, data_ptr, nbytes, device)");
-              tg[t[0].cast<std::string>()] = {reinterpret_cast<void*>(t[1].cast<uintptr_t>()),
-                                              t[2].cast<int64_t>(), t[3].cast<int>()};
+              if (t.size() != 2)
+                throw py::value_error("restore_into: each target is (name, tensor)");
+              std::string name = t[0].cast<std::string>();
+              held.push_back(ToTensorViewOrThrow(t[1], name));
+              tg[name] = ValueOrThrow(ckpt::RestoreTarget::FromView(name, held.back().view));
             }
             Status s;
             {
@@ -170,7 +172,8 @@ void BindCkpt(py::module_& m) {
             }
             ThrowIfError(s);
           },
-          py::arg("step"), py::arg("targets"))
+          py::arg("step"), py::arg("targets"),
+          "Restores into (name, tensor) pairs: contiguous, writable, of the stored size.")
       .def("verify",
            [](const CheckpointVault& v, int64_t step) {
              Status s;

@@ -1,78 +1,61 @@
 // Bindings of the NexusSync compression kernels (include/loongforge/comm.h).
 //
-// They take raw addresses (torch tensor data_ptr()) plus sizes and dtype codes (0 = fp32,
-// 1 = bf16); python/loongforge/comm.py checks devices, dtypes, contiguity and sizes before calling.
-// The GIL is released for the duration of each call.
-#include <cstdint>
+// Tensors cross as TensorViews made by the one converter (tensor_convert.h): torch tensors, any
+// DLPack producer, or DLPack capsules. The C++ entry points validate dtypes, sizes, contiguity and
+// devices and name the offending tensor (ValueError here). CUDA tensors run on torch's current
+// stream of their device. The GIL is released for the duration of each call.
+#include <optional>
 
 #include "bindings.h"
 #include "loongforge/comm.h"
+#include "tensor_convert.h"
 
 namespace loongforge {
 namespace {
 
-GradDType ToDType(int code, const char* what) {
-  if (code == 0) return GradDType::kFloat32;
-  if (code == 1) return GradDType::kBFloat16;
-  ThrowStatus(InvalidArgumentError(std::string(what) +
-                                   ": dtype code must be 0 (float32) or 1 "
-                                   "(bfloat16), got " +
-                                   std::to_string(code)));
-}
-
-template <typename T>
-T* Ptr(uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
-
 void RegisterComm(py::module_& m) {
   m.def(
       "comm_topk_error_feedback",
-      [](uintptr_t grad, int grad_dtype, uintptr_t residual, int64_t n, int64_t k, uintptr_t values,
-         int value_dtype, uintptr_t indices, bool cuda, uintptr_t stream, int num_threads) {
-        const GradDType gt = ToDType(grad_dtype, "grad");
-        const GradDType vt = ToDType(value_dtype, "values");
+      [](py::object grad, py::object residual, int64_t k, py::object values, py::object indices,
+         int num_threads) {
+        // The PyTensors hold the DLPack capsules: keep them alive (and destroy them with the GIL)
+        // around the call.
+        std::optional<PyTensor> g;
+        if (!grad.is_none()) g = ToTensorViewOrThrow(grad, "grad");
+        const PyTensor r = ToTensorViewOrThrow(residual, "residual");
+        const PyTensor v = ToTensorViewOrThrow(values, "values");
+        const PyTensor i = ToTensorViewOrThrow(indices, "indices");
         Status s;
         {
           py::gil_scoped_release release;
-          s = cuda
-                  ? TopKErrorFeedbackCuda(Ptr<const void>(grad), gt, Ptr<float>(residual), n, k,
-                                          Ptr<void>(values), vt, Ptr<int32_t>(indices),
-                                          Ptr<void>(stream))
-                  : TopKErrorFeedbackCpu(Ptr<const void>(grad), gt, Ptr<float>(residual), n, k,
-                                         Ptr<void>(values), vt, Ptr<int32_t>(indices), num_threads);
+          s = comm::TopKErrorFeedback(g ? &g->view : nullptr, r.view, k, v.view, i.view,
+                                      num_threads);
         }
         ThrowIfError(s);
       },
-      py::arg("grad"), py::arg("grad_dtype"), py::arg("residual"), py::arg("n"), py::arg("k"),
-      py::arg("values"), py::arg("value_dtype"), py::arg("indices"), py::arg("cuda") = false,
-      py::arg("stream") = 0, py::arg("num_threads") = 0,
-      "Top-k with error feedback on raw buffers (see loongforge/comm.h). grad may be 0.");
+      py::arg("grad"), py::arg("residual"), py::arg("k"), py::arg("values"), py::arg("indices"),
+      py::arg("num_threads") = 0,
+      "Top-k with error feedback (loongforge/comm.h). grad may be None; values/indices hold "
+      "min(k, residual.numel()) elements.");
   m.def(
       "comm_scatter_add",
-      [](uintptr_t values, int value_dtype, uintptr_t indices, int64_t num_segments,
-         int64_t segment_len, uintptr_t dense, int dense_dtype, int64_t n, float scale,
-         bool zero_dense_first, bool cuda, uintptr_t stream, int num_threads) {
-        const GradDType vt = ToDType(value_dtype, "values");
-        const GradDType dt = ToDType(dense_dtype, "dense");
+      [](py::object values, py::object indices, py::object dense, int64_t num_segments, float scale,
+         bool zero_dense_first, int num_threads) {
+        const PyTensor v = ToTensorViewOrThrow(values, "values");
+        const PyTensor i = ToTensorViewOrThrow(indices, "indices");
+        const PyTensor d = ToTensorViewOrThrow(dense, "dense");
         Status s;
         {
           py::gil_scoped_release release;
-          s = cuda ? ScatterAddCuda(Ptr<const void>(values), vt, Ptr<const int32_t>(indices),
-                                    num_segments, segment_len, Ptr<void>(dense), dt, n, scale,
-                                    zero_dense_first, Ptr<void>(stream))
-                   : ScatterAddCpu(Ptr<const void>(values), vt, Ptr<const int32_t>(indices),
-                                   num_segments, segment_len, Ptr<void>(dense), dt, n, scale,
-                                   zero_dense_first, num_threads);
+          s = comm::ScatterAdd(v.view, i.view, num_segments, d.view, scale, zero_dense_first,
+                               num_threads);
         }
         ThrowIfError(s);
       },
-      py::arg("values"), py::arg("value_dtype"), py::arg("indices"), py::arg("num_segments"),
-      py::arg("segment_len"), py::arg("dense"), py::arg("dense_dtype"), py::arg("n"),
-      py::arg("scale"), py::arg("zero_dense_first"), py::arg("cuda") = false, py::arg("stream") = 0,
-      py::arg("num_threads") = 0,
-      "dense[idx] += scale * value, segment by segment (see loongforge/comm.h).");
-  m.def("comm_cuda_available", &CommCudaAvailable,
+      py::arg("values"), py::arg("indices"), py::arg("dense"), py::arg("num_segments") = 1,
+      py::arg("scale") = 1.0f, py::arg("zero_dense_first") = false, py::arg("num_threads") = 0,
+      "dense[idx] += scale * value, segment by segment (loongforge/comm.h).");
+  m.def("comm_cuda_available", &comm::CudaAvailable,
         "True if the CUDA compression kernels are built and a device is visible.");
 }
 

@@ -1,6 +1,8 @@
-// Minimal DLPack (v0.x ABI) producer: wraps memory owned by a shared_ptr in a "dltensor" capsule
-// that torch.utils.dlpack.from_dlpack consumes without copying. The capsule (or the tensor that
-// consumed it) keeps the owner alive; the owner is released when the last of them goes away.
+// Minimal DLPack ABI (the structs of dlpack.h v0.x and v1.x) and a producer: MakeCapsule wraps
+// memory owned by a shared_ptr in a "dltensor" capsule that torch.utils.dlpack.from_dlpack consumes
+// without copying. The capsule (or the tensor that consumed it) keeps the owner alive; the owner is
+// released when the last of them goes away. The consumer side (a Python object -> TensorView) is
+// tensor_convert.h.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -34,6 +36,19 @@ struct DLManagedTensor {
   DLTensor dl_tensor;
   void* manager_ctx;
   void (*deleter)(DLManagedTensor* self);
+};
+// DLPack >= 1.0 (capsule name "dltensor_versioned").
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+constexpr uint64_t kFlagBitmaskReadOnly = uint64_t{1} << 0;
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
 };
 
 constexpr DLDataType kFloat32{2, 32, 1};

@@ -7,8 +7,8 @@
     state = vault.load()         # latest committed checkpoint (or load(step))
 
 Tensors (CPU or CUDA, any of bool/uint8/int8/int16/int32/int64/float16/bfloat16/float32/float64)
-are handed to the C++ core as raw pointers (no copy in Python; non-contiguous ones are made
-contiguous first). Everything else in the state (numbers, strings, bytes, other picklables) is pickled
+are handed to the C++ core through DLPack (no copy in Python; non-contiguous ones are made
+contiguous first); the core checks them and names the tensor in its errors. Everything else in the state (numbers, strings, bytes, other picklables) is pickled
 into one small blob stored next to the tensors. See docs/ckpt.md.
 """
 from __future__ import annotations
@@ -25,19 +25,6 @@ from . import _C
 __all__ = ["CheckpointVault"]
 
 _META_NAME = "__loongforge_meta__"
-_TO_CODE = {
-    torch.bool: "bool",
-    torch.uint8: "u8",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float32: "f32",
-    torch.float64: "f64",
-}
-_FROM_CODE = {v: k for k, v in _TO_CODE.items()}
 _CUDA_COMPILED = bool(_C.build_info().get("cuda", False))
 
 
@@ -166,29 +153,19 @@ class CheckpointVault:
         skeleton = _flatten(state, "", pairs, set())
         meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
         meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8) if meta else torch.empty(0, dtype=torch.uint8)
-        keep_alive = [meta_t]
-        refs = [(_META_NAME, "u8", [meta_t.numel()], meta_t.data_ptr(), -1)]
+        tensors = [(_META_NAME, meta_t)]
         for name, t in pairs:
-            code = _TO_CODE.get(t.dtype)
-            if code is None:
-                raise TypeError(f"tensor '{name}' has unsupported dtype {t.dtype}")
             t = t.detach()
             if not t.is_contiguous():
                 t = t.contiguous()
-            device, stream = -1, 0
-            if t.is_cuda:
-                if _CUDA_COMPILED:
-                    device = t.device.index if t.device.index is not None else torch.cuda.current_device()
-                    # The snapshot is ordered after the work queued so far on the stream that
-                    # produced the tensor (the current stream); no host synchronization. With
-                    # device staging, later work on this stream waits (on the GPU) for the copy.
-                    stream = torch.cuda.current_stream(device).cuda_stream
-                else:
-                    t = t.cpu()
-            keep_alive.append(t)
-            refs.append((name, code, list(t.shape), t.data_ptr(), device, stream))
-        self._v.save(step, refs)
-        del keep_alive  # the C++ snapshot holds its own copy now
+            if t.is_cuda and not _CUDA_COMPILED:
+                t = t.cpu()
+            # A CUDA tensor's snapshot is ordered after the work queued so far on the current
+            # stream of its device (no host synchronization); with device staging, later work on
+            # that stream waits (on the GPU) for the copy.
+            tensors.append((name, t))
+        self._v.save(step, tensors)
+        del tensors  # the C++ snapshot holds its own copy now
 
     def wait(self) -> None:
         """Blocks until every queued save is committed; raises the writer's error, if any."""
@@ -227,7 +204,7 @@ class CheckpointVault:
         if _META_NAME not in infos:
             raise ValueError(f"checkpoint {step} in {self.dir} was not written by loongforge.ckpt")
         meta_t = torch.empty(infos[_META_NAME]["nbytes"], dtype=torch.uint8)
-        self._v.restore_into(int(step), [(_META_NAME, meta_t.data_ptr(), meta_t.numel(), -1)])
+        self._v.restore_into(int(step), [(_META_NAME, meta_t)])
         skeleton = pickle.loads(meta_t.numpy().tobytes())
         slots: Dict[str, _Slot] = {}
         _collect_slots(skeleton, slots)
@@ -241,11 +218,9 @@ class CheckpointVault:
                 dev = torch.device("cpu")
             direct = dev.type == "cpu" or (dev.type == "cuda" and _CUDA_COMPILED)
             alloc_dev = dev if direct else torch.device("cpu")
-            t = torch.empty(info["shape"], dtype=_FROM_CODE[info["dtype"]], device=alloc_dev)
-            index = -1
-            if alloc_dev.type == "cuda":
-                index = alloc_dev.index if alloc_dev.index is not None else torch.cuda.current_device()
-            targets.append((name, t.data_ptr(), info["nbytes"], index))
+            dtype = getattr(torch, _C.dtype_long_name(info["dtype"]))
+            t = torch.empty(info["shape"], dtype=dtype, device=alloc_dev)
+            targets.append((name, t))
             tensors[name] = t
             if not direct:
                 moves.append((name, dev))

@@ -50,21 +50,13 @@ from . import _C
 __all__ = ["NexusSync", "topk_error_feedback", "scatter_add", "GROUPS"]
 
 GROUPS = ("dense", "expert_high", "expert_low")
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _HAS_POST_ACC_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 
-def _dtype_code(t: torch.dtype, what: str) -> int:
-    if t not in _DTYPE_CODE:
-        raise ValueError(f"{what}: dtype {t} is not supported (float32 or bfloat16)")
-    return _DTYPE_CODE[t]
-
-
-def _stream_of(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
-
-
 # ---- kernels ----------------------------------------------------------------------------------
+# Thin shapes over loongforge._C: the C++ entry points (include/loongforge/comm.h) validate
+# dtypes, sizes, contiguity and devices and raise ValueError naming the tensor; CUDA tensors run
+# on the current stream of their device.
 
 
 def topk_error_feedback(
@@ -83,30 +75,14 @@ def topk_error_feedback(
     rounding error in the residual). ``residual`` is a contiguous float32 tensor; ``grad`` (or
     None) a contiguous float32/bfloat16 tensor with as many elements on the same device. CUDA
     tensors run the CUDA kernel on the current stream. ``values``/``indices`` may be given to write
-    into (k elements each, contiguous).
+    into (min(k, residual.numel()) elements each, contiguous).
     """
-    if residual.dtype != torch.float32 or not residual.is_contiguous():
-        raise ValueError("residual must be a contiguous float32 tensor")
-    n = residual.numel()
-    k = max(0, min(int(k), n))
-    gcode = 0
-    if grad is not None:
-        if grad.numel() != n or grad.device != residual.device or not grad.is_contiguous():
-            raise ValueError(
-                f"grad ({grad.numel()} elements on {grad.device}) must be contiguous and match "
-                f"residual ({n} elements on {residual.device})")
-        gcode = _dtype_code(grad.dtype, "grad")
-    vcode = _dtype_code(value_dtype, "values")
+    k = max(0, min(int(k), residual.numel()))
     if values is None:
         values = torch.empty(k, dtype=value_dtype, device=residual.device)
     if indices is None:
         indices = torch.empty(k, dtype=torch.int32, device=residual.device)
-    if values.numel() != k or indices.numel() != k or indices.dtype != torch.int32:
-        raise ValueError(f"values/indices must hold k={k} elements (indices int32)")
-    _C.comm_topk_error_feedback(
-        grad.data_ptr() if grad is not None else 0, gcode, residual.data_ptr(), n, k,
-        values.data_ptr(), vcode, indices.data_ptr(), residual.is_cuda, _stream_of(residual),
-        num_threads)
+    _C.comm_topk_error_feedback(grad, residual, k, values, indices, num_threads)
     return values, indices
 
 
@@ -118,20 +94,8 @@ def scatter_add(values: torch.Tensor, indices: torch.Tensor, dense: torch.Tensor
     values/indices hold num_segments * segment_len elements, contiguous, on dense's device.
     Raises ValueError on an index outside dense (CPU; the CUDA kernel skips such indices).
     """
-    if not dense.is_contiguous():
-        raise ValueError("dense must be contiguous")
-    total = values.numel()
-    if indices.numel() != total or indices.dtype != torch.int32:
-        raise ValueError("indices must be int32 with as many elements as values")
-    if num_segments <= 0 or total % num_segments:
-        raise ValueError(f"{total} values do not split into {num_segments} segments")
-    for t in (values, indices):
-        if t.device != dense.device or not t.is_contiguous():
-            raise ValueError("values/indices must be contiguous and on dense's device")
-    _C.comm_scatter_add(
-        values.data_ptr(), _dtype_code(values.dtype, "values"), indices.data_ptr(), num_segments,
-        total // num_segments, dense.data_ptr(), _dtype_code(dense.dtype, "dense"), dense.numel(),
-        float(scale), bool(zero_first), dense.is_cuda, _stream_of(dense), num_threads)
+    _C.comm_scatter_add(values, indices, dense, num_segments, float(scale), bool(zero_first),
+                        num_threads)
     return dense
 
 
@@ -412,8 +376,14 @@ class NexusSync:
                                  "bucket_cap_mb")
             b.sparse = self._topk_ratio is not None and b.group in self._sparse_groups
             if b.sparse:
-                if b.dtype not in _DTYPE_CODE:
-                    raise ValueError(f"sparse group {b.group}: dtype {b.dtype} not supported")
+                # The kernel decides which dtypes it takes: ask it now, on an empty buffer,
+                # rather than at the first step.
+                empty_residual = torch.empty(0, dtype=torch.float32, device=b.device)
+                try:
+                    topk_error_feedback(torch.empty(0, dtype=b.dtype, device=b.device),
+                                        empty_residual, 0)
+                except ValueError as e:
+                    raise ValueError(f"sparse group {b.group}: {e}") from e
                 b.k = max(1, int(math.ceil(self._topk_ratio * b.numel)))
         return buckets
 

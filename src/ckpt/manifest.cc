@@ -1,4 +1,4 @@
-// Manifest serialization, dtype tables and the chunk hash.
+// Manifest serialization, the safetensors dtype names and the chunk hash.
 #include "ckpt/manifest.h"
 
 #include <xxhash.h>
@@ -12,32 +12,31 @@
 namespace loongforge {
 namespace ckpt {
 
-namespace {
-struct DTypeRow {
-  DType d;
-  const char* name;
-  const char* st_name;
-  int size;
-};
-constexpr DTypeRow kDTypes[] = {
-    {DType::kBool, "bool", "BOOL", 1}, {DType::kU8, "u8", "U8", 1},
-    {DType::kI8, "i8", "I8", 1},       {DType::kI16, "i16", "I16", 2},
-    {DType::kI32, "i32", "I32", 4},    {DType::kI64, "i64", "I64", 8},
-    {DType::kF16, "f16", "F16", 2},    {DType::kBF16, "bf16", "BF16", 2},
-    {DType::kF32, "f32", "F32", 4},    {DType::kF64, "f64", "F64", 8},
-};
-const DTypeRow& Row(DType d) { return kDTypes[static_cast<int>(d)]; }
-}  // namespace
-
-StatusOr<DType> ParseDType(const std::string& name) {
-  for (const auto& r : kDTypes)
-    if (name == r.name) return r.d;
-  return InvalidArgumentError("unknown dtype '" + name +
-                              "' (expected bool u8 i8 i16 i32 i64 f16 bf16 f32 f64)");
+const char* DTypeSafetensorsName(DType d) {
+  switch (d) {
+    case DType::kBool:
+      return "BOOL";
+    case DType::kUInt8:
+      return "U8";
+    case DType::kInt8:
+      return "I8";
+    case DType::kInt16:
+      return "I16";
+    case DType::kInt32:
+      return "I32";
+    case DType::kInt64:
+      return "I64";
+    case DType::kFloat16:
+      return "F16";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat32:
+      return "F32";
+    case DType::kFloat64:
+      return "F64";
+  }
+  return "U8";
 }
-const char* DTypeName(DType d) { return Row(d).name; }
-const char* DTypeSafetensorsName(DType d) { return Row(d).st_name; }
-int DTypeSize(DType d) { return Row(d).size; }
 
 std::string Hash128::ToHex() const {
   char buf[33];

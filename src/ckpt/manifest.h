@@ -33,7 +33,7 @@ struct ChunkRec {
 
 struct TensorRec {
   std::string name;
-  DType dtype = DType::kU8;
+  DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
   int64_t nbytes = 0;
   std::vector<ChunkRec> chunks;

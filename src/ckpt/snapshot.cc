@@ -194,7 +194,7 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
 Status CheckpointVault::Impl::CheckTensors(const std::vector<TensorRef>& tensors, Job* job) const {
   std::set<std::string> names;
   for (const auto& t : tensors) {
-    LF_ASSIGN_OR_RETURN(DType dt, ParseDType(t.dtype));
+    const DType dt = t.dtype;
     if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
     if (!names.insert(t.name).second)
       return InvalidArgumentError("tensor name '" + t.name + "' appears twice");

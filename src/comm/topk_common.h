@@ -11,6 +11,7 @@
 #endif
 
 namespace loongforge {
+namespace comm {
 namespace internal {
 
 LF_HOST_DEVICE uint32_t FloatBits(float f) {
@@ -47,4 +48,5 @@ LF_HOST_DEVICE uint16_t FloatToBf16(float f) {
 }
 
 }  // namespace internal
+}  // namespace comm
 }  // namespace loongforge

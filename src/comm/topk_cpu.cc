@@ -1,4 +1,5 @@
-// CPU top-k with error feedback and scatter-add (include/loongforge/comm.h).
+// CPU top-k with error feedback and scatter-add (src/comm/topk_kernels.h; contract in
+// include/loongforge/comm.h).
 //
 // Selection is a two-level radix select on the magnitude bits, multi-threaded over contiguous
 // chunks: pass 1 accumulates residual += grad and builds a 2048-bin histogram of the top magnitude
@@ -14,13 +15,12 @@
 #include <vector>
 
 #include "comm/topk_common.h"
-#include "loongforge/comm.h"
+#include "comm/topk_kernels.h"
 #include "loongforge/logging.h"
 
 namespace loongforge {
-
-int GradDTypeSize(GradDType t) { return t == GradDType::kBFloat16 ? 2 : 4; }
-
+namespace comm {
+namespace internal {
 namespace {
 
 constexpr int64_t kSerialBelowElems = int64_t{1} << 18;
@@ -80,9 +80,9 @@ Status CheckCommon(const void* grad_ok, const float* residual, int64_t n, int64_
 
 }  // namespace
 
-Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* residual, int64_t n,
-                            int64_t k, void* out_values, GradDType value_dtype,
-                            int32_t* out_indices, int num_threads) {
+Status TopKErrorFeedbackCpu(const void* grad, DType grad_dtype, float* residual, int64_t n,
+                            int64_t k, void* out_values, DType value_dtype, int32_t* out_indices,
+                            int num_threads) {
   LF_RETURN_IF_ERROR(CheckCommon(grad, residual, n, k, out_values, out_indices));
   k = std::min(k, n);
   const int nt = ResolveThreads(num_threads, n);
@@ -98,17 +98,17 @@ Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* resid
     int64_t lo, hi;
     chunk_range(c, &lo, &hi);
     if (grad != nullptr) {
-      if (grad_dtype == GradDType::kFloat32) {
+      if (grad_dtype == DType::kFloat32) {
         const float* g = static_cast<const float*>(grad);
         for (int64_t i = lo; i < hi; ++i) residual[i] += g[i];
       } else {
         const uint16_t* g = static_cast<const uint16_t*>(grad);
-        for (int64_t i = lo; i < hi; ++i) residual[i] += internal::Bf16ToFloat(g[i]);
+        for (int64_t i = lo; i < hi; ++i) residual[i] += Bf16ToFloat(g[i]);
       }
     }
     if (k == 0) return;
     int64_t* h = hists[c].data();
-    for (int64_t i = lo; i < hi; ++i) ++h[internal::MagnitudeKey(residual[i]) >> kHistShift];
+    for (int64_t i = lo; i < hi; ++i) ++h[MagnitudeKey(residual[i]) >> kHistShift];
   });
   if (k == 0 || n == 0) return Status::Ok();
 
@@ -133,7 +133,7 @@ Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* resid
     int64_t cnt = 0;
     auto& out = cands[c];
     for (int64_t i = lo; i < hi; ++i) {
-      const uint32_t key = internal::MagnitudeKey(residual[i]);
+      const uint32_t key = MagnitudeKey(residual[i]);
       const int b = static_cast<int>(key >> kHistShift);
       cnt += b > bin;
       if (b == bin) out.push_back({key, static_cast<int32_t>(i)});
@@ -169,15 +169,15 @@ Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* resid
     int64_t o = offset[c];
     for (int64_t i = lo; i < hi; ++i) {
       const float r = residual[i];
-      if (!selected(internal::MagnitudeKey(r), i)) continue;
+      if (!selected(MagnitudeKey(r), i)) continue;
       out_indices[o] = static_cast<int32_t>(i);
-      if (value_dtype == GradDType::kFloat32) {
+      if (value_dtype == DType::kFloat32) {
         static_cast<float*>(out_values)[o] = r;
         residual[i] = 0.0f;
       } else {
-        const uint16_t v = internal::FloatToBf16(r);
+        const uint16_t v = FloatToBf16(r);
         static_cast<uint16_t*>(out_values)[o] = v;
-        residual[i] = r - internal::Bf16ToFloat(v);
+        residual[i] = r - Bf16ToFloat(v);
       }
       ++o;
     }
@@ -185,8 +185,8 @@ Status TopKErrorFeedbackCpu(const void* grad, GradDType grad_dtype, float* resid
   return Status::Ok();
 }
 
-Status ScatterAddCpu(const void* values, GradDType value_dtype, const int32_t* indices,
-                     int64_t num_segments, int64_t segment_len, void* dense, GradDType dense_dtype,
+Status ScatterAddCpu(const void* values, DType value_dtype, const int32_t* indices,
+                     int64_t num_segments, int64_t segment_len, void* dense, DType dense_dtype,
                      int64_t n, float scale, bool zero_dense_first, int num_threads) {
   if (num_segments < 0 || segment_len < 0 || n < 0) {
     return InvalidArgumentError("scatter-add: negative size");
@@ -196,22 +196,21 @@ Status ScatterAddCpu(const void* values, GradDType value_dtype, const int32_t* i
   if (total > 0 && (values == nullptr || indices == nullptr)) {
     return InvalidArgumentError("scatter-add: values/indices are null");
   }
-  if (zero_dense_first && n > 0) std::memset(dense, 0, n * GradDTypeSize(dense_dtype));
+  if (zero_dense_first && n > 0) std::memset(dense, 0, n * DTypeSize(dense_dtype));
 
   auto value_at = [&](int64_t j) -> float {
-    return value_dtype == GradDType::kFloat32
-               ? static_cast<const float*>(values)[j]
-               : internal::Bf16ToFloat(static_cast<const uint16_t*>(values)[j]);
+    return value_dtype == DType::kFloat32 ? static_cast<const float*>(values)[j]
+                                          : Bf16ToFloat(static_cast<const uint16_t*>(values)[j]);
   };
   auto add_range = [&](int64_t lo, int64_t hi) {
-    if (dense_dtype == GradDType::kFloat32) {
+    if (dense_dtype == DType::kFloat32) {
       float* d = static_cast<float*>(dense);
       for (int64_t j = lo; j < hi; ++j) d[indices[j]] += scale * value_at(j);
     } else {
       uint16_t* d = static_cast<uint16_t*>(dense);
       for (int64_t j = lo; j < hi; ++j) {
         const int32_t i = indices[j];
-        d[i] = internal::FloatToBf16(internal::Bf16ToFloat(d[i]) + scale * value_at(j));
+        d[i] = FloatToBf16(Bf16ToFloat(d[i]) + scale * value_at(j));
       }
     }
   };
@@ -241,4 +240,6 @@ Status ScatterAddCpu(const void* values, GradDType value_dtype, const int32_t* i
   return Status::Ok();
 }
 
+}  // namespace internal
+}  // namespace comm
 }  // namespace loongforge

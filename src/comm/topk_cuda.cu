@@ -1,5 +1,5 @@
 // CUDA top-k with error feedback and scatter-add: the twin of topk_cpu.cc (same contract, same
-// selection including the tie rule, same output order; include/loongforge/comm.h).
+// selection including the tie rule, same output order; src/comm/topk_kernels.h).
 //
 // Selection is an exact three-level radix select on the 31 magnitude bits (11 + 11 + 9 bits):
 // each level is a histogram kernel over the entries that match the prefix chosen so far, followed
@@ -17,10 +17,12 @@
 #include <string>
 
 #include "comm/topk_common.h"
-#include "loongforge/comm.h"
+#include "comm/topk_kernels.h"
 #include "loongforge/cuda_check.h"
 
 namespace loongforge {
+namespace comm {
+namespace internal {
 namespace {
 
 constexpr int kThreads = 256;
@@ -58,14 +60,14 @@ __global__ void AccumulateHistogram(const void* __restrict__ grad, float* __rest
     float r = residual[i];
     if (kAccumulate) {
       if (kGradBf16) {
-        r += internal::Bf16ToFloat(static_cast<const uint16_t*>(grad)[i]);
+        r += Bf16ToFloat(static_cast<const uint16_t*>(grad)[i]);
       } else {
         r += static_cast<const float*>(grad)[i];
       }
       residual[i] = r;
     }
     if (do_hist) {
-      const uint32_t key = internal::MagnitudeKey(r);
+      const uint32_t key = MagnitudeKey(r);
       if ((key & mask) == prefix) atomicAdd(&sh[(key >> shift) & (bins - 1)], 1u);
     }
   }
@@ -110,7 +112,7 @@ __global__ void CountTiles(const float* __restrict__ residual, long long n,
   int a = 0, e = 0;
   for (int j = 0; j < kItems; ++j) {
     if (threadIdx.x * kItems + j >= valid) break;
-    const uint32_t key = internal::MagnitudeKey(r[j]);
+    const uint32_t key = MagnitudeKey(r[j]);
     a += key > t;
     e += key == t;
   }
@@ -178,7 +180,7 @@ __global__ void WriteSelected(float* __restrict__ residual, long long n,
   const long long m = st->k_rem;
   int e = 0;
   for (int j = 0; j < kItems; ++j) {
-    if (threadIdx.x * kItems + j < valid) e += internal::MagnitudeKey(r[j]) == t;
+    if (threadIdx.x * kItems + j < valid) e += MagnitudeKey(r[j]) == t;
   }
   int my_tie;
   BlockScanI(tmp.scan).ExclusiveSum(e, my_tie);
@@ -188,7 +190,7 @@ __global__ void WriteSelected(float* __restrict__ residual, long long n,
   int s = 0;
   for (int j = 0; j < kItems; ++j) {
     if (threadIdx.x * kItems + j >= valid) break;
-    const uint32_t key = internal::MagnitudeKey(r[j]);
+    const uint32_t key = MagnitudeKey(r[j]);
     bool take = key > t;
     if (key == t) take = tie_rank++ < m;
     if (take) {
@@ -204,9 +206,9 @@ __global__ void WriteSelected(float* __restrict__ residual, long long n,
     const long long i = base + threadIdx.x * kItems + j;
     out_indices[o] = static_cast<int32_t>(i);
     if (kValueBf16) {
-      const uint16_t v = internal::FloatToBf16(r[j]);
+      const uint16_t v = FloatToBf16(r[j]);
       static_cast<uint16_t*>(out_values)[o] = v;
-      residual[i] = r[j] - internal::Bf16ToFloat(v);
+      residual[i] = r[j] - Bf16ToFloat(v);
     } else {
       static_cast<float*>(out_values)[o] = r[j];
       residual[i] = 0.0f;
@@ -223,7 +225,7 @@ __global__ void ScatterAddSegment(const void* __restrict__ values,
        j += (long long)gridDim.x * blockDim.x) {
     const int32_t i = indices[j];
     if (i < 0 || i >= n) continue;
-    const float v = kValueBf16 ? internal::Bf16ToFloat(static_cast<const uint16_t*>(values)[j])
+    const float v = kValueBf16 ? Bf16ToFloat(static_cast<const uint16_t*>(values)[j])
                                : static_cast<const float*>(values)[j];
     if (kDenseBf16) {
       atomicAdd(static_cast<__nv_bfloat16*>(dense) + i, __float2bfloat16_rn(scale * v));
@@ -240,7 +242,7 @@ int GridFor(long long n) {
 
 }  // namespace
 
-bool CommCudaAvailable() {
+bool CudaAvailable() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
@@ -249,9 +251,9 @@ bool CommCudaAvailable() {
   return count > 0;
 }
 
-Status TopKErrorFeedbackCuda(const void* grad, GradDType grad_dtype, float* residual, int64_t n,
-                             int64_t k, void* out_values, GradDType value_dtype,
-                             int32_t* out_indices, void* stream_ptr) {
+Status TopKErrorFeedbackCuda(const void* grad, DType grad_dtype, float* residual, int64_t n,
+                             int64_t k, void* out_values, DType value_dtype, int32_t* out_indices,
+                             void* stream_ptr) {
   if (n < 0 || k < 0) return InvalidArgumentError("cuda top-k: negative size");
   if (n >= (int64_t{1} << 31)) {
     return InvalidArgumentError("cuda top-k: buffer of " + std::to_string(n) +
@@ -265,7 +267,7 @@ Status TopKErrorFeedbackCuda(const void* grad, GradDType grad_dtype, float* resi
   if (n == 0) return Status::Ok();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int grid = GridFor(n);
-  const bool bf16 = grad_dtype == GradDType::kBFloat16;
+  const bool bf16 = grad_dtype == DType::kBFloat16;
 
   if (k == 0) {
     if (grad == nullptr) return Status::Ok();
@@ -322,7 +324,7 @@ Status TopKErrorFeedbackCuda(const void* grad, GradDType grad_dtype, float* resi
     LF_CUDA_CHECK_LAUNCH();
     ScanTiles<<<1, kThreads, 0, stream>>>(above, ties, num_tiles, st, tie_prefix, offset);
     LF_CUDA_CHECK_LAUNCH();
-    if (value_dtype == GradDType::kBFloat16) {
+    if (value_dtype == DType::kBFloat16) {
       WriteSelected<true><<<num_tiles, kThreads, 0, stream>>>(residual, n, st, tie_prefix, offset,
                                                               out_values, out_indices);
     } else {
@@ -336,8 +338,8 @@ Status TopKErrorFeedbackCuda(const void* grad, GradDType grad_dtype, float* resi
   return status;
 }
 
-Status ScatterAddCuda(const void* values, GradDType value_dtype, const int32_t* indices,
-                      int64_t num_segments, int64_t segment_len, void* dense, GradDType dense_dtype,
+Status ScatterAddCuda(const void* values, DType value_dtype, const int32_t* indices,
+                      int64_t num_segments, int64_t segment_len, void* dense, DType dense_dtype,
                       int64_t n, float scale, bool zero_dense_first, void* stream_ptr) {
   if (num_segments < 0 || segment_len < 0 || n < 0) {
     return InvalidArgumentError("cuda scatter-add: negative size");
@@ -348,18 +350,18 @@ Status ScatterAddCuda(const void* values, GradDType value_dtype, const int32_t* 
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (zero_dense_first && n > 0) {
-    LF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dense, 0, n * GradDTypeSize(dense_dtype), stream));
+    LF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dense, 0, n * DTypeSize(dense_dtype), stream));
   }
   if (segment_len == 0) return Status::Ok();
   const int grid = GridFor(segment_len);
-  const int vsize = GradDTypeSize(value_dtype);
+  const int vsize = DTypeSize(value_dtype);
   // One launch per segment, in rank order: within a segment indices are unique, so the atomics
   // never collide and the result is the same on every rank and every run.
   for (int64_t s = 0; s < num_segments; ++s) {
     const void* v = static_cast<const char*>(values) + s * segment_len * vsize;
     const int32_t* idx = indices + s * segment_len;
-    const bool vb = value_dtype == GradDType::kBFloat16;
-    const bool db = dense_dtype == GradDType::kBFloat16;
+    const bool vb = value_dtype == DType::kBFloat16;
+    const bool db = dense_dtype == DType::kBFloat16;
     if (vb && db) {
       ScatterAddSegment<true, true>
           <<<grid, kThreads, 0, stream>>>(v, idx, segment_len, dense, n, scale);
@@ -378,4 +380,6 @@ Status ScatterAddCuda(const void* values, GradDType value_dtype, const int32_t* 
   return Status::Ok();
 }
 
+}  // namespace internal
+}  // namespace comm
 }  // namespace loongforge

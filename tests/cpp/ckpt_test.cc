@@ -56,7 +56,8 @@ struct State {
   }
   std::vector<TensorRef> Refs() const {
     std::vector<TensorRef> r;
-    for (const auto& t : ts) r.push_back({t.name, t.dtype, t.shape, t.bytes.data(), -1});
+    for (const auto& t : ts)
+      r.push_back({t.name, *ParseDType(t.dtype), t.shape, t.bytes.data(), -1});
     return r;
   }
 };
@@ -632,10 +633,15 @@ TEST(CkptVault, RejectsBadInput) {
   std::string dir = TempDir("bad");
   auto v = CheckpointVault::Open(dir, SmallOpts());
   uint8_t x[4] = {};
-  EXPECT_EQ((*v)->Save(1, {{"a", "f128", {1}, x, -1}}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*v)->Save(1, {{"a", "u8", {4}, x, -1}, {"a", "u8", {4}, x, -1}}).code(),
+  TensorView strided = TensorView::Contiguous(x, DType::kUInt8, {2, 2});
+  strided.strides = {1, 2};
+  EXPECT_EQ(TensorRef::FromView("a", strided).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*v)->Save(1, {{"a", DType::kUInt8, {-1}, x, -1}}).code(),
             StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*v)->Save(1, {{"a", "u8", {4}, x, -1}}).ok());
+  EXPECT_EQ(
+      (*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}, {"a", DType::kUInt8, {4}, x, -1}}).code(),
+      StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   uint8_t y[8];
   EXPECT_EQ((*v)->RestoreInto(1, {{"a", {y, 8, -1}}}).code(), StatusCode::kInvalidArgument);
@@ -689,7 +695,7 @@ TEST(CkptVault, StepsOfAnyWidthListLoadAndSurviveGc) {
 TEST(CkptVault, NegativeStepIsAClearError) {
   auto v = CheckpointVault::Open(TempDir("neg"), SmallOpts());
   uint8_t x[4] = {};
-  Status s = (*v)->Save(-1, {{"a", "u8", {4}, x, -1}});
+  Status s = (*v)->Save(-1, {{"a", DType::kUInt8, {4}, x, -1}});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("must be >= 0, got -1"), std::string::npos) << s;
   EXPECT_EQ((*v)->Restore(-1).status().code(), StatusCode::kInvalidArgument);
@@ -926,7 +932,7 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   ASSERT_EQ(cudaMalloc(&d2, n), cudaSuccess);
   cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice);
   auto v = CheckpointVault::Open(dir, SmallOpts());
-  ASSERT_TRUE((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).ok());
+  ASSERT_TRUE((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   ASSERT_TRUE((*v)->RestoreInto(1, {{"g", {d2, n, 0}}}).ok());
   std::vector<uint8_t> back(n);
@@ -972,7 +978,7 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   auto refs = [&] {
     std::vector<TensorRef> r = cpu.Refs();
     for (int i = 0; i < kTensors; ++i)
-      r.push_back({"g" + std::to_string(i), "u8", {n}, dev[i], 0, producer});
+      r.push_back({"g" + std::to_string(i), DType::kUInt8, {n}, dev[i], 0, producer});
     return r;
   };
   VaultOptions o = SmallOpts();
@@ -1049,7 +1055,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   auto refs = [&] {
     std::vector<TensorRef> r = cpu.Refs();
     for (int i = 0; i < kTensors; ++i)
-      r.push_back({"g" + std::to_string(i), "u8", {n}, dev[i], 0, producer});
+      r.push_back({"g" + std::to_string(i), DType::kUInt8, {n}, dev[i], 0, producer});
     return r;
   };
   // ~8 GB of copies keep the producer stream busy for milliseconds.
@@ -1118,7 +1124,7 @@ TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   {
     auto v = CheckpointVault::Open(TempDir("cudacap"), o);
     ASSERT_TRUE(v.ok()) << v.status();
-    ASSERT_TRUE((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).ok());
+    ASSERT_TRUE((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).ok());
     SaveStats st = (*v)->last_stats();
     EXPECT_EQ(st.snapshot_path, "host");
     EXPECT_NE(st.snapshot_reason.find("device_staging_max_bytes"), std::string::npos)
@@ -1131,7 +1137,8 @@ TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   o.device_staging = DeviceStaging::kOn;
   auto v = CheckpointVault::Open(TempDir("cudacapon"), o);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ((*v)->Save(1, {{"g", "u8", {n}, d, 0}}).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).code(),
+            StatusCode::kResourceExhausted);
   EXPECT_TRUE((*v)->Wait().ok());
   EXPECT_FALSE((*v)->Latest().has_value());
   cudaFree(d);
