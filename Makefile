@@ -45,8 +45,9 @@ test-python: build
 
 test: test-cpp test-python
 
+# Through bin/loongforge, the entry point the README uses.
 demo: build
-	$(PY) -m loongforge.demo --out $(DEMO_DIR) --cli $(BUILD)/loongforge
+	LOONGFORGE_BUILD=$(abspath $(BUILD)) LOONGFORGE_PYTHON=$(PY) bin/loongforge demo --out $(DEMO_DIR)
 
 bench-loader: build
 	$(PY) bench/loader/run.py --cli $(BUILD)/loongforge
