@@ -172,10 +172,11 @@ def plot_run(curves: Dict[str, List[Dict[str, Any]]], steps: Dict[str, List[Dict
     import matplotlib.pyplot as plt
 
     colours = {"baseline": "tab:red", "loongforge": "tab:blue"}
+    widths = {"baseline": 2.5, "loongforge": 1.2}  # equal losses must not hide the baseline
     fig, (ax_loss, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     for name, c in curves.items():
         ax_loss.plot([r["step"] for r in c], [r["loss"] for r in c], label=name,
-                     color=colours.get(name), linewidth=1.5)
+                     color=colours.get(name), linewidth=widths.get(name, 1.5))
     ax_loss.set_title("training loss")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("flow-matching loss")
