@@ -9,8 +9,8 @@ DEMO_DIR  ?= demo_out
 APT_PKGS  := build-essential cmake git pkg-config liblmdb-dev lmdb-utils libturbojpeg0-dev \
              libjpeg62-turbo-dev libxxhash-dev libzstd-dev pybind11-dev python3-dev \
              python3-numpy python3-torch python3-torchvision python3-pil python3-pytest \
-             libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev python3-lmdb \
-             libopenblas0-openmp
+             libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev \
+             python3-lmdb python3-matplotlib libopenblas0-openmp
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
@@ -45,8 +45,9 @@ test-python: build
 
 test: test-cpp test-python
 
+# Through bin/loongforge, the entry point the README uses.
 demo: build
-	$(PY) -m loongforge.demo --out $(DEMO_DIR) --cli $(BUILD)/loongforge
+	LOONGFORGE_BUILD=$(abspath $(BUILD)) LOONGFORGE_PYTHON=$(PY) bin/loongforge demo --out $(DEMO_DIR)
 
 bench-loader: build
 	$(PY) bench/loader/run.py --cli $(BUILD)/loongforge

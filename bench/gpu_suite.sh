@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# One script for the GPU machine (see ../shared/GPU.md), in phases so each fits one device call
-# (10 minutes at most):
+# One script for the GPU machine, in phases so each fits in 10 minutes:
 #
 #   bash bench/gpu_suite.sh test            # configure + build (build-gpu/), ctest (GPU tests run),
 #                                           # pytest under torch 2.x

@@ -1,4 +1,4 @@
-# CUDA is an option, not a dependency (STYLE.md 2). AUTO turns it on when a CUDA compiler works.
+# CUDA is an option, not a dependency (docs/ARCHITECTURE.md). AUTO turns it on when a CUDA compiler works.
 set(LF_HAVE_CUDA OFF)
 set(LF_HAVE_NVJPEG OFF)
 set(LF_HAVE_CUFILE OFF)

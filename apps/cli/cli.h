@@ -1,13 +1,22 @@
-// The `loongforge` command-line tool: subcommand registry, argument parsing and the one place
-// (besides the Python bindings) where a Status becomes an exit code and one clear line.
+// The `loongforge` command-line tool: command registry, CLI11 set-up, and the one place (besides
+// the Python bindings) where a Status becomes an exit code and one clear line.
 //
-// Each module adds its subcommands in its own apps/cli/cmd_<module>.cc with
-//   LF_CLI_COMMAND("pack", "pack an episode folder into an LMDB", RunPack);
+// Argument parsing is CLI11's (header-only, Debian libcli11-dev). Each module adds its commands in
+// its own apps/cli/cmd_<module>.cc:
+//
+//   void AddPack(CLI::App& root) {
+//     auto o = std::make_shared<PackOptions>();
+//     CLI::App* app = AddCommand(root, "pack", "pack an episode folder", [o] { ... });
+//     app->add_option("--src", o->src, "episode folder")->required();
+//   }
+//   LF_CLI_COMMAND(AddPack);
+//
+// Options bind to the library's Options structs, so a flag's default is the struct's default.
+// main.cc parses, then runs the RunFn of the deepest subcommand on the command line.
 #pragma once
 
-#include <cstdint>
-#include <map>
-#include <set>
+#include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,18 +25,25 @@
 namespace loongforge {
 namespace cli {
 
-using CommandFn = int (*)(int argc, char** argv);  // argv[0] is the subcommand name
+// What a command does once its arguments parsed; runs after every option is stored.
+using RunFn = std::function<Status()>;
+// Adds a command (and its subcommands) to the root app.
+using SetupFn = void (*)(CLI::App& root);
 
-struct Command {
-  std::string name, help;
-  CommandFn fn;
-};
-
-std::map<std::string, Command>& Registry();
+std::vector<SetupFn>& Registry();
 
 struct Registrar {
-  Registrar(const char* name, const char* help, CommandFn fn);
+  explicit Registrar(SetupFn fn) { Registry().push_back(fn); }
 };
+
+// Adds subcommand `name` to `parent`. `run` is called when `name` is the deepest subcommand on the
+// command line. A command with subcommands of its own (ckpt, mem, bench) passes no `run` and
+// requires one of them.
+CLI::App* AddCommand(CLI::App& parent, const std::string& name, const std::string& help,
+                     RunFn run = nullptr);
+
+// The RunFn of `app` (null if none was given).
+const RunFn& RunOf(const CLI::App* app);
 
 // Exit codes: 0 ok, 1 runtime failure, 2 usage / invalid argument, 3 not found, 4 data loss,
 // 5 resource exhausted.
@@ -35,44 +51,11 @@ int ExitCode(const Status& s);
 // Prints "loongforge <cmd>: error: <status>" to stderr and returns ExitCode(s).
 int Fail(const std::string& cmd, const Status& s);
 
-// A small --flag value parser. Flags are declared before Parse(); unknown flags are an error.
-class Args {
- public:
-  Args(std::string cmd, std::string usage) : cmd_(std::move(cmd)), usage_(std::move(usage)) {}
-  // Declares a flag that takes a value, with a default ("" = none) and help.
-  Args& Flag(const std::string& name, const std::string& def, const std::string& help);
-  // Declares a boolean switch (present = true).
-  Args& Switch(const std::string& name, const std::string& help);
-  // Parses argv[1..]; positional arguments are collected in order. --help prints usage.
-  Status Parse(int argc, char** argv);
-  bool help_requested() const { return help_; }
-  std::string Usage() const;
-
-  std::string Get(const std::string& name) const;
-  bool Has(const std::string& name) const;  // switch present, or flag given explicitly
-  StatusOr<int64_t> GetInt(const std::string& name) const;
-  StatusOr<double> GetDouble(const std::string& name) const;
-  const std::vector<std::string>& positional() const { return positional_; }
-
- private:
-  struct Spec {
-    std::string def, help;
-    bool is_switch;
-  };
-  std::string cmd_, usage_;
-  std::map<std::string, Spec> specs_;
-  std::vector<std::string> order_;
-  std::map<std::string, std::string> values_;
-  std::set<std::string> given_;
-  std::vector<std::string> positional_;
-  bool help_ = false;
-};
-
 // Parses "640x480" into width and height.
 Status ParseSize(const std::string& s, int* w, int* h);
 
 }  // namespace cli
 }  // namespace loongforge
 
-#define LF_CLI_COMMAND(name, help, fn) \
-  static ::loongforge::cli::Registrar LF_CONCAT(_lf_cli_reg_, __LINE__)(name, help, fn)
+#define LF_CLI_COMMAND(setup) \
+  static ::loongforge::cli::Registrar LF_CONCAT(_lf_cli_reg_, __LINE__)(setup)

@@ -1,11 +1,12 @@
-// `loongforge bench loader`: measures the DataFusion CPU loader on a packed DB: model-ready
-// samples/s, inter-batch interval p50/p99/std as the consumer sees it, pipeline latency, CPU time
-// per image and resident memory per epoch (flatness).
+// `loongforge bench loader`: measures the DataFusion loader (CPU or GPU) on a packed DB:
+// model-ready samples/s, inter-batch interval p50/p99/std as the consumer sees it, pipeline
+// latency, CPU time per image and resident memory per epoch (flatness).
 #include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "cli.h"
@@ -15,6 +16,11 @@
 namespace loongforge {
 namespace cli {
 namespace {
+
+using data::DataLoader;
+using data::LoaderDevice;
+using data::LoaderDeviceInfo;
+using data::LoaderOptions;
 
 double CpuSeconds() {
   rusage ru{};
@@ -31,86 +37,32 @@ int64_t RssKb() {
   return 0;
 }
 
-using data::DataLoader;
-using data::LoaderDevice;
-using data::LoaderDeviceInfo;
-using data::LoaderOptions;
-
-int RunBenchLoader(int argc, char** argv) {
-  Args a("bench loader", "--db DB [options]");
-  a.Flag("db", "", "packed dataset (loongforge pack)")
-      .Flag("batch", "32", "batch size")
-      .Flag("threads", "2", "decode threads")
-      .Flag("prefetch", "4", "batches in flight")
-      .Flag("image-size", "224", "output side")
-      .Flag("epochs", "1", "epochs to run")
-      .Flag("max-batches", "0", "stop each epoch after this many batches (0 = all)")
-      .Flag("warmup", "3", "batches excluded from the timing")
-      .Flag("device", "cpu", "cpu | cuda (nvJPEG + fused kernel; needs a build with nvJPEG)")
-      .Flag("token-buckets", "", "static batches: token lengths, e.g. 32,64,128")
-      .Switch("static-shapes", "static batches (one bucket unless --token-buckets)")
-      .Switch("truncate-tokens", "cut instructions longer than the largest bucket")
-      .Switch("jitter", "colour jitter on")
-      .Switch("no-dct", "disable DCT-domain scaling")
-      .Switch("json", "print one JSON object");
-  if (Status s = a.Parse(argc, argv); !s.ok()) return Fail("bench loader", s);
-  if (a.help_requested()) {
-    std::printf("%s", a.Usage().c_str());
-    return 0;
-  }
-  if (a.Get("db").empty()) return Fail("bench loader", InvalidArgumentError("--db is required"));
-  LoaderOptions o;
-  o.db_path = a.Get("db");
-  auto geti = [&](const char* n, int* out) -> Status {
-    LF_ASSIGN_OR_RETURN(int64_t v, a.GetInt(n));
-    *out = static_cast<int>(v);
-    return Status::Ok();
-  };
+// Flags of `bench loader` that are not LoaderOptions fields.
+struct BenchFlags {
   int epochs = 1, max_batches = 0, warmup = 3;
-  for (auto [name, dst] : {std::pair<const char*, int*>{"batch", &o.batch_size},
-                           {"threads", &o.threads},
-                           {"prefetch", &o.prefetch},
-                           {"image-size", &o.image_size},
-                           {"epochs", &epochs},
-                           {"max-batches", &max_batches},
-                           {"warmup", &warmup}})
-    if (Status s = geti(name, dst); !s.ok()) return Fail("bench loader", s);
-  o.color_jitter = a.Has("jitter");
-  o.static_shapes = a.Has("static-shapes");
-  o.truncate_tokens = a.Has("truncate-tokens");
-  const std::string bucket_list = a.Get("token-buckets");
-  for (size_t pos = 0; pos < bucket_list.size();) {
-    size_t end = bucket_list.find(',', pos);
-    if (end == std::string::npos) end = bucket_list.size();
-    const std::string item = bucket_list.substr(pos, end - pos);
-    char* stop = nullptr;
-    const long v = std::strtol(item.c_str(), &stop, 10);
-    if (item.empty() || *stop != '\0' || v <= 0 || v > (1 << 20))
-      return Fail("bench loader",
-                  InvalidArgumentError("--token-buckets: '" + item + "' is not a positive length"));
-    o.token_buckets.push_back(static_cast<int>(v));
-    pos = end + 1;
-  }
-  o.dct_scaling = !a.Has("no-dct");
-  if (a.Get("device") == "cuda")
-    o.device = LoaderDevice::kCuda;
-  else if (a.Get("device") != "cpu")
-    return Fail("bench loader", InvalidArgumentError("--device must be cpu or cuda"));
+  std::string device = "cpu";
+  bool no_dct = false, json = false;
+};
+
+Status BenchLoader(LoaderOptions o, const BenchFlags& f) {
+  const int epochs = f.epochs, max_batches = f.max_batches, warmup = f.warmup;
+  o.dct_scaling = !f.no_dct;
+  if (f.device == "cuda") o.device = LoaderDevice::kCuda;
   auto dl = DataLoader::Create(o);
-  if (!dl.ok()) return Fail("bench loader", dl.status());
+  if (!dl.ok()) return dl.status();
   Histogram interval;
   std::vector<int64_t> rss_per_epoch;
   int64_t samples = 0, images0 = 0;
   double t0 = 0, cpu0 = 0;
   int seen = 0;
   for (int ep = 0; ep < epochs; ++ep) {
-    if (Status s = (*dl)->Start(ep); !s.ok()) return Fail("bench loader", s);
+    LF_RETURN_IF_ERROR((*dl)->Start(ep));
     double last = NowSeconds();
     for (int b = 0; max_batches <= 0 || b < max_batches; ++b) {
       auto batch = (*dl)->Next();
       if (!batch.ok()) {
         if (batch.status().code() == StatusCode::kOutOfRange) break;
-        return Fail("bench loader", batch.status());
+        return batch.status();
       }
       double now = NowSeconds();
       if (seen == warmup) {
@@ -130,13 +82,12 @@ int RunBenchLoader(int argc, char** argv) {
   }
   double wall = NowSeconds() - t0, cpu = CpuSeconds() - cpu0;
   int64_t images = (*dl)->metrics().Counters()["images_decoded"] - images0;
-  if (seen <= warmup + 1)
-    return Fail("bench loader", InvalidArgumentError("too few batches for a measurement"));
+  if (seen <= warmup + 1) return InvalidArgumentError("too few batches for a measurement");
   HistogramSummary iv = interval.Summary();
   HistogramSummary lat = (*dl)->metrics().Histograms()["batch_latency_ms"];
   double sps = samples / wall;
   double cpu_ms_per_image = images > 0 ? 1e3 * cpu / images : 0;
-  if (a.Has("json")) {
+  if (f.json) {
     std::printf(
         "{\"samples_per_s\": %.2f, \"images_per_s\": %.2f, \"batches\": %lld, "
         "\"interval_ms\": %s, \"pipeline_latency_ms\": %s, \"cpu_ms_per_image\": %.3f, "
@@ -166,17 +117,45 @@ int RunBenchLoader(int argc, char** argv) {
     for (int64_t r : rss_per_epoch) std::printf(" %.1f", r / 1024.0);
     std::printf("\n  stages:\n%s", (*dl)->metrics().ToText().c_str());
   }
-  return 0;
+  return Status::Ok();
 }
 
-int RunBench(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "loader") return RunBenchLoader(argc - 1, argv + 1);
-  std::fprintf(stderr,
-               "usage: loongforge bench loader --db DB [--batch 32 --threads 2 --json ...]\n");
-  return 2;
+void AddBench(CLI::App& root) {
+  CLI::App* bench = AddCommand(root, "bench", "benchmarks: `bench loader` (DataFusion loader)");
+  auto o = std::make_shared<LoaderOptions>();
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* app = AddCommand(*bench, "loader",
+                             "model-ready samples/s, batch interval p50/p99/std, pipeline "
+                             "latency, CPU per image and RSS per epoch of the loader on a DB",
+                             [o, f] { return BenchLoader(*o, *f); });
+  app->add_option("--db", o->db_path, "packed dataset (loongforge pack)")->required();
+  app->add_option("--batch", o->batch_size, "batch size")->capture_default_str();
+  app->add_option("--threads", o->threads, "decode threads")->capture_default_str();
+  app->add_option("--prefetch", o->prefetch, "batches in flight")->capture_default_str();
+  app->add_option("--image-size", o->image_size, "output side")->capture_default_str();
+  app->add_option("--epochs", f->epochs, "epochs to run")->capture_default_str();
+  app->add_option("--max-batches", f->max_batches,
+                  "stop each epoch after this many batches (0 = all)")
+      ->capture_default_str();
+  app->add_option("--warmup", f->warmup, "batches excluded from the timing")->capture_default_str();
+  app->add_option("--device", f->device,
+                  "cpu | cuda (nvJPEG + fused kernel; needs a build with nvJPEG)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app->add_option("--token-buckets", o->token_buckets,
+                  "static batches: token lengths, e.g. 32,64,128")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_flag("--static-shapes", o->static_shapes,
+                "static batches (one bucket unless --token-buckets)");
+  app->add_flag("--truncate-tokens", o->truncate_tokens,
+                "cut instructions longer than the largest bucket");
+  app->add_flag("--jitter", o->color_jitter, "colour jitter on");
+  app->add_flag("--no-dct", f->no_dct, "disable DCT-domain scaling");
+  app->add_flag("--json", f->json, "print one JSON object");
 }
 
 }  // namespace
-LF_CLI_COMMAND("bench", "benchmarks: `bench loader` (DataFusion CPU loader)", RunBench);
+LF_CLI_COMMAND(AddBench);
 }  // namespace cli
 }  // namespace loongforge

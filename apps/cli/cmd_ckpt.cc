@@ -4,7 +4,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli.h"
 #include "loongforge/ckpt.h"
@@ -15,17 +17,14 @@ namespace cli {
 namespace {
 using ckpt::CheckpointVault;
 
-constexpr const char* kUsage =
-    "ckpt <ls|show|verify|restore|merge|gc|export> DIR [options]\n"
-    "  ls DIR                      list checkpoints\n"
-    "  show DIR [--step N]         tensors of a checkpoint (default: latest)\n"
-    "  verify DIR [--step N|--all] re-read every chunk and check its checksum\n"
-    "  restore DIR --out OUTDIR [--step N] [--force]   write each tensor as OUTDIR/<i>.bin +\n"
-    "                              tensors.json (OUTDIR new or empty; --force replaces those "
-    "files)\n"
-    "  merge DIR [--step N]        make a checkpoint self-contained (one segment)\n"
-    "  gc DIR [--dry-run]          delete segments no checkpoint references\n"
-    "  export DIR --out FILE.safetensors [--step N]";
+// The options of every ckpt subcommand; each subcommand declares the ones it reads.
+struct Args {
+  std::optional<int64_t> step;  // --step (default: latest)
+  std::string out;              // --out
+  bool all = false;             // verify --all
+  bool dry_run = false;         // gc --dry-run
+  bool force = false;           // restore --force
+};
 
 std::string Human(int64_t b) {
   char buf[32];
@@ -47,7 +46,7 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 }
 
 StatusOr<int64_t> PickStep(const Args& a, const CheckpointVault& v) {
-  if (a.Has("step")) return a.GetInt("step");
+  if (a.step) return *a.step;
   auto l = v.Latest();
   if (!l) return NotFoundError("no checkpoint in " + v.dir());
   return *l;
@@ -97,7 +96,7 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
   }
   if (sub == "verify") {
     std::vector<int64_t> steps;
-    if (a.Has("all")) {
+    if (a.all) {
       LF_ASSIGN_OR_RETURN(steps, v->List());
     } else {
       LF_ASSIGN_OR_RETURN(int64_t s, PickStep(a, *v));
@@ -117,7 +116,6 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     return Status::Ok();
   }
   if (sub == "export" || sub == "restore") {
-    if (!a.Has("out")) return InvalidArgumentError("--out is required");
     LF_ASSIGN_OR_RETURN(int64_t step, PickStep(a, *v));
     LF_ASSIGN_OR_RETURN(int64_t total, TotalBytes(*v, step));
     ProgressBar bar(sub + " " + std::to_string(step), total);
@@ -127,17 +125,16 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
       last = done;
     };
     if (sub == "export") {
-      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.Get("out"), progress));
+      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, progress));
       bar.Finish();
-      std::printf("wrote %s\n", a.Get("out").c_str());
+      std::printf("wrote %s\n", a.out.c_str());
       return Status::Ok();
     }
-    const std::string out = a.Get("out");
-    LF_RETURN_IF_ERROR(v->RestoreToDirectory(step, out, a.Has("force"), progress));
+    LF_RETURN_IF_ERROR(v->RestoreToDirectory(step, a.out, a.force, progress));
     bar.Finish();
     LF_ASSIGN_OR_RETURN(auto infos, v->Describe(step));
     std::printf("restored %zu tensors of checkpoint %lld into %s\n", infos.size(),
-                static_cast<long long>(step), out.c_str());
+                static_cast<long long>(step), a.out.c_str());
     return Status::Ok();
   }
   if (sub == "merge") {
@@ -154,11 +151,11 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     return Status::Ok();
   }
   if (sub == "gc") {
-    LF_ASSIGN_OR_RETURN(auto st, v->Gc(a.Has("dry-run")));
+    LF_ASSIGN_OR_RETURN(auto st, v->Gc(a.dry_run));
     std::printf("%s %lld segments (%s); %lld live segments (%s)\n",
-                a.Has("dry-run") ? "would delete" : "deleted",
-                static_cast<long long>(st.segments_deleted), Human(st.bytes_freed).c_str(),
-                static_cast<long long>(st.segments_live), Human(st.bytes_live).c_str());
+                a.dry_run ? "would delete" : "deleted", static_cast<long long>(st.segments_deleted),
+                Human(st.bytes_freed).c_str(), static_cast<long long>(st.segments_live),
+                Human(st.bytes_live).c_str());
     for (const auto& p : st.skipped)
       std::printf("left alone (not a vault segment): %s\n", p.c_str());
     return Status::Ok();
@@ -166,27 +163,41 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
   return InvalidArgumentError("unknown ckpt subcommand '" + sub + "'");
 }
 
-int RunCkpt(int argc, char** argv) {
-  Args args("ckpt", kUsage);
-  args.Flag("step", "", "checkpoint step (default: latest)");
-  args.Flag("out", "", "output file (export) or directory (restore)");
-  args.Switch("all", "verify every checkpoint");
-  args.Switch("dry-run", "gc: only report");
-  args.Switch("force", "restore: replace the files restore writes in a non-empty --out");
-  if (Status s = args.Parse(argc, argv); !s.ok()) return Fail("ckpt", s);
-  if (args.help_requested()) {
-    std::printf("%s", args.Usage().c_str());
-    return 0;
+void AddCkpt(CLI::App& root) {
+  CLI::App* ckpt = AddCommand(root, "ckpt", "inspect and maintain a checkpoint directory");
+  struct Sub {
+    const char* name;
+    const char* help;
+  };
+  for (const Sub& sub : {
+           Sub{"ls", "list checkpoints"},
+           Sub{"show", "tensors of a checkpoint"},
+           Sub{"verify", "re-read every chunk and check its checksum"},
+           Sub{"restore",
+               "write each tensor as OUT/<i>.bin, and OUT/tensors.json (OUT new or empty)"},
+           Sub{"merge", "make a checkpoint self-contained (one segment)"},
+           Sub{"gc", "delete segments no checkpoint references"},
+           Sub{"export", "write a checkpoint as one .safetensors file"},
+       }) {
+    auto a = std::make_shared<Args>();
+    auto dir = std::make_shared<std::string>();
+    const std::string name = sub.name;
+    CLI::App* app =
+        AddCommand(*ckpt, name, sub.help, [name, a, dir] { return Run(name, *a, *dir); });
+    app->add_option("DIR", *dir, "checkpoint directory")->required();
+    if (name != "ls" && name != "gc")
+      app->add_option("--step", a->step, "checkpoint step (default: latest)");
+    if (name == "restore") {
+      app->add_option("--out", a->out, "output directory (new or empty)")->required();
+      app->add_flag("--force", a->force, "replace the files restore writes in a non-empty --out");
+    }
+    if (name == "export") app->add_option("--out", a->out, "output .safetensors file")->required();
+    if (name == "verify") app->add_flag("--all", a->all, "verify every checkpoint");
+    if (name == "gc") app->add_flag("--dry-run", a->dry_run, "only report");
   }
-  if (args.positional().size() != 2)
-    return Fail("ckpt", InvalidArgumentError(std::string("usage: loongforge ") + kUsage));
-  Status s = Run(args.positional()[0], args, args.positional()[1]);
-  if (!s.ok()) return Fail("ckpt " + args.positional()[0], s);
-  return 0;
 }
 
 }  // namespace
-LF_CLI_COMMAND("ckpt", "inspect and maintain checkpoints: ls show verify restore merge gc export",
-               RunCkpt);
+LF_CLI_COMMAND(AddCkpt);
 }  // namespace cli
 }  // namespace loongforge

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -13,15 +14,12 @@ namespace loongforge {
 namespace cli {
 namespace {
 
-constexpr const char* kUsage =
-    "<plan|replay> TRACE [options]\n"
-    "  plan TRACE     plan every step: lower bound (max live bytes), peak, overhead, algorithm\n"
-    "  replay TRACE   run the trace through MemSculptor's allocator over host memory and report\n"
-    "                 peak allocated/reserved, fragmentation, planned hits/misses, latency;\n"
-    "                 --mode pool | planned | first_sight | caching | all (default all, side by\n"
-    "                 side; caching = a model of torch's caching allocator, the baseline)\n"
-    "TRACE lines: 'a ID SIZE STREAM TIME_NS', 'f ID STREAM TIME_NS', 's TIME_NS SIGNATURE';\n"
-    "the file may be zstd-compressed (e.g. bench/traces/*.trace.zst)";
+// The options of `mem plan` and `mem replay`; each subcommand declares the ones it reads.
+struct Args {
+  bool json = false;
+  std::string mode = "all";
+  int64_t segment_mb = 32, capacity_gb = 64, max_plans = 64;
+};
 
 StatusOr<mem::Trace> LoadTrace(const std::string& path) { return mem::Trace::Load(path); }
 
@@ -61,7 +59,7 @@ Status RunPlan(const Args& a, const std::string& path) {
                      sp.max_step_lower_bound_bytes
                : 0.0;
   };
-  if (a.Has("json")) {
+  if (a.json) {
     nlohmann::json j;
     j["trace"] = path;
     j["events"] = trace.size();
@@ -152,9 +150,7 @@ nlohmann::json StatsJson(const std::string& mode, const mem::AllocatorStats& s) 
 
 Status RunReplay(const Args& a, const std::string& path) {
   mem::ReplayOptions o;
-  LF_ASSIGN_OR_RETURN(int64_t segment_mb, a.GetInt("segment-mb"));
-  LF_ASSIGN_OR_RETURN(int64_t capacity_gb, a.GetInt("capacity-gb"));
-  LF_ASSIGN_OR_RETURN(int64_t max_plans, a.GetInt("max-plans"));
+  const int64_t segment_mb = a.segment_mb, capacity_gb = a.capacity_gb, max_plans = a.max_plans;
   if (segment_mb < 1) return InvalidArgumentError("--segment-mb must be at least 1");
   if (capacity_gb < 1) return InvalidArgumentError("--capacity-gb must be at least 1");
   if (max_plans < 0) return InvalidArgumentError("--max-plans must be >= 0 (0 = no bound)");
@@ -162,11 +158,11 @@ Status RunReplay(const Args& a, const std::string& path) {
   o.capacity_bytes = static_cast<size_t>(capacity_gb) << 30;
   o.max_plans = static_cast<size_t>(max_plans);
   std::vector<std::string> modes;
-  if (a.Get("mode") == "all") {
+  if (a.mode == "all") {
     modes = {"pool", "planned", "first_sight", "caching"};
   } else {
-    LF_RETURN_IF_ERROR(mem::ParseReplayMode(a.Get("mode")).status());
-    modes = {a.Get("mode")};
+    LF_RETURN_IF_ERROR(mem::ParseReplayMode(a.mode).status());
+    modes = {a.mode};
   }
   LF_ASSIGN_OR_RETURN(mem::Trace trace, LoadTrace(path));
   std::vector<std::pair<std::string, mem::AllocatorStats>> results;
@@ -176,7 +172,7 @@ Status RunReplay(const Args& a, const std::string& path) {
     if (!s.ok()) return s.status().WithContext(path + " (mode " + m + ")");
     results.emplace_back(m, *s);
   }
-  if (a.Has("json")) {
+  if (a.json) {
     nlohmann::json j;
     j["trace"] = path;
     j["events"] = trace.size();
@@ -203,34 +199,40 @@ Status RunReplay(const Args& a, const std::string& path) {
   return Status::Ok();
 }
 
-int RunMem(int argc, char** argv) {
-  Args args("mem", kUsage);
-  args.Switch("json", "print JSON instead of a table");
-  args.Flag("mode", "all", "replay: pool, planned, first_sight, caching or all");
-  args.Flag("segment-mb", "32", "replay: pool segment size in MiB");
-  args.Flag("capacity-gb", "64", "replay: host range standing in for device memory, GiB");
-  args.Flag("max-plans", "64", "replay: bound on cached plans (0 = none)");
-  if (Status s = args.Parse(argc, argv); !s.ok()) return Fail("mem", s);
-  if (args.help_requested()) {
-    std::printf("%s", args.Usage().c_str());
-    return 0;
+void AddMem(CLI::App& root) {
+  CLI::App* mem = AddCommand(root, "mem", "MemSculptor plans and allocator over a recorded trace");
+  mem->footer(
+      "TRACE lines: 'a ID SIZE STREAM TIME_NS', 'f ID STREAM TIME_NS', 's TIME_NS SIGNATURE'; the "
+      "file may be zstd-compressed (e.g. bench/traces/*.trace.zst), as MemSculptor.record("
+      "trace_path=...) writes it.");
+  for (const char* name : {"plan", "replay"}) {
+    auto a = std::make_shared<Args>();
+    auto path = std::make_shared<std::string>();
+    const bool replay = std::string(name) == "replay";
+    CLI::App* app = AddCommand(
+        *mem, name,
+        replay ? "run the trace through MemSculptor's allocator over host memory: peak "
+                 "allocated/reserved, fragmentation, planned hits/misses, latency"
+               : "plan every step: lower bound (max live bytes), peak, overhead, algorithm",
+        [replay, a, path] { return replay ? RunReplay(*a, *path) : RunPlan(*a, *path); });
+    app->add_option("TRACE", *path, "trace file (text, or .zst)")->required();
+    app->add_flag("--json", a->json, "print JSON instead of a table");
+    if (!replay) continue;
+    app->add_option("--mode", a->mode,
+                    "pool, planned, first_sight, caching (a model of torch's caching allocator, "
+                    "the baseline) or all, side by side")
+        ->capture_default_str();
+    app->add_option("--segment-mb", a->segment_mb, "pool segment size in MiB")
+        ->capture_default_str();
+    app->add_option("--capacity-gb", a->capacity_gb,
+                    "host range standing in for device memory, GiB")
+        ->capture_default_str();
+    app->add_option("--max-plans", a->max_plans, "bound on cached plans (0 = none)")
+        ->capture_default_str();
   }
-  if (args.positional().size() != 2)
-    return Fail("mem", InvalidArgumentError(std::string("usage: loongforge mem ") + kUsage));
-  const std::string& sub = args.positional()[0];
-  Status s;
-  if (sub == "plan")
-    s = RunPlan(args, args.positional()[1]);
-  else if (sub == "replay")
-    s = RunReplay(args, args.positional()[1]);
-  else
-    s = InvalidArgumentError("unknown mem subcommand '" + sub + "' (plan, replay)");
-  if (!s.ok()) return Fail("mem " + sub, s);
-  return 0;
 }
 
 }  // namespace
-LF_CLI_COMMAND("mem", "MemSculptor over a recorded trace: `mem plan TRACE`, `mem replay TRACE`",
-               RunMem);
+LF_CLI_COMMAND(AddMem);
 }  // namespace cli
 }  // namespace loongforge

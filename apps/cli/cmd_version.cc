@@ -1,5 +1,6 @@
-// `loongforge info`: build information as text or JSON (same as --version).
+// `loongforge info` (alias `version`): build information as text or JSON (same as --version).
 #include <cstdio>
+#include <memory>
 
 #include "cli.h"
 #include "loongforge/build_info.h"
@@ -8,20 +9,18 @@ namespace loongforge {
 namespace cli {
 namespace {
 
-int RunInfo(int argc, char** argv) {
-  Args args("info", "[--json]");
-  args.Switch("json", "print JSON");
-  if (Status s = args.Parse(argc, argv); !s.ok()) return Fail("info", s);
-  if (args.help_requested()) {
-    std::printf("%s", args.Usage().c_str());
-    return 0;
-  }
-  BuildInfo b = GetBuildInfo();
-  std::printf("%s", args.Has("json") ? (b.ToJson() + "\n").c_str() : b.ToText().c_str());
-  return 0;
+void AddInfo(CLI::App& root) {
+  auto json = std::make_shared<bool>(false);
+  CLI::App* app = AddCommand(root, "info", "build information (same as --version)", [json] {
+    BuildInfo b = GetBuildInfo();
+    std::printf("%s", *json ? (b.ToJson() + "\n").c_str() : b.ToText().c_str());
+    return Status::Ok();
+  });
+  app->alias("version");
+  app->add_flag("--json", *json, "print JSON");
 }
 
 }  // namespace
-LF_CLI_COMMAND("info", "build information (same as --version)", RunInfo);
+LF_CLI_COMMAND(AddInfo);
 }  // namespace cli
 }  // namespace loongforge

@@ -1,4 +1,4 @@
-"""NexusSync on one GPU (for the lead to run on the GPU machine; see docs/bench_comm.md).
+"""NexusSync on one GPU (run on the GPU machine; see docs/bench_comm.md).
 
 1. CUDA top-k with error feedback (loongforge) vs torch.topk and torch's error-feedback sequence,
    1e6..1e8 fp32 elements, ratio 1%, CUDA-event timing, median of repeats; the CUDA kernel's

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# MemSculptor on the GPU machine. Run from the repo root after building into build-gpu/ (the lead's
-# GPU suite runs every bench/*/gpu_run.sh so, with PYTHONPATH=python); $1 = output directory.
+# MemSculptor on the GPU machine. Run from the repo root after building into build-gpu/ (the
+# GPU suite, bench/gpu_suite.sh, runs every bench/*/gpu_run.sh so, with PYTHONPATH=python); $1 = output directory.
 # Budget: about 8 minutes in all; every part has its own timeout, a failed part does not stop the
 # next ones, and the exit status is non-zero if any part failed.
 #   1. C++ tests   ./build-gpu/loongforge_tests --gtest_filter='Mem*'   (MemCuda.* run on the device)

@@ -1,4 +1,4 @@
-// All CUDA error checking in one header (STYLE.md 6). Include only from CUDA-enabled sources.
+// All CUDA error checking in one header. Include only from CUDA-enabled sources.
 //
 //   LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(...));   // returns a Status with file:line, clears the
 //                                                    // sticky error

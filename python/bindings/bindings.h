@@ -3,7 +3,7 @@
 // Each component registers its bindings in its own python/bindings/bind_<module>.cc:
 //   LF_REGISTER_BINDINGS(data, [](py::module_& m) { ... });
 // and turns a Status into a Python exception with ThrowIfError (the only translation point on the
-// Python side; STYLE.md 4).
+// Python side).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -5,7 +5,7 @@ modes with the same seed and steps, and print the figures side by side.
 
 Writes DIR/raw (episodes), DIR/db (packed LMDB), DIR/{baseline,loongforge}.json (full summaries),
 DIR/{baseline,loongforge}.jsonl (per-step metrics), DIR/loongforge_trace.json (Chrome trace),
-DIR/loss.png (both loss curves) and DIR/demo.json (the table).
+DIR/loss.png (loss and step time per step, both modes) and DIR/demo.json (the table).
 """
 from __future__ import annotations
 
@@ -153,46 +153,57 @@ def curve_gap(base: Dict[str, Any], lf: Dict[str, Any]) -> Dict[str, float]:
             "max_rel_gap_10step_mean": max(means) if means else float("nan")}
 
 
-def plot_losses(curves: Dict[str, List[Dict[str, Any]]], path: str) -> None:
-    """Both loss curves as a PNG, drawn with PIL (no matplotlib on the target machines)."""
-    from PIL import Image, ImageDraw
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    """The trainer's per-step records (--metrics-jsonl); [] if the file is missing."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return []
 
-    w, h, pad = 800, 480, 60
-    img = Image.new("RGB", (w, h), "white")
-    d = ImageDraw.Draw(img)
-    all_l = [r["loss"] for c in curves.values() for r in c]
-    all_s = [r["step"] for c in curves.values() for r in c]
-    if not all_l:
-        img.save(path)
-        return
-    lo, hi = min(all_l), max(all_l)
-    hi = hi if hi > lo else lo + 1
-    s0, s1 = min(all_s), max(max(all_s), min(all_s) + 1)
 
-    def xy(step: float, loss: float) -> Tuple[float, float]:
-        return (pad + (step - s0) / (s1 - s0) * (w - 2 * pad),
-                h - pad - (loss - lo) / (hi - lo) * (h - 2 * pad))
+def plot_run(curves: Dict[str, List[Dict[str, Any]]], steps: Dict[str, List[Dict[str, Any]]],
+             warmup: int, path: str) -> None:
+    """The demo's figure as a PNG: loss per step (left) and step time per step (right), one line
+    per mode. `curves` are the summaries' loss_curve lists, `steps` the per-step JSONL records."""
+    import matplotlib
 
-    d.rectangle([pad, pad, w - pad, h - pad], outline="black")
-    for i in range(5):
-        v = lo + (hi - lo) * i / 4
-        y = xy(s0, v)[1]
-        d.line([pad - 5, y, pad, y], fill="black")
-        d.text((5, y - 6), f"{v:.3f}", fill="black")
-    for i in range(5):
-        st = s0 + (s1 - s0) * i / 4
-        x = xy(st, lo)[0]
-        d.line([x, h - pad, x, h - pad + 5], fill="black")
-        d.text((x - 10, h - pad + 8), f"{st:.0f}", fill="black")
-    colours = {"baseline": (200, 60, 40), "loongforge": (30, 90, 200)}
-    for k, (name, c) in enumerate(curves.items()):
-        pts = [xy(r["step"], r["loss"]) for r in c]
-        col = colours.get(name, (0, 0, 0))
-        if len(pts) > 1:
-            d.line(pts, fill=col, width=2)
-        d.text((w - pad - 150, pad + 10 + 16 * k), f"-- {name}", fill=col)
-    d.text((pad, 20), "flow-matching loss vs step (tiny GR00T-shaped policy)", fill="black")
-    img.save(path)
+    matplotlib.use("Agg")  # files only: no display on build machines
+    import matplotlib.pyplot as plt
+
+    colours = {"baseline": "tab:red", "loongforge": "tab:blue"}
+    widths = {"baseline": 2.5, "loongforge": 1.2}  # equal losses must not hide the baseline
+    fig, (ax_loss, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    for name, c in curves.items():
+        ax_loss.plot([r["step"] for r in c], [r["loss"] for r in c], label=name,
+                     color=colours.get(name), linewidth=widths.get(name, 1.5))
+    ax_loss.set_title("training loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("flow-matching loss")
+    for name, rows in steps.items():
+        rows = [r for r in rows if "step_s" in r]
+        ax_time.plot([r["step"] for r in rows], [r["step_s"] * 1e3 for r in rows], label=name,
+                     color=colours.get(name), linewidth=1.5)
+        wait = [(r["step"], r["data_wait_s"] * 1e3) for r in rows if "data_wait_s" in r]
+        if wait:
+            ax_time.plot([w[0] for w in wait], [w[1] for w in wait], label=f"{name}: data wait",
+                         color=colours.get(name), linewidth=1, linestyle="--")
+    if warmup > 0:
+        ax_time.axvspan(0.5, warmup + 0.5, color="0.9", label="warm-up (not timed)")
+    ax_time.set_title("step time")
+    ax_time.set_xlabel("step")
+    ax_time.set_ylabel("milliseconds")
+    timed = [r["step_s"] * 1e3 for rows in steps.values() for r in rows
+             if "step_s" in r and r.get("step", 0) > warmup]
+    # Warm-up steps (allocator recording, graph capture) can take 10x a timed step; clip them so
+    # the timed steps stay readable.
+    ax_time.set_ylim(0, 1.5 * max(timed) if timed else None)
+    for ax in (ax_loss, ax_time):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle("LoongForge demo: tiny GR00T-shaped policy, same data and seed in both modes")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -257,8 +268,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     base, lf = results["baseline"], results["loongforge"]
     text, rows = table(base, lf)
     gap = curve_gap(base, lf)
-    plot_losses({"baseline": base["loss_curve"], "loongforge": lf["loss_curve"]},
-                os.path.join(a.out, "loss.png"))
+    plot_run({"baseline": base["loss_curve"], "loongforge": lf["loss_curve"]},
+             {m: read_jsonl(os.path.join(a.out, f"{m}.jsonl")) for m in ("baseline", "loongforge")},
+             a.warmup, os.path.join(a.out, "loss.png"))
     header = [
         "LoongForge demo: tiny GR00T-N1.6-shaped policy, same seed, same data, same steps",
         f"machine: {machine()}",

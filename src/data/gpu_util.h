@@ -1,4 +1,4 @@
-// Small CUDA helpers of the GPU loader: waits with a timeout (STYLE.md 12: every wait has one).
+// Small CUDA helpers of the GPU loader: waits with a timeout (every wait has one).
 #pragma once
 
 #ifdef LOONGFORGE_WITH_CUDA

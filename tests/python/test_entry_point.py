@@ -1,0 +1,53 @@
+"""bin/loongforge, the entry point the README uses: from any directory, through a symlink, and
+without PYTHONPATH set by hand."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENTRY = os.path.join(REPO, "bin", "loongforge")
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LOONGFORGE_PYTHON"] = sys.executable
+    for build in (os.environ.get("LOONGFORGE_BUILD"), os.path.join(REPO, "build"),
+                  os.path.join(REPO, "build-gpu")):
+        if build and os.access(os.path.join(build, "loongforge"), os.X_OK):
+            env["LOONGFORGE_BUILD"] = build
+            break
+    else:
+        pytest.skip("no built loongforge CLI")
+    env.update(extra)
+    return env
+
+
+# Guards the README's promise: `loongforge python` imports this checkout's package in another
+# directory with PYTHONPATH unset, and the C++ CLI runs through a symlink to the script.
+def test_runs_anywhere_without_pythonpath(tmp_path):
+    env = _env()
+    r = subprocess.run([ENTRY, "python", "-c", "import loongforge; print(loongforge.__file__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == os.path.join(REPO, "python", "loongforge", "__init__.py")
+    link = tmp_path / "loongforge"
+    link.symlink_to(ENTRY)
+    r = subprocess.run([str(link), "--version"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("loongforge ")
+    r = subprocess.run([str(link), "train", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--mode" in r.stdout
+
+
+# Guards the error edge: a missing build is one line that says what to run, exit code 2.
+def test_missing_build_is_one_line(tmp_path):
+    env = _env(LOONGFORGE_BUILD=str(tmp_path / "nowhere"))
+    r = subprocess.run([ENTRY, "train", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "is not built" in r.stderr, r.stderr
