@@ -24,7 +24,7 @@
 
 #include "loongforge/status.h"
 
-namespace loongforge {
+namespace loongforge::data {
 
 constexpr int kDatasetFormatVersion = 1;
 constexpr const char* kSchemaKey = "__schema__";
@@ -125,4 +125,17 @@ class RecordWriter {
   bool committed_ = false;
 };
 
+}  // namespace loongforge::data
+
+// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
+// callers that still say loongforge::X compiling; remove them once every caller is in, or
+// qualifies with, loongforge::data.
+namespace loongforge {
+using data::CameraModality;
+using data::kDatasetFormatVersion;
+using data::kSchemaKey;
+using data::RecordReader;
+using data::RecordWriter;
+using data::SampleKey;
+using data::Schema;
 }  // namespace loongforge

@@ -5,7 +5,7 @@
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 
 py::dict SchemaDict(const Schema& s) {
@@ -132,6 +132,6 @@ void RegisterPack(py::module_& m) {
 }
 
 }  // namespace
-}  // namespace loongforge
+}  // namespace loongforge::data
 
-LF_REGISTER_BINDINGS(pack, loongforge::RegisterPack);
+LF_REGISTER_BINDINGS(pack, loongforge::data::RegisterPack);

@@ -12,7 +12,7 @@
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 
 template <typename T>
@@ -193,4 +193,4 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
   return o;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -30,7 +30,7 @@
 #include "loongforge/thread_pool.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
 
@@ -543,4 +543,4 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   return result;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -31,7 +31,7 @@
 #include "loongforge/progress.h"
 #include "loongforge/thread_pool.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
 
@@ -699,4 +699,4 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
   return r;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -13,7 +13,7 @@
 #include "loongforge/dataset.h"
 #include "loongforge/logging.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
 
@@ -336,4 +336,4 @@ Status RecordWriter::Commit(const Schema& schema) {
   return Status::Ok();
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data
