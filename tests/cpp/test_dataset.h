@@ -61,6 +61,8 @@ struct TestDbOptions {
   // These samples get 12 tokens while the schema keeps saying max_tokens 8 (an instruction the
   // schema's statistics missed).
   std::set<int64_t> long_tokens;
+  // These samples get a token id equal to the schema's vocab_size (one past the vocabulary).
+  std::set<int64_t> out_of_vocab_tokens;
 };
 
 inline std::string TempDir(const std::string& name) {
@@ -99,6 +101,7 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
     }
     std::vector<int32_t> tok(o.long_tokens.count(i) ? 12 : (i % 7) + 2);
     for (size_t t = 0; t < tok.size(); ++t) tok[t] = static_cast<int32_t>(3 + i + t);
+    if (o.out_of_vocab_tokens.count(i)) tok[1] = 259;
     if (!o.missing_tokens.count(i))
       LF_RETURN_IF_ERROR(
           w->Put(data::SampleKey(i, "tokens"),
