@@ -89,6 +89,8 @@ Status PackMain(int argc, char** argv) {
       .Flag("horizon", "16", "action chunk length (future steps per sample)")
       .Flag("tokenizer", "byte-v1", "tokenizer id")
       .Flag("threads", "0", "JPEG read/validate threads (0 = all cores)")
+      .Flag("max-instruction-bytes", std::to_string(kDefaultMaxInstructionBytes),
+            "longest instruction accepted (bytes); longer ones are refused")
       .Switch("overwrite", "replace an existing DB (atomically, when the new one is complete)")
       .Switch("quiet", "no progress bar");
   LF_RETURN_IF_ERROR(args.Parse(argc, argv));
@@ -103,8 +105,10 @@ Status PackMain(int argc, char** argv) {
     return InvalidArgumentError("--src and --out are required\n" + args.Usage());
   LF_ASSIGN_OR_RETURN(int64_t horizon, args.GetInt("horizon"));
   LF_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads"));
+  LF_ASSIGN_OR_RETURN(int64_t max_instruction, args.GetInt("max-instruction-bytes"));
   o.horizon = static_cast<int>(horizon);
   o.threads = static_cast<int>(threads);
+  o.max_instruction_bytes = static_cast<int>(max_instruction);
   o.tokenizer = args.Get("tokenizer");
   o.overwrite = args.Has("overwrite");
   o.progress = !args.Has("quiet");
