@@ -76,6 +76,9 @@ void AddPack(CLI::App& root) {
   app->add_option("--tokenizer", o->tokenizer, "tokenizer id")->capture_default_str();
   app->add_option("--threads", o->threads, "JPEG read/validate threads (0 = all cores)")
       ->capture_default_str();
+  app->add_option("--max-instruction-bytes", o->max_instruction_bytes,
+                  "longest instruction accepted (bytes); longer ones are refused")
+      ->capture_default_str();
   app->add_flag("--overwrite", o->overwrite,
                 "replace an existing DB (atomically, when the new one is complete)");
   app->add_flag("--quiet", *quiet, "no progress bar");

@@ -38,7 +38,7 @@ def run_timed(cmd):
 def python_pack(src: str, out: str, horizon: int) -> int:
     """Baseline: the same LMDB layout, written by a straightforward single-process Python loop."""
     env = lmdb.open(out, map_size=1 << 40, subdir=True)
-    eps = sorted(os.listdir(os.path.join(src, "episodes")))
+    eps = sorted(e for e in os.listdir(os.path.join(src, "episodes")) if not e.startswith("."))
     sid = 0
     txn = env.begin(write=True)
     for e, ep in enumerate(eps):

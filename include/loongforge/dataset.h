@@ -24,7 +24,7 @@
 
 #include "loongforge/status.h"
 
-namespace loongforge {
+namespace loongforge::data {
 
 constexpr int kDatasetFormatVersion = 1;
 constexpr const char* kSchemaKey = "__schema__";
@@ -57,7 +57,10 @@ std::string CameraModality(std::string_view camera);  // "cam_<camera>"
 class RecordReader {
  public:
   // Opens `path` (the LMDB directory). Returns NotFound if missing, FailedPrecondition if the DB
-  // is incomplete (no schema record), DataLoss if the schema cannot be parsed.
+  // is incomplete (no schema record, or a pack of it is still running or was interrupted),
+  // DataLoss naming data.mdb if the file is empty, not LMDB, or shorter than its LMDB meta pages
+  // say (checked before the file is mapped, so a truncated copy never raises SIGBUS), DataLoss if
+  // the schema cannot be parsed.
   // `max_readers` bounds concurrent read transactions (threads x processes).
   static StatusOr<std::unique_ptr<RecordReader>> Open(const std::string& path,
                                                       int max_readers = 256);
@@ -100,15 +103,29 @@ class RecordReader {
   Schema schema_;
 };
 
-// Writes a DB. Records are buffered into write transactions of `txn_records` puts; nothing is
-// visible as a complete DB until Commit(schema) has written the schema record, synced, and renamed
-// the staging directory "<path>.partial" to `path`. An existing `path` is refused unless overwrite.
+// Writes a DB (Note [Outputs are created, never followed] in src/common/file_util.h).
+//
+// Create() takes an exclusive lock on `path` (flock on the file "<path>.lock", removed again when
+// the writer ends), so a second writer to the same path fails at once with Unavailable, and
+// stages the DB in a new directory "<path>.partial.XXXXXX" (mkdtemp: a unique name, never a
+// folder that existed before). Records are buffered into write transactions of 512 puts; nothing
+// is visible at `path` until Commit(schema) has written the schema record, synced the file, and
+// renamed the staging directory to `path`.
+//
+// `path` must not exist, or, with `overwrite`, must be a LoongForge DB: a directory holding only
+// data.mdb (and LMDB's lock.mdb) whose data.mdb is a readable LMDB file with a __schema__ record.
+// Anything else (a user's folder or file, a symlink, '.', a damaged DB) is refused with
+// AlreadyExists saying why, and left untouched. A replaced DB is swapped out atomically at Commit
+// and only then removed. Staging directories left by a killed writer of the same path are removed
+// by the next Create (they are recognised by name and content).
+// Errors name the file: ResourceExhausted for a full disk, a quota or a file-size limit (also
+// when LMDB reports them as a short write, EIO), other write errors as errno.
 class RecordWriter {
  public:
   static StatusOr<std::unique_ptr<RecordWriter>> Create(const std::string& path,
                                                         bool overwrite = false,
                                                         int64_t map_size_bytes = int64_t{1} << 40);
-  ~RecordWriter();  // without Commit(): aborts and removes the staging directory
+  ~RecordWriter();  // without Commit(): aborts, removes the staging directory, releases the lock
   Status Put(std::string_view key, std::string_view value);
   Status Commit(const Schema& schema);
   int64_t bytes_written() const { return bytes_; }
@@ -116,7 +133,11 @@ class RecordWriter {
  private:
   RecordWriter() = default;
   Status FlushTxn();
-  std::string path_, staging_;
+  Status WriteError(int rc, const std::string& what) const;
+  Status Publish();
+  std::string path_, staging_, lock_path_;
+  int lock_fd_ = -1;
+  bool overwrite_ = false;
   void* env_ = nullptr;
   void* txn_ = nullptr;
   unsigned dbi_ = 0;
@@ -125,4 +146,25 @@ class RecordWriter {
   bool committed_ = false;
 };
 
+// Checks a "{sample_id:08d}_tokens" record read from the DB at `db_path`: a whole number of int32
+// ids, each in [0, schema.vocab_size) (only >= 0 when the schema has no vocab_size). A reader
+// calls it before the ids reach an embedding table. DataLoss naming the DB, the key, the bad id
+// and its position.
+Status CheckTokens(std::string_view record, const Schema& schema, const std::string& db_path,
+                   std::string_view key);
+
+}  // namespace loongforge::data
+
+// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
+// callers that still say loongforge::X compiling; remove them once every caller is in, or
+// qualifies with, loongforge::data.
+namespace loongforge {
+using data::CameraModality;
+using data::CheckTokens;
+using data::kDatasetFormatVersion;
+using data::kSchemaKey;
+using data::RecordReader;
+using data::RecordWriter;
+using data::SampleKey;
+using data::Schema;
 }  // namespace loongforge

@@ -15,7 +15,7 @@
 #include "loongforge/dataset.h"
 #include "loongforge/status.h"
 
-namespace loongforge {
+namespace loongforge::data {
 
 // ---- demo-data ----------------------------------------------------------------------------------
 
@@ -30,7 +30,7 @@ struct DemoDataOptions {
   uint64_t seed = 0;
   int quality = 90;        // JPEG quality, 4:2:0 chroma subsampling
   int threads = 0;         // 0 = hardware concurrency; the output does not depend on it
-  bool overwrite = false;  // replace an existing <out_dir>/episodes
+  bool overwrite = false;  // replace an existing <out_dir>/episodes written by demo-data
   bool progress = true;    // progress bar on stderr
 };
 
@@ -47,9 +47,13 @@ std::vector<std::string> DefaultCameraNames(int k);
 // wall and wooden table, lighting gradient, robot-arm links, boxes and balls that follow the
 // episode's state trajectory, per-pixel sensor noise) encoded with libjpeg-turbo, so JPEG sizes
 // and decode costs resemble real camera frames. Deterministic in (options minus threads/progress).
-// The episodes are staged in <out_dir>/episodes.partial and renamed into place when complete.
-// Errors: InvalidArgument for bad options, AlreadyExists if <out_dir>/episodes exists and
-// !overwrite, I/O errors naming the file.
+// The episodes are staged in a new directory <out_dir>/episodes.partial.XXXXXX (mkdtemp) and
+// renamed into place when complete; episodes/ gets a marker file ".loongforge-demo-data" (the
+// packer ignores dotfiles), and overwrite replaces only an episodes/ folder that carries it, never
+// recorded data.
+// Errors: InvalidArgument for bad options (threads < 0, camera names that repeat or are not
+// [A-Za-z0-9_-]+, ...), AlreadyExists if <out_dir>/episodes exists and !overwrite or is not
+// demo data, I/O errors naming the file.
 StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& options);
 
 // Renders one synthetic frame (RGB, width*height*3 bytes) for tests and benchmarks of decoders:
@@ -59,14 +63,26 @@ std::vector<uint8_t> RenderDemoFrame(int width, int height, uint64_t seed, int e
 
 // ---- pack ---------------------------------------------------------------------------------------
 
+// The longest instruction pack accepts by default, in bytes of UTF-8 (a paragraph; robot task
+// instructions are a sentence). Longer ones are refused rather than cut, so a dataset never
+// carries text its author did not see; raise PackOptions::max_instruction_bytes for long ones.
+constexpr int kDefaultMaxInstructionBytes = 4096;
+constexpr int kMaxInstructionBytesLimit = 1 << 20;
+constexpr int kMaxPackThreads = 1024;
+
 struct PackOptions {
   std::string src;                    // the folder holding episodes/
   std::string out;                    // the LMDB directory to create
-  int horizon = 16;                   // action chunk length (future steps per sample)
+  int horizon = 16;                   // action chunk length (future steps per sample), 1..4096
   std::string tokenizer = "byte-v1";  // MakeTokenizer() id
-  int threads = 0;                    // JPEG read/validate threads; 0 = hardware concurrency
-  bool overwrite = false;             // replace an existing DB at `out` (atomically, on success)
+  int threads = 0;  // JPEG read/validate threads, 0..kMaxPackThreads; 0 = hardware concurrency
+  // Replace an existing DB at `out` (atomically, on success). Only a LoongForge DB is replaced;
+  // any other file or folder at `out` is refused (RecordWriter in dataset.h).
+  bool overwrite = false;
   bool progress = true;
+  // Instructions longer than this (bytes) are refused, naming the file and line;
+  // 1..kMaxInstructionBytesLimit.
+  int max_instruction_bytes = kDefaultMaxInstructionBytes;
 };
 
 struct PackResult {
@@ -80,16 +96,22 @@ struct PackResult {
 
 // Validates every input and writes the DB (docs/DATASET.md). Samples are numbered 0..N-1 in
 // episode order (episode ids in natural order: digit runs compare numerically), then step order.
-// The DB is staged in <out>.partial and published by rename only after every record and the
-// schema are written and synced; on any error nothing is left at <out> (an existing DB replaced
-// with overwrite stays as it was) and <out>.partial is removed.
+// The DB is written through a RecordWriter (dataset.h), created before the inputs are scanned:
+// the output is locked for the whole pack, staged in a new <out>.partial.XXXXXX, and published by
+// rename only after every record and the schema are written and synced; on any error nothing is
+// left at <out> (an existing DB replaced with overwrite stays as it was) and the staging
+// directory is removed.
 // Errors name the file (and line for steps.jsonl):
 //   NotFound: missing <src>/episodes, steps.jsonl, camera folder in one episode, frame for a step.
-//   InvalidArgument: empty episodes folder, non-JSON line, missing/mistyped step/state/action/
-//     instruction, ragged state or action dims (expected vs got), non-contiguous step numbers,
-//     a camera folder not present in the first episode, a frame that is not a JPEG, a frame of a
-//     different size, a frame file with no step, a bad file name.
-//   AlreadyExists: `out` exists and !overwrite.
+//   InvalidArgument: bad options (horizon, threads, max_instruction_bytes, out = '.'), empty
+//     episodes folder, non-JSON line, missing/mistyped step/state/action/instruction, an
+//     instruction over max_instruction_bytes, ragged state or action dims (expected vs got),
+//     non-contiguous step numbers, a camera folder not present in the first episode, a frame that
+//     is not a JPEG, a frame of a different size, a frame file with no step, a bad file name, a
+//     tokenizer that returns ids outside its vocabulary.
+//   AlreadyExists: `out` exists and !overwrite, or exists and is not a LoongForge DB.
+//   Unavailable: another pack is writing `out`.
+//   ResourceExhausted: the disk, a quota or the file-size limit is full (naming the file).
 StatusOr<PackResult> PackEpisodes(const PackOptions& options);
 
 // ---- inspect ------------------------------------------------------------------------------------
@@ -97,10 +119,29 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& options);
 // A JSON report of the DB at `path`: "schema", "counts" (keys, samples, episodes), "modalities"
 // (per modality: count, total_bytes, mean_bytes), "db_file_bytes", and "sample" (sample
 // `sample_id` decoded: episode, step, tokens, text, state, action_row0, amask, and per camera
-// the JPEG width, height and bytes). OutOfRange if sample_id is not in the DB.
+// the JPEG width, height and bytes). OutOfRange if sample_id is not in the DB; DataLoss naming
+// the record if one has the wrong size or token ids outside the vocabulary (CheckTokens), and
+// naming data.mdb if the file is damaged.
 StatusOr<std::string> InspectJson(const std::string& path, int64_t sample_id);
 
 // The same report as human-readable text.
 StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id);
 
+}  // namespace loongforge::data
+
+// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
+// callers that still say loongforge::X compiling; remove them once every caller is in, or
+// qualifies with, loongforge::data.
+namespace loongforge {
+using data::DefaultCameraNames;
+using data::DemoDataOptions;
+using data::DemoDataResult;
+using data::GenerateDemoData;
+using data::InspectJson;
+using data::InspectText;
+using data::kDefaultMaxInstructionBytes;
+using data::PackEpisodes;
+using data::PackOptions;
+using data::PackResult;
+using data::RenderDemoFrame;
 }  // namespace loongforge

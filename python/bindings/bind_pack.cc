@@ -5,7 +5,7 @@
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 
 py::dict SchemaDict(const Schema& s) {
@@ -80,7 +80,7 @@ void RegisterPack(py::module_& m) {
   m.def(
       "pack",
       [](const std::string& src, const std::string& out, int horizon, bool overwrite,
-         const std::string& tokenizer, int threads, bool progress) {
+         const std::string& tokenizer, int threads, bool progress, int max_instruction_bytes) {
         PackOptions o;
         o.src = src;
         o.out = out;
@@ -89,6 +89,7 @@ void RegisterPack(py::module_& m) {
         o.tokenizer = tokenizer;
         o.threads = threads;
         o.progress = progress;
+        o.max_instruction_bytes = max_instruction_bytes;
         StatusOr<PackResult> r = [&] {
           py::gil_scoped_release release;
           return PackEpisodes(o);
@@ -105,8 +106,10 @@ void RegisterPack(py::module_& m) {
       },
       py::arg("src"), py::arg("out"), py::arg("horizon") = 16, py::arg("overwrite") = false,
       py::arg("tokenizer") = "byte-v1", py::arg("threads") = 0, py::arg("progress") = false,
+      py::arg("max_instruction_bytes") = kDefaultMaxInstructionBytes,
       "Validates the episode folder `src` and packs it into the LMDB `out`. Bad input raises "
-      "ValueError / FileNotFoundError naming the file (and line). Returns the schema and sizes.");
+      "ValueError / FileNotFoundError naming the file (and line); an `out` that exists and is not "
+      "a LoongForge DB raises FileExistsError even with overwrite. Returns the schema and sizes.");
 
   m.def(
       "inspect",
@@ -132,6 +135,6 @@ void RegisterPack(py::module_& m) {
 }
 
 }  // namespace
-}  // namespace loongforge
+}  // namespace loongforge::data
 
-LF_REGISTER_BINDINGS(pack, loongforge::RegisterPack);
+LF_REGISTER_BINDINGS(pack, loongforge::data::RegisterPack);

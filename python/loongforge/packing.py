@@ -23,10 +23,17 @@ def demo_data(out: str, episodes: int = 8, cameras: int = 2, width: int = 640, h
 
 
 def pack(src: str, out: str, horizon: int = 16, overwrite: bool = False, *,
-         tokenizer: str = "byte-v1", threads: int = 0, progress: bool = False) -> Dict[str, Any]:
-    """Validates the episode folder ``src`` and packs it into the LMDB ``out``; returns the schema."""
+         tokenizer: str = "byte-v1", threads: int = 0, progress: bool = False,
+         max_instruction_bytes: int = 4096) -> Dict[str, Any]:
+    """Validates the episode folder ``src`` and packs it into the LMDB ``out``; returns the schema.
+
+    ``overwrite`` replaces only a LoongForge DB at ``out``; any other file or folder there raises
+    ``FileExistsError`` and is left as it is. Instructions longer than ``max_instruction_bytes``
+    raise ``ValueError`` naming the file and line. A concurrent pack to the same ``out`` raises
+    ``RuntimeError``; a full disk raises ``loongforge.ResourceExhaustedError``.
+    """
     return dict(_C.pack(src, out, horizon, overwrite, tokenizer=tokenizer, threads=threads,
-                        progress=progress))
+                        progress=progress, max_instruction_bytes=max_instruction_bytes))
 
 
 def inspect_db(db: str, sample: int = 0) -> Dict[str, Any]:

@@ -61,6 +61,8 @@ struct TestDbOptions {
   // These samples get 12 tokens while the schema keeps saying max_tokens 8 (an instruction the
   // schema's statistics missed).
   std::set<int64_t> long_tokens;
+  // These samples get a token id equal to the schema's vocab_size (one past the vocabulary).
+  std::set<int64_t> out_of_vocab_tokens;
 };
 
 inline std::string TempDir(const std::string& name) {
@@ -74,8 +76,8 @@ inline std::string TempDir(const std::string& name) {
 // Writes a DB at `path`; instruction of sample i has (i % 7) + 2 tokens (ids 3 + i + t);
 // state[d] = i + d.
 inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
-  LF_ASSIGN_OR_RETURN(auto w, RecordWriter::Create(path, true));
-  Schema s;
+  LF_ASSIGN_OR_RETURN(auto w, data::RecordWriter::Create(path, true));
+  data::Schema s;
   s.num_samples = o.samples;
   s.num_episodes = 1;
   for (int c = 0; c < o.cameras; ++c) s.cameras.push_back("cam" + std::to_string(c));
@@ -95,29 +97,30 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
       std::string jpg = EncodeJpeg(RandomRgb(o.width, o.height, i * 31 + c), o.width, o.height);
       if (o.corrupt_jpeg.count(i)) jpg[jpg.size() / 2] ^= 0x5A, jpg.replace(200, 64, 64, '\xFF');
       if (o.truncated_jpeg.count(i)) jpg.resize(jpg.size() / 2);
-      LF_RETURN_IF_ERROR(w->Put(SampleKey(i, CameraModality(s.cameras[c])), jpg));
+      LF_RETURN_IF_ERROR(w->Put(data::SampleKey(i, data::CameraModality(s.cameras[c])), jpg));
     }
     std::vector<int32_t> tok(o.long_tokens.count(i) ? 12 : (i % 7) + 2);
     for (size_t t = 0; t < tok.size(); ++t) tok[t] = static_cast<int32_t>(3 + i + t);
+    if (o.out_of_vocab_tokens.count(i)) tok[1] = 259;
     if (!o.missing_tokens.count(i))
       LF_RETURN_IF_ERROR(
-          w->Put(SampleKey(i, "tokens"),
+          w->Put(data::SampleKey(i, "tokens"),
                  std::string_view(reinterpret_cast<char*>(tok.data()), 4 * tok.size())));
     std::vector<float> st(o.state_dim);
     for (int d = 0; d < o.state_dim; ++d) st[d] = static_cast<float>(i + d);
     std::string sv(reinterpret_cast<char*>(st.data()), 4 * st.size());
     if (o.truncated_state.count(i)) sv.resize(sv.size() - 3);
-    LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "state"), sv));
+    LF_RETURN_IF_ERROR(w->Put(data::SampleKey(i, "state"), sv));
     std::vector<float> ac(o.horizon * o.action_dim);
     for (size_t k = 0; k < ac.size(); ++k) ac[k] = static_cast<float>(i) * 0.5f + k;
-    LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "action"),
+    LF_RETURN_IF_ERROR(w->Put(data::SampleKey(i, "action"),
                               std::string_view(reinterpret_cast<char*>(ac.data()), 4 * ac.size())));
     std::string am(o.horizon, '\1');
     am.back() = static_cast<char>(i % 2);
-    LF_RETURN_IF_ERROR(w->Put(SampleKey(i, "amask"), am));
+    LF_RETURN_IF_ERROR(w->Put(data::SampleKey(i, "amask"), am));
     int32_t meta[2] = {0, static_cast<int32_t>(i)};
     LF_RETURN_IF_ERROR(
-        w->Put(SampleKey(i, "meta"), std::string_view(reinterpret_cast<char*>(meta), 8)));
+        w->Put(data::SampleKey(i, "meta"), std::string_view(reinterpret_cast<char*>(meta), 8)));
   }
   return w->Commit(s);
 }

@@ -90,3 +90,86 @@ def test_missing_frame_and_existing_output(tmp_path):
     os.remove(os.path.join(src, "episodes", "000000", "cam_wrist", "2.jpg"))
     with pytest.raises(FileNotFoundError, match=r"cam_wrist/2\.jpg: missing frame for step 2"):
         packing.pack(src, str(tmp_path / "db2"))
+
+
+# Guards issue 21 #1: overwrite onto a user's folder raises FileExistsError and deletes nothing
+# (the folder used to be replaced by the DB).
+def test_overwrite_refuses_user_folder(tmp_path):
+    src = _small(tmp_path)
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "keep").write_text("k")
+    with pytest.raises(FileExistsError, match=r"is not a LoongForge dataset"):
+        packing.pack(src, str(w), overwrite=True)
+    assert (w / "keep").read_text() == "k" and sorted(os.listdir(w)) == ["keep"]
+    db = str(tmp_path / "db")
+    packing.pack(src, db)
+    assert packing.pack(src, db, horizon=2, overwrite=True)["schema"]["action_horizon"] == 2
+
+
+# Guards issue 21 #2: a truncated or empty data.mdb raises loongforge.DataLossError naming the file
+# from every reader (inspect, RecordReader, DataFusionLoader), instead of killing Python (SIGBUS).
+def test_truncated_db_raises_data_loss(tmp_path):
+    import loongforge
+    src = _small(tmp_path)
+    db = str(tmp_path / "db")
+    packing.pack(src, db)
+    data = os.path.join(db, "data.mdb")
+    size = os.path.getsize(data)
+    for keep in (size // 2, 0):
+        os.truncate(data, keep)
+        for read in (lambda: packing.inspect_db(db), lambda: _C.RecordReader(db),
+                     lambda: loongforge.DataFusionLoader(db, 2, image_size=16)):
+            with pytest.raises(loongforge.DataLossError, match=r"data\.mdb: (truncated|empty)"):
+                read()
+
+
+# Guards issue 21 #8: an instruction over max_instruction_bytes raises ValueError naming file:line.
+def test_long_instruction_refused(tmp_path):
+    src = _small(tmp_path)
+    steps = os.path.join(src, "episodes", "000001", "steps.jsonl")
+    with open(steps) as f:
+        lines = [json.loads(line) for line in f]
+    lines[0]["instruction"] = "a" * 100_000
+    with open(steps, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in lines)
+    with pytest.raises(ValueError, match=r"000001/steps\.jsonl:1: .* 100000 bytes, more than"):
+        packing.pack(src, str(tmp_path / "db"))
+    schema = packing.pack(src, str(tmp_path / "db"), max_instruction_bytes=100_000)["schema"]
+    assert schema["max_tokens"] == 100_002
+
+
+# Guards issue 21 #9: bad option values are refused by the library: threads -3, repeated camera
+# names (which used to write half the frames claimed).
+def test_bad_values_raise_value_error(tmp_path):
+    src = _small(tmp_path)
+    with pytest.raises(ValueError, match=r"threads must be in 0\.\.1024"):
+        packing.pack(src, str(tmp_path / "db"), threads=-3)
+    with pytest.raises(ValueError, match=r"camera name 'a' is given twice"):
+        packing.demo_data(str(tmp_path / "d"), episodes=1, cameras=2, width=16, height=16,
+                          steps_min=2, steps_max=2, camera_names=["a", "a"])
+    assert not os.path.exists(tmp_path / "db") and not os.path.exists(tmp_path / "d" / "episodes")
+
+
+# Guards issue 21 #9: a full disk while packing raises loongforge.ResourceExhaustedError naming
+# data.mdb (it was "DataLoss: Input/output error"). A file-size limit makes the same short write.
+def test_full_disk_raises_resource_exhausted(tmp_path):
+    import subprocess
+    import sys
+    src = str(tmp_path / "src")
+    packing.demo_data(src, episodes=2, cameras=2, width=64, height=48, steps_min=20, steps_max=20)
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (102400, 102400))\n"
+            "import loongforge\n"
+            "from loongforge import packing\n"
+            "try:\n"
+            "    packing.pack(sys.argv[1], sys.argv[2])\n"
+            "except loongforge.ResourceExhaustedError as e:\n"
+            "    print('RESOURCE', e)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(packing.__file__)))
+    r = subprocess.run([sys.executable, "-c", code, src, str(tmp_path / "db")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "RESOURCE" in r.stdout and "data.mdb" in r.stdout, r.stdout + r.stderr
+    assert not os.path.exists(tmp_path / "db")

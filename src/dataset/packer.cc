@@ -30,7 +30,7 @@
 #include "loongforge/thread_pool.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
 
@@ -43,6 +43,7 @@ constexpr auto kFrameReadTimeout = std::chrono::seconds(300);
 struct StepRow {
   std::vector<float> state, action;
   std::string instruction;
+  int line = 0;  // in steps.jsonl, for errors found after the scan
 };
 
 struct Episode {
@@ -105,7 +106,7 @@ Status ReadNumbers(const nlohmann::json& j, const char* field, const std::string
   return Status::Ok();
 }
 
-Status ParseSteps(Episode* ep) {
+Status ParseSteps(Episode* ep, int max_instruction_bytes) {
   std::ifstream in(ep->steps_path, std::ios::binary);
   if (!in) {
     std::error_code ec;
@@ -141,6 +142,14 @@ Status ParseSteps(Episode* ep) {
     if (ins == j.end()) return InvalidArgumentError(where + ": missing \"instruction\"");
     if (!ins->is_string()) return InvalidArgumentError(where + ": \"instruction\" is not a string");
     row.instruction = ins->get<std::string>();
+    if (row.instruction.size() > static_cast<size_t>(max_instruction_bytes))
+      return InvalidArgumentError(where + ": \"instruction\" of episode " + ep->name + " has " +
+                                  std::to_string(row.instruction.size()) +
+                                  " bytes, more than the limit of " +
+                                  std::to_string(max_instruction_bytes) +
+                                  " (raise it with --max-instruction-bytes / "
+                                  "max_instruction_bytes if the text is meant to be this long)");
+    row.line = line_no;
     if (row.action.empty()) return InvalidArgumentError(where + ": \"action\" is empty");
     if (!ep->steps.empty()) {
       const StepRow& first = ep->steps.front();
@@ -185,7 +194,7 @@ Status ListFrames(const fs::path& cam_dir, std::map<int64_t, fs::path>* frames) 
   return Status::Ok();
 }
 
-Status ScanEpisode(Episode* ep) {
+Status ScanEpisode(Episode* ep, int max_instruction_bytes) {
   ep->steps_path = ep->dir / "steps.jsonl";
   std::error_code ec;
   for (fs::directory_iterator it(ep->dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -199,7 +208,7 @@ Status ScanEpisode(Episode* ep) {
   }
   if (ec) return ErrnoToStatus(ec.value(), "list " + ep->dir.string());
   std::sort(ep->cameras.begin(), ep->cameras.end());
-  LF_RETURN_IF_ERROR(ParseSteps(ep));
+  LF_RETURN_IF_ERROR(ParseSteps(ep, max_instruction_bytes));
   for (const auto& cam : ep->cameras)
     LF_RETURN_IF_ERROR(ListFrames(ep->dir / ("cam_" + cam), &ep->frames[cam]));
   return Status::Ok();
@@ -340,13 +349,22 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   static_assert(sizeof(float) == 4, "float32 records");
   if (o.src.empty() || o.out.empty()) return InvalidArgumentError("pack: src and out are required");
   if (o.horizon < 1 || o.horizon > 4096)
-    return InvalidArgumentError("pack: horizon must be in 1..4096");
+    return InvalidArgumentError("pack: horizon must be in 1..4096, got " +
+                                std::to_string(o.horizon));
+  if (o.threads < 0 || o.threads > kMaxPackThreads)
+    return InvalidArgumentError("pack: threads must be in 0.." + std::to_string(kMaxPackThreads) +
+                                " (0 = all cores), got " + std::to_string(o.threads));
+  if (o.max_instruction_bytes < 1 || o.max_instruction_bytes > kMaxInstructionBytesLimit)
+    return InvalidArgumentError("pack: max_instruction_bytes must be in 1.." +
+                                std::to_string(kMaxInstructionBytesLimit) + ", got " +
+                                std::to_string(o.max_instruction_bytes));
   const double start = NowSeconds();
   std::error_code ec;
-  if (fs::exists(o.out, ec) && !o.overwrite)
-    return AlreadyExistsError(o.out +
-                              " already exists (use --overwrite / overwrite=True to replace it)");
   LF_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.tokenizer));
+  // The writer first: it refuses an output that is not ours to replace and locks it against a
+  // concurrent pack before any time goes into the scan (RecordWriter in dataset.h).
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordWriter> writer,
+                      RecordWriter::Create(o.out, o.overwrite));
 
   // ---- phase 1: scan ----
   const fs::path root = fs::path(o.src) / "episodes";
@@ -373,8 +391,8 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
     ProgressBar bar("pack: scan", static_cast<int64_t>(episodes.size()), o.progress);
     std::vector<std::future<Status>> scans;
     for (auto& ep : episodes)
-      scans.push_back(pool.Async([&ep, &bar] {
-        Status s = ScanEpisode(&ep);
+      scans.push_back(pool.Async([&ep, &bar, &o] {
+        Status s = ScanEpisode(&ep, o.max_instruction_bytes);
         bar.Add(1);
         return s;
       }));
@@ -423,8 +441,6 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
 
   const double write_start = NowSeconds();
   // ---- phase 3: write ----
-  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordWriter> writer,
-                      RecordWriter::Create(o.out, o.overwrite));
   struct SampleRef {
     const Episode* ep;
     int32_t episode_index, step;
@@ -502,6 +518,15 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
     const StepRow& row = steps[s.step];
     if (!have_tokens || row.instruction != last_instruction) {
       tokens = tokenizer->Encode(row.instruction);
+      // A registered tokenizer is outside this library: ids past its vocabulary would index past a
+      // model's embedding table, so they never reach the DB.
+      const int vocab = tokenizer->vocab_size();
+      for (int32_t t : tokens)
+        if (t < 0 || t >= vocab)
+          return fail(InvalidArgumentError(
+              "tokenizer '" + tokenizer->id() + "' returned token id " + std::to_string(t) +
+              ", outside its vocabulary [0, " + std::to_string(vocab) +
+              "), for the instruction at " + Where(s.ep->steps_path, row.line)));
       last_instruction = row.instruction;
       have_tokens = true;
       schema.max_tokens = std::max(schema.max_tokens, static_cast<int>(tokens.size()));
@@ -543,4 +568,4 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   return result;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

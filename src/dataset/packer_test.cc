@@ -5,19 +5,23 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "loongforge/dataset.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
+#include "test_dataset.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 namespace fs = std::filesystem;
 
@@ -81,31 +85,6 @@ PackOptions Opts(const fs::path& src, const fs::path& out, int horizon = 3) {
   o.threads = 2;
   o.progress = false;
   return o;
-}
-
-// ---- tokenizer ----------------------------------------------------------------------------------
-
-// Guards the byte-v1 id layout that every packed DB depends on (0 pad, 1 bos, 2 eos, byte+3).
-TEST(Tokenizer, ByteV1Layout) {
-  auto tok = MakeTokenizer("byte-v1");
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->id(), "byte-v1");
-  EXPECT_EQ((*tok)->vocab_size(), 259);
-  std::vector<int32_t> ids = (*tok)->Encode("Az\xff");
-  EXPECT_EQ(ids, (std::vector<int32_t>{1, 'A' + 3, 'z' + 3, 255 + 3, 2}));
-  EXPECT_EQ((*tok)->Encode(""), (std::vector<int32_t>{1, 2}));
-  EXPECT_EQ((*tok)->Decode(ids), "Az\xff");
-}
-
-// Guards the factory: unknown ids are a caller error listing the known ones; registration works.
-TEST(Tokenizer, FactoryRegistry) {
-  auto bad = MakeTokenizer("sentencepiece-x");
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("byte-v1"), std::string::npos);
-  RegisterTokenizer("test-upper", []() -> StatusOr<std::unique_ptr<Tokenizer>> {
-    return std::unique_ptr<Tokenizer>(new ByteTokenizer());
-  });
-  EXPECT_TRUE(MakeTokenizer("test-upper").ok());
 }
 
 // ---- demo-data ----------------------------------------------------------------------------------
@@ -204,7 +183,7 @@ TEST(Pack, DemoDataRoundTrip) {
   int max_tokens = 0;
   std::vector<std::string> eps;
   for (auto& e : fs::directory_iterator(tmp / "src" / "episodes"))
-    eps.push_back(e.path().filename());
+    if (e.is_directory()) eps.push_back(e.path().filename());  // not demo-data's marker file
   std::sort(eps.begin(), eps.end());
   for (size_t e = 0; e < eps.size(); ++e) {
     fs::path dir = tmp / "src" / "episodes" / eps[e];
@@ -523,6 +502,188 @@ TEST(PackRejects, FailedOverwriteKeepsOldDb) {
   EXPECT_EQ((*reader)->schema().num_samples, 5);
 }
 
+// Guards issue 21 #1: pack --overwrite onto a user's folder is refused and the folder is left as
+// it was (it used to be deleted and replaced by the DB); an existing DB is still replaced.
+TEST(PackRejects, OverwriteKeepsAUserFolder) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::create_directories(tmp / "w");
+  WriteFile(tmp / "w" / "keep", "k");
+  PackOptions o = Opts(tmp / "src", tmp / "w");
+  o.overwrite = true;
+  auto r = PackEpisodes(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kAlreadyExists) << r.status();
+  EXPECT_NE(
+      r.status().message().find((tmp / "w").string() + " exists and is not a LoongForge dataset"),
+      std::string::npos)
+      << r.status();
+  EXPECT_EQ(ReadFile(tmp / "w" / "keep"), "k");
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp / "w"), fs::directory_iterator()), 1);
+  // The source folder itself is not a DB either.
+  o.out = (tmp / "src").string();
+  EXPECT_EQ(PackEpisodes(o).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(fs::exists(tmp / "src" / "episodes" / "2" / "steps.jsonl"));
+  // A DB is replaced.
+  ASSERT_TRUE(PackEpisodes(Opts(tmp / "src", tmp / "db")).ok());
+  o.out = (tmp / "db").string();
+  o.horizon = 2;
+  ASSERT_TRUE(PackEpisodes(o).ok());
+  auto reader = RecordReader::Open((tmp / "db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->schema().action_horizon, 2);
+}
+
+// Guards issue 21 #1: a user's folder named "<out>.partial" survives a pack (it used to be taken
+// for the staging directory and deleted).
+TEST(Pack, UserPartialFolderIsKept) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  WriteFile(tmp / "db.partial" / "notes.txt", "mine");
+  ASSERT_TRUE(PackEpisodes(Opts(tmp / "src", tmp / "db")).ok());
+  EXPECT_EQ(ReadFile(tmp / "db.partial" / "notes.txt"), "mine");
+}
+
+// Guards issue 21 #8: an instruction over the limit is refused naming file:line, episode and the
+// limit (a 100k-character one used to be packed silently); a raised limit accepts it.
+TEST(PackRejects, InstructionOverTheLimit) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path f = Ep(tmp, "10") / "steps.jsonl";
+  const std::string huge(100000, 'a');
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"stop\"}\n"
+            "{\"step\": 1, \"state\": [9, 20], \"action\": [-3], \"instruction\": \"" +
+                huge + "\"}\n");
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, f.string() + ":2",
+                    "of episode 10 has 100000 bytes, more than the limit of 4096");
+  PackOptions o = Opts(tmp / "src", tmp / "db");
+  o.max_instruction_bytes = 100000;
+  auto r = PackEpisodes(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->schema.max_tokens, 100002);
+}
+
+// Guards issue 21 #9: option values out of range are refused by the library (every caller), not
+// only by the CLI: threads -3 used to be accepted.
+TEST(PackRejects, BadOptions) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  for (auto set : std::vector<std::function<void(PackOptions*)>>{
+           [](PackOptions* o) { o->threads = -3; }, [](PackOptions* o) { o->horizon = 0; },
+           [](PackOptions* o) { o->max_instruction_bytes = 0; },
+           [](PackOptions* o) { o->out = "."; }}) {
+    PackOptions o = Opts(tmp / "src", tmp / "db");
+    set(&o);
+    auto r = PackEpisodes(o);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_FALSE(fs::exists(tmp / "db"));
+  }
+}
+
+// A tokenizer that returns an id one past its vocabulary for any text with an 'x' in it.
+class OffByOneTokenizer : public ByteTokenizer {
+ public:
+  std::string id() const override { return "test-off-by-one"; }
+  std::vector<int32_t> Encode(std::string_view text) const override {
+    std::vector<int32_t> ids = ByteTokenizer::Encode(text);
+    if (text.find('x') != std::string_view::npos) ids[1] = kVocabSize;
+    return ids;
+  }
+};
+
+// Guards issue 21 #8: ids at or above the vocabulary never reach the DB, whatever tokenizer is
+// registered; the error names the tokenizer, the id and the instruction's file:line.
+TEST(PackRejects, TokenizerIdOutsideVocabulary) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  RegisterTokenizer("test-off-by-one", []() -> StatusOr<std::unique_ptr<Tokenizer>> {
+    return std::unique_ptr<Tokenizer>(new OffByOneTokenizer());
+  });
+  PackOptions o = Opts(tmp / "src", tmp / "db");
+  o.tokenizer = "test-off-by-one";
+  ASSERT_TRUE(PackEpisodes(o).ok());  // no 'x' in the tiny set's instructions
+  fs::path f = Ep(tmp, "10") / "steps.jsonl";
+  WriteFile(f,
+            "{\"step\": 0, \"state\": [7, 20], \"action\": [-1], \"instruction\": \"x\"}\n"
+            "{\"step\": 1, \"state\": [9, 20], \"action\": [-3], \"instruction\": \"x\"}\n");
+  o.out = (tmp / "db2").string();
+  auto r = PackEpisodes(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("tokenizer 'test-off-by-one' returned token id 259"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find(f.string() + ":1"), std::string::npos) << r.status();
+  EXPECT_FALSE(fs::exists(tmp / "db2"));
+}
+
+// Guards issue 21 #8 on the reading side: inspect refuses a token record with an id outside the
+// vocabulary, naming the record.
+TEST(Inspect, OutOfVocabularyTokenIsDataLoss) {
+  TempDir tmp;
+  testing::TestDbOptions t;
+  t.samples = 4;
+  t.out_of_vocab_tokens = {2};
+  ASSERT_TRUE(testing::MakeTestDb((tmp / "db").string(), t).ok());
+  EXPECT_TRUE(InspectJson((tmp / "db").string(), 1).ok());
+  auto r = InspectJson((tmp / "db").string(), 2);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("record '00000002_tokens': token id 259"), std::string::npos)
+      << r.status();
+}
+
+// Guards issue 21 #9: camera names that repeat (they used to share one folder, so half the
+// frames claimed were written) and negative thread counts are refused.
+TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
+  TempDir tmp;
+  DemoDataOptions o;
+  o.out_dir = (tmp / "d").string();
+  o.episodes = 1;
+  o.width = o.height = 16;
+  o.steps_min = o.steps_max = 2;
+  o.progress = false;
+  o.cameras = 2;
+  o.camera_names = {"a", "a"};
+  auto r = GenerateDemoData(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("camera name 'a' is given twice"), std::string::npos);
+  o.camera_names = {"a", "b"};
+  o.threads = -1;
+  EXPECT_EQ(GenerateDemoData(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(tmp / "d" / "episodes"));
+}
+
+// Guards the output rule for demo-data: overwrite replaces only demo data (marked), never a
+// folder of recorded episodes, and a user's "episodes.partial" folder is left alone.
+TEST(DemoData, OverwriteReplacesOnlyDemoData) {
+  TempDir tmp;
+  DemoDataOptions o;
+  o.out_dir = (tmp / "d").string();
+  o.episodes = 1;
+  o.width = o.height = 16;
+  o.steps_min = o.steps_max = 2;
+  o.progress = false;
+  o.overwrite = true;
+  WriteFile(tmp / "d" / "episodes" / "rec1" / "steps.jsonl", "recorded");
+  WriteFile(tmp / "d" / "episodes.partial" / "notes", "mine");
+  auto r = GenerateDemoData(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kAlreadyExists) << r.status();
+  EXPECT_NE(r.status().message().find("was not written by demo-data"), std::string::npos);
+  EXPECT_EQ(ReadFile(tmp / "d" / "episodes" / "rec1" / "steps.jsonl"), "recorded");
+  fs::rename(tmp / "d" / "episodes", tmp / "recorded");
+  ASSERT_TRUE(GenerateDemoData(o).ok());
+  o.steps_min = o.steps_max = 3;
+  auto again = GenerateDemoData(o);  // replaces the demo data written just before
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->steps, 3);
+  EXPECT_EQ(ReadFile(tmp / "d" / "episodes.partial" / "notes"), "mine");
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(tmp / "d")) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"episodes", "episodes.partial"}));
+  // pack ignores the marker file.
+  EXPECT_TRUE(PackEpisodes(Opts(tmp / "d", tmp / "db")).ok());
+}
+
 // ---- CLI ----------------------------------------------------------------------------------------
 
 struct CliResult {
@@ -578,5 +739,119 @@ TEST(PackCli, ExitCodesAndErrorLine) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
 }
 
+// Guards issue 21 #1 at the CLI: `pack --overwrite` onto a user's folder and onto '.' exits
+// non-zero with one line and leaves every file (the repro: w/keep used to be deleted, exit 0).
+TEST(PackCli, OverwriteNeverDeletesUserFiles) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  WriteFile(tmp / "w" / "keep", "k");
+  CliResult r = RunCli("pack --quiet --src " + (tmp / "src").string() + " --out " +
+                       (tmp / "w").string() + " --overwrite");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("AlreadyExists: " + (tmp / "w").string() +
+                          " exists and is not a LoongForge dataset"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(ReadFile(tmp / "w" / "keep"), "k");
+  r = RunCli("pack --quiet --src " + (tmp / "src").string() + " --out " + (tmp / "w").string() +
+             "/. --overwrite");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = RunCli("pack --quiet --src " + (tmp / "src").string() + " --out . --overwrite");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(ReadFile(tmp / "w" / "keep"), "k");
+  EXPECT_TRUE(fs::exists(tmp / "src" / "episodes"));
+}
+
+// Guards issue 21 #2 at the CLI: inspect on a truncated or empty data.mdb exits 4 (DataLoss) with
+// a line naming the file, instead of dying of SIGBUS (exit 135) or "Internal: Bad file
+// descriptor".
+TEST(PackCli, DamagedDataFileIsOneLine) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  ASSERT_TRUE(PackEpisodes(Opts(tmp / "src", tmp / "db")).ok());
+  const fs::path data = tmp / "db" / "data.mdb";
+  fs::resize_file(data, fs::file_size(data) / 2);
+  CliResult r = RunCli("inspect " + (tmp / "db").string());
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("loongforge inspect: error: DataLoss: " + data.string() + ": truncated"),
+            std::string::npos)
+      << r.output;
+  fs::resize_file(data, 0);
+  r = RunCli("inspect " + (tmp / "db").string());
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find(data.string() + ": empty (0 bytes)"), std::string::npos) << r.output;
+}
+
+// Guards issue 21 #9: a write that runs out of room is ResourceExhausted (exit 5) naming data.mdb,
+// not "DataLoss: Input/output error". LMDB turns the short write at the limit into EIO; a
+// file-size limit (ulimit -f, SIGXFSZ ignored) makes the same short write as a full disk.
+TEST(PackCli, FullDiskIsResourceExhausted) {
+  TempDir tmp;
+  DemoDataOptions d;
+  d.out_dir = (tmp / "src").string();
+  d.episodes = 2;
+  d.width = 64;
+  d.height = 48;
+  d.steps_min = d.steps_max = 20;
+  d.progress = false;
+  ASSERT_TRUE(GenerateDemoData(d).ok());
+  const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 200; exec " + std::string(LF_TEST_CLI) +
+                          " pack --quiet --src " + (tmp / "src").string() + " --out " +
+                          (tmp / "db").string() + "\" 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 5) << out;
+  EXPECT_NE(out.find("ResourceExhausted: "), std::string::npos) << out;
+  EXPECT_NE(out.find("/data.mdb, staged for " + (tmp / "db").string()), std::string::npos) << out;
+  for (auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename(), "src") << "left behind: " << e.path();
+}
+
+// Guards issue 21 #9: two packs started together on one --out: exactly one succeeds, the other
+// fails with one line (the lock, or the DB the first one published), and the DB is readable (both
+// used to exit 0 with no DB left).
+TEST(PackCli, ConcurrentPacksToOneOutput) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  const std::string pack = std::string(LF_TEST_CLI) + " pack --quiet --src " +
+                           (tmp / "src").string() + " --out " + (tmp / "db").string();
+  const std::string cmd = "(" + pack + " > " + (tmp / "a.out").string() + " 2>&1; echo $? > " +
+                          (tmp / "a.rc").string() + ") & (" + pack + " > " +
+                          (tmp / "b.out").string() + " 2>&1; echo $? > " + (tmp / "b.rc").string() +
+                          ") & wait";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const int a = std::stoi(ReadFile(tmp / "a.rc")), b = std::stoi(ReadFile(tmp / "b.rc"));
+  EXPECT_EQ((a == 0) + (b == 0), 1) << ReadFile(tmp / "a.out") << ReadFile(tmp / "b.out");
+  const std::string failed = ReadFile(tmp / (a == 0 ? "b.out" : "a.out"));
+  EXPECT_TRUE(failed.find("is being written by another pack") != std::string::npos ||
+              failed.find("already exists") != std::string::npos)
+      << failed;
+  auto reader = RecordReader::Open((tmp / "db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->schema().num_samples, 5);
+}
+
+// Guards issue 21 #9 at the CLI: --threads -3 and --camera-names a,a exit 2 with one line.
+TEST(PackCli, BadValuesAreRefused) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  CliResult r = RunCli("pack --quiet --threads -3 --src " + (tmp / "src").string() + " --out " +
+                       (tmp / "db").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("threads must be in 0..1024"), std::string::npos) << r.output;
+  r = RunCli("demo-data --quiet --out " + (tmp / "d").string() +
+             " --episodes 1 --size 16x16 --steps-min 2 --steps-max 2 --camera-names a,a");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("camera name 'a' is given twice"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "db"));
+  EXPECT_FALSE(fs::exists(tmp / "d" / "episodes"));
+}
+
 }  // namespace
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -12,7 +12,7 @@
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 
 template <typename T>
@@ -77,7 +77,10 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
   LF_ASSIGN_OR_RETURN(auto meta, ReadArray<int32_t>(txn, SampleKey(sample_id, "meta"), 2));
   js["episode"] = meta[0];
   js["step"] = meta[1];
-  LF_ASSIGN_OR_RETURN(auto tokens, ReadArray<int32_t>(txn, SampleKey(sample_id, "tokens"), 0));
+  const std::string tokens_key = SampleKey(sample_id, "tokens");
+  LF_ASSIGN_OR_RETURN(std::string_view token_record, txn.Get(tokens_key));
+  LF_RETURN_IF_ERROR(CheckTokens(token_record, s, path, tokens_key));
+  LF_ASSIGN_OR_RETURN(auto tokens, ReadArray<int32_t>(txn, tokens_key, 0));
   js["tokens"] = tokens;
   auto tok = MakeTokenizer(s.tokenizer);
   js["text"] =
@@ -193,4 +196,4 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
   return o;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -4,7 +4,7 @@
 #include <map>
 #include <mutex>
 
-namespace loongforge {
+namespace loongforge::data {
 namespace {
 
 struct Registry {
@@ -79,4 +79,4 @@ std::vector<std::string> KnownTokenizers() {
   return ids;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data

@@ -25,18 +25,25 @@
 #include <mutex>
 #include <thread>
 
+#include "common/file_util.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/pack.h"
 #include "loongforge/progress.h"
 #include "loongforge/thread_pool.h"
 
-namespace loongforge {
+namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kStepSeconds = 0.1;  // 10 Hz control
+constexpr int kMaxDemoThreads = 1024;
+// Marks an episodes/ folder as written by demo-data, so that overwrite may replace it. A dotfile:
+// pack ignores it.
+constexpr char kDemoMarker[] = ".loongforge-demo-data";
+constexpr char kDemoMarkerText[] =
+    "written by loongforge demo-data; demo-data --overwrite may replace this folder\n";
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -509,13 +516,23 @@ struct TjCompressor {
   }
 };
 
+// Writes a new file in the staging directory (Note [Outputs are created, never followed]: the
+// directory is this run's own, and O_EXCL | O_NOFOLLOW still refuses anything found there).
 Status WriteFile(const fs::path& path, const void* data, size_t n) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return ErrnoToStatus(errno, "create " + path.string());
-  size_t wrote = std::fwrite(data, 1, n, f);
-  int err = errno;
-  if (std::fclose(f) != 0 || wrote != n)
-    return ErrnoToStatus(err ? err : EIO, "write " + path.string());
+  LF_ASSIGN_OR_RETURN(int fd, loongforge::internal::OpenNewFile(path.string()));
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      Status s = ErrnoToStatus(errno, "write " + path.string());
+      ::close(fd);
+      return s;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) return ErrnoToStatus(errno, "close " + path.string());
   return Status::Ok();
 }
 
@@ -581,6 +598,61 @@ Status WriteEpisode(const DemoDataOptions& o, const std::vector<std::string>& ca
   return Status::Ok();
 }
 
+// Ok if demo-data may write `final_dir`: it does not exist, or overwrite is set and it is an
+// episodes folder demo-data wrote (it has the marker file). AlreadyExists naming it otherwise.
+Status CheckDemoOutput(const fs::path& final_dir, bool overwrite) {
+  struct stat st;
+  if (::lstat(final_dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoToStatus(errno, "stat " + final_dir.string());
+  }
+  if (!overwrite)
+    return AlreadyExistsError(final_dir.string() +
+                              " already exists (use --overwrite / overwrite=True to replace "
+                              "demo data)");
+  const fs::path marker = final_dir / kDemoMarker;
+  struct stat ms;
+  if (!S_ISDIR(st.st_mode) || ::lstat(marker.c_str(), &ms) != 0 || !S_ISREG(ms.st_mode))
+    return AlreadyExistsError(final_dir.string() + " exists and was not written by demo-data (no " +
+                              kDemoMarker +
+                              " in it); overwrite replaces only demo data, never recorded "
+                              "episodes: choose another --out or move it yourself");
+  return Status::Ok();
+}
+
+// Renames `staging` to `final_dir`; with overwrite, swaps out the old demo data (checked again)
+// and removes it.
+Status PublishDemo(const fs::path& staging, const fs::path& final_dir, bool overwrite) {
+  LF_RETURN_IF_ERROR(CheckDemoOutput(final_dir, overwrite));
+  std::error_code ec;
+  int rc = ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+    // A filesystem without renameat2 flags: check, then rename (or move the old demo data aside).
+    struct stat st;
+    if (::lstat(final_dir.c_str(), &st) == 0) {
+      if (!overwrite) return AlreadyExistsError(final_dir.string() + " appeared meanwhile");
+      std::string aside = final_dir.string() + ".old.XXXXXX";
+      if (!::mkdtemp(aside.data())) return ErrnoToStatus(errno, "create " + aside);
+      if (::rename(final_dir.c_str(), aside.c_str()) != 0)
+        return ErrnoToStatus(errno, "rename " + final_dir.string() + " to " + aside);
+      fs::remove_all(aside, ec);
+    }
+    rc = ::rename(staging.c_str(), final_dir.c_str());
+  }
+  if (rc == 0) return loongforge::internal::SyncDir(final_dir.parent_path().string());
+  if (errno == EEXIST && overwrite) {
+    // The old folder is demo data (checked above): exchange, then remove it from its new name.
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+      return ErrnoToStatus(errno, "exchange " + staging.string() + " and " + final_dir.string());
+    fs::remove_all(staging, ec);
+    if (ec) LF_LOG(WARNING) << "the replaced demo data " << staging << " was not removed";
+    return loongforge::internal::SyncDir(final_dir.parent_path().string());
+  }
+  if (errno == EEXIST)
+    return AlreadyExistsError(final_dir.string() + " appeared while demo data was written");
+  return ErrnoToStatus(errno, "rename " + staging.string() + " to " + final_dir.string());
+}
+
 }  // namespace
 
 std::vector<std::string> DefaultCameraNames(int k) {
@@ -614,6 +686,10 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
     return InvalidArgumentError("demo-data: dims must be >= 1");
   if (o.quality < 1 || o.quality > 100)
     return InvalidArgumentError("demo-data: quality must be in 1..100");
+  if (o.threads < 0 || o.threads > kMaxDemoThreads)
+    return InvalidArgumentError("demo-data: threads must be in 0.." +
+                                std::to_string(kMaxDemoThreads) + " (0 = all cores), got " +
+                                std::to_string(o.threads));
   std::vector<std::string> cams =
       o.camera_names.empty() ? DefaultCameraNames(o.cameras) : o.camera_names;
   if (static_cast<int>(cams.size()) != o.cameras)
@@ -625,17 +701,30 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
     });
     if (!ok)
       return InvalidArgumentError("demo-data: camera name '" + c + "' must be [A-Za-z0-9_-]+");
+    // Two cameras of one name would write into one folder: half the frames claimed.
+    if (std::count(cams.begin(), cams.end(), c) > 1)
+      return InvalidArgumentError("demo-data: camera name '" + c + "' is given twice");
   }
   const double start = NowSeconds();
   const fs::path root(o.out_dir), final_dir = root / "episodes",
-                                  staging = root / "episodes.partial";
+                                  staging_prefix = root / "episodes.partial.";
   std::error_code ec;
-  if (fs::exists(final_dir, ec) && !o.overwrite)
-    return AlreadyExistsError(final_dir.string() +
-                              " already exists (use --overwrite / overwrite=True to replace it)");
-  fs::remove_all(staging, ec);
-  fs::create_directories(staging, ec);
-  if (ec) return ErrnoToStatus(ec.value(), "create " + staging.string());
+  LF_RETURN_IF_ERROR(CheckDemoOutput(final_dir, o.overwrite));
+  fs::create_directories(root, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "create " + root.string());
+  std::string templ = staging_prefix.string() + "XXXXXX";
+  if (!::mkdtemp(templ.data()))
+    return ErrnoToStatus(errno, "create a staging directory in " + root.string());
+  const fs::path staging(templ);
+  ::chmod(staging.c_str(), 0755);  // mkdtemp makes it 0700
+  // Removes the staging directory on every early return below (it is this run's own).
+  struct StagingGuard {
+    fs::path dir;
+    ~StagingGuard() {
+      std::error_code e;
+      if (!dir.empty()) fs::remove_all(dir, e);
+    }
+  } guard{staging};
 
   std::vector<EpisodePlan> plan(o.episodes);
   int64_t total_steps = 0;
@@ -673,23 +762,18 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
     }
     pool.Shutdown();
   }
-  for (const Status& s : results) {
-    if (!s.ok() && s.code() != StatusCode::kCancelled) {
-      fs::remove_all(staging, ec);
-      return s;
-    }
-  }
+  for (const Status& s : results)
+    if (!s.ok() && s.code() != StatusCode::kCancelled) return s;
+  LF_RETURN_IF_ERROR(
+      WriteFile(staging / kDemoMarker, kDemoMarkerText, std::strlen(kDemoMarkerText)));
   // One filesystem sync for all the frames, then publish by rename.
   int fd = ::open(staging.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
     ::syncfs(fd);
     ::close(fd);
   }
-  if (fs::exists(final_dir, ec)) fs::remove_all(final_dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), "remove old " + final_dir.string());
-  fs::rename(staging, final_dir, ec);
-  if (ec)
-    return ErrnoToStatus(ec.value(), "rename " + staging.string() + " to " + final_dir.string());
+  LF_RETURN_IF_ERROR(PublishDemo(staging, final_dir, o.overwrite));
+  guard.dir.clear();
   DemoDataResult r;
   r.episodes = o.episodes;
   r.steps = total_steps;
@@ -699,4 +783,4 @@ StatusOr<DemoDataResult> GenerateDemoData(const DemoDataOptions& o) {
   return r;
 }
 
-}  // namespace loongforge
+}  // namespace loongforge::data
