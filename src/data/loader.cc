@@ -228,6 +228,13 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
                                                 std::to_string(max_tokens));
             return;
           }
+          if (modality == "tokens") {  // ids outside the vocabulary never reach an embedding
+            Status t = CheckTokens(*r, sc, reader->path(), key);
+            if (!t.ok()) {
+              w->sample_status[i] = std::move(t);
+              return;
+            }
+          }
           *v = *r;
           bytes += static_cast<int64_t>(r->size());
         };

@@ -318,7 +318,7 @@ TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
     StatusCode code;
     std::string key;
   };
-  std::vector<Case> cases(3);
+  std::vector<Case> cases(4);
   cases[0].opts.truncated_jpeg = {5};
   cases[0].code = StatusCode::kDataLoss;
   cases[0].key = "00000005_cam_cam";
@@ -328,6 +328,10 @@ TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
   cases[2].opts.missing_tokens = {7};
   cases[2].code = StatusCode::kNotFound;
   cases[2].key = "00000007_tokens";
+  // Token ids outside the vocabulary are caught when read, before they reach an embedding.
+  cases[3].opts.out_of_vocab_tokens = {6};
+  cases[3].code = StatusCode::kDataLoss;
+  cases[3].key = "00000006_tokens";
   int n = 0;
   for (auto& c : cases) {
     std::string db = Db(c.opts, "db" + std::to_string(n++));
