@@ -373,7 +373,11 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
         epoch = loader.state_dict()["epoch"]
         while True:
             loader.set_epoch(epoch)
-            yield from loader
+            for b in loader:
+                # Every sample of the batch was skipped as corrupt (DataFusion's skip policy,
+                # batch size 1 or a bad stretch): nothing to train on, the next batch follows.
+                if b["tokens"].shape[0] > 0:
+                    yield b
             epoch += 1
 
     it = batches()

@@ -2,6 +2,8 @@
 import os
 import sys
 
+import struct
+
 import pytest
 import torch
 
@@ -170,7 +172,8 @@ def test_token_buckets_too_long(tmp_path):
     for i in range(8):
         w.put(f"{i:08d}_cam_cam0", frame)
         _synth.write_arrays(w, i, 6, 4, 3)
-    w.put("00000005_tokens", bytes(range(40)))  # 10 tokens; the schema says at most 6
+    # 10 valid ids (byte-v1); the schema says at most 6
+    w.put("00000005_tokens", struct.pack("<10i", *range(3, 13)))
     _synth.commit_schema(w, 8, ["cam0"], 64, 48, 6, 4, 3, "test_token_buckets_too_long")
     ld = loongforge.DataFusionLoader(path, 4, image_size=16, token_buckets=[4, 6], shuffle=False)
     with pytest.raises(ValueError, match="00000005_tokens"):
