@@ -558,6 +558,7 @@ bool GpuStageSupport(int device_id, std::string* reason) {
     return false;
   }
   *reason = "CUDA and nvJPEG available";
+  return true;
 }
 
 }  // namespace internal
