@@ -43,7 +43,7 @@ case "$phase" in
     # Tests that read the device's free memory (cudaMemGetInfo) run alone: other tests' allocations
     # on the same GPU would read as growth.
     serial='NoDeviceMemoryGrowth|DeviceMemoryFlat'
-    step ctest 300 bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 240 -E '$serial' && ctest --output-on-failure --timeout 240 -R '$serial'"
+    step ctest 300 bash -c "cd build-gpu && { ctest --output-on-failure -j 4 --timeout 240 -E '$serial'; r=\$?; ctest --output-on-failure --timeout 240 -R '$serial' || r=1; exit \$r; }"
     grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -30
     export PYTHONPATH=$PWD/python
     step pytest 300 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python
