@@ -217,8 +217,18 @@ class CufileSessionImpl : public CufileSession {
     // O_RDWR, not O_WRONLY: cuFile reads back around unaligned writes (read-modify-write).
     // O_EXCL | O_NOFOLLOW: a new file, never a planted one (Note [Outputs are created, never
     // followed]); segment names are random.
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoToStatus(errno, "create " + path);
+    const int created =
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (created < 0) return ErrnoToStatus(errno, "create " + path);
+    // cuFile refuses descriptors opened with O_EXCL / O_NOFOLLOW ("unsupported file open flags",
+    // CUfileOpError 5019, seen on the H200): the file just created is reopened through its
+    // descriptor's /proc link (the same inode, whatever the path now names) with plain flags.
+    const std::string self = "/proc/self/fd/" + std::to_string(created);
+    const int fd = ::open(self.c_str(), O_RDWR | O_CLOEXEC);
+    const int reopen_errno = errno;
+    ::close(created);
+    if (fd < 0) return ErrnoToStatus(reopen_errno, "reopen " + path);
+    const std::string self_fd = "/proc/self/fd/" + std::to_string(fd);
     // Register the plain descriptor, else an O_DIRECT one (GPUDirect needs O_DIRECT; compat mode
     // works with either, but some libcufile versions refuse one or the other): the first that
     // cuFile takes is used, and every refusal goes into the error.
@@ -227,7 +237,7 @@ class CufileSessionImpl : public CufileSession {
       bool use_direct = (attempt == 0) == direct_;
       int dio_fd = -1;
       if (use_direct) {
-        dio_fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
+        dio_fd = ::open(self_fd.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
         if (dio_fd < 0) {
           tried +=
               std::string(tried.empty() ? "" : "; ") + "O_DIRECT open: " + std::strerror(errno);
