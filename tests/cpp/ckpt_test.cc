@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -1026,8 +1028,6 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   EXPECT_TRUE(back == host[4]);
   for (void* p : dev) cudaFree(p);
   cudaFree(back_d);
-  cudaFree(busy_a);
-  cudaFree(busy_b);
   cudaFreeHost(pinned);
   cudaStreamDestroy(producer);
 }
@@ -1058,19 +1058,32 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
       r.push_back({"g" + std::to_string(i), DType::kUInt8, {n}, dev[i], 0, producer});
     return r;
   };
-  // ~8 GB of copies keep the producer stream busy for milliseconds.
-  const size_t kBusyBytes = size_t{256} << 20;
-  void *busy_a = nullptr, *busy_b = nullptr;
-  ASSERT_EQ(cudaMalloc(&busy_a, kBusyBytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&busy_b, kBusyBytes), cudaSuccess);
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   o.d2h_buffer_bytes = 3 * 4096;  // several double-buffer rounds per save
   auto v = CheckpointVault::Open(dir, o);
   ASSERT_TRUE(v.ok()) << v.status();
-  for (int r = 0; r < 32; ++r)
-    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
-              cudaSuccess);
+  // The producer stream is held by a host function until the test opens the gate, so "Save()
+  // returned while the stream was busy" does not depend on how fast Save() runs (a stream kept
+  // busy by ~4 ms of copies was not enough under a parallel ctest on the H200).
+  struct Gate {
+    std::promise<void> open;
+    std::shared_future<void> opened{open.get_future().share()};
+  } gate;
+  ASSERT_EQ(
+      cudaLaunchHostFunc(
+          producer,
+          [](void* p) { static_cast<Gate*>(p)->opened.wait_for(std::chrono::seconds(60)); }, &gate),
+      cudaSuccess);
+  struct OpenOnExit {  // an ASSERT that returns early must not leave the stream held
+    Gate* g;
+    bool done = false;
+    void Open() {
+      if (!done) g->open.set_value();
+      done = true;
+    }
+    ~OpenOnExit() { Open(); }
+  } release{&gate};
   ASSERT_TRUE((*v)->Save(1, refs()).ok());
   EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "Save() waited for the GPU";
   // The caller overwrites right after Save() on its stream: must not reach checkpoint 1.
@@ -1079,6 +1092,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   SaveStats st1 = (*v)->last_stats();
   EXPECT_EQ(st1.snapshot_path, "device");
   EXPECT_GT(st1.staging_allocated, kTensors * n);
+  release.Open();
   ASSERT_TRUE((*v)->Wait().ok());
   ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
   auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
@@ -1105,8 +1119,6 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   EXPECT_EQ(st2.bytes_d2h, 3 * 4096);
   check(2, host);
   for (void* p : dev) cudaFree(p);
-  cudaFree(busy_a);
-  cudaFree(busy_b);
   cudaStreamDestroy(producer);
 }
 
