@@ -28,7 +28,7 @@
   (they replay one at a time on one stream, and each graph's outputs are consumed before the next
   replay). Replays allocate nothing. MemSculptor, when on, serves persistent tensors through a
   scoped pool (see train.py); it does not serve the captured region (Note [Graph capture] in
-  src/memory/torch_allocator.cpp says why).
+  src/memory/torch_allocator.cc says why).
 """
 from __future__ import annotations
 

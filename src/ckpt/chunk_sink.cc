@@ -1,4 +1,4 @@
-// POSIX chunk sink, and the cuFile session's stand-in where cuFile is not built.
+// POSIX chunk sink (the cuFile one is cufile_writer.cc, or its stand-in cufile_writer_stub.cc).
 #include "ckpt/chunk_sink.h"
 
 namespace loongforge {
@@ -25,14 +25,6 @@ class PosixChunkSink : public ChunkSink {
 std::unique_ptr<ChunkSink> NewPosixChunkSink(std::unique_ptr<WritableFile> file) {
   return std::make_unique<PosixChunkSink>(std::move(file));
 }
-
-#ifndef LOONGFORGE_WITH_CUFILE
-bool CufileCompiled() { return false; }
-StatusOr<std::unique_ptr<CufileSession>> OpenCufileSession() {
-  return UnimplementedError(
-      "cufile: not built (cufile.h / libcufile were not found when this build was configured)");
-}
-#endif
 
 }  // namespace internal
 }  // namespace ckpt

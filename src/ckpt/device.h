@@ -1,5 +1,5 @@
 // Device (CUDA) side of CheckpointVault behind a CPU-buildable interface. In CPU-only builds every
-// function returns Unimplemented (device_nocuda.cc); with CUDA they live in device_hash.cu.
+// function returns Unimplemented (device_cuda_stub.cc); with CUDA they live in device_cuda.cu.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Page-locked host memory for the loader's batch buffers (builds with CUDA; the twin without CUDA
-// is pinned_memory_nocuda.cc). Declared in loader_pipeline.h.
+// is pinned_memory_cpu.cc). Declared in loader_pipeline.h.
 #include <cuda_runtime_api.h>
 
 #include "loader_pipeline.h"

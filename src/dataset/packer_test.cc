@@ -19,6 +19,7 @@
 #include "loongforge/dataset.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
+#include "test_cli.h"
 #include "test_dataset.h"
 
 namespace loongforge::data {
@@ -686,23 +687,8 @@ TEST(DemoData, OverwriteReplacesOnlyDemoData) {
 
 // ---- CLI ----------------------------------------------------------------------------------------
 
-struct CliResult {
-  int exit_code;
-  std::string output;
-};
-
-CliResult RunCli(const std::string& args) {
-  std::string cmd = std::string(LF_TEST_CLI) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  CliResult r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  int st = ::pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using testing::CliResult;
+using testing::RunCli;
 
 // Guards the CLI edge: a bad input gives exit code 2 and one line naming the file; the good path
 // (demo-data -> pack -> inspect --json) works end to end.

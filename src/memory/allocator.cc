@@ -1,5 +1,11 @@
 // MemAllocator: planned arena + pooled best-fit fallback (include/loongforge/memory.h).
 //
+// One file of about 1,300 lines on purpose: it is one MemAllocator::Impl, one state machine under
+// one mutex, and the Notes below are its invariants, cited by the methods that keep them (the pool,
+// the lent arena and the planned path all move the same blocks). Split across files, each piece
+// would need the whole Impl to read. The planner (planner.cc), the backends (backend_cpu.cc,
+// backend_cuda.cu) and the trace (trace.cc) already live apart.
+//
 // Note [Planned arena safety]
 // A plan is a recorded step's allocations with offsets in one arena. While a step matches its
 // plan, allocation k is served at arena + offset[k] in O(1). Slots are handed out in plan order
@@ -311,20 +317,24 @@ struct MemAllocator::Impl {
     return !into->any_stream && n->stream == into->stream;
   }
 
+  // `b` absorbs its free neighbour `n`: b keeps one fence that covers both. b's own fence, if any,
+  // was recorded later on the same stream (CanMerge) and so covers n's.
+  void MergeFence(Block* b, Block* n) {
+    if (!n->has_fence) return;
+    if (b->has_fence) {
+      fence->Release(n->fence);
+    } else {
+      b->fence = n->fence;
+      b->has_fence = true;
+    }
+  }
+
   // Merges free neighbours into `b` (already out of the free set); returns the merged block.
   Block* Coalesce(Pool& pool, Block* b) {
     for (Block* n : {b->prev, b->next}) {
       if (!CanMerge(b, n)) continue;
       pool.free_blocks.erase(n);
-      if (n->has_fence) {
-        // b's own fence, if any, was recorded later on the same stream and covers n's.
-        if (b->has_fence) {
-          fence->Release(n->fence);
-        } else {
-          b->fence = n->fence;
-          b->has_fence = true;
-        }
-      }
+      MergeFence(b, n);
       if (n == b->prev) {
         b->addr = n->addr;
         b->prev = n->prev;
@@ -373,14 +383,7 @@ struct MemAllocator::Impl {
             Block* n = b->next;
             pool.free_blocks.erase(b);
             pool.free_blocks.erase(n);
-            if (n->has_fence) {
-              if (b->has_fence) {
-                fence->Release(n->fence);
-              } else {
-                b->fence = n->fence;
-                b->has_fence = true;
-              }
-            }
+            MergeFence(b, n);
             b->next = n->next;
             if (n->next) n->next->prev = b;
             b->size += n->size;

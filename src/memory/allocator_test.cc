@@ -1,6 +1,10 @@
 // Tests of MemAllocator on the CPU (HostBackend + CpuFence): pooled best-fit with splitting and
 // coalescing, alignment, persistent vs transient pools, stream-safe reuse, threads, exhaustion,
 // and the planned path (hits, divergence, late frees).
+//
+// Over 900 lines on purpose: the tests follow allocator.cc's Notes in order and share its fixtures
+// (MakeAllocator, Tracked/Intact, LayerStep); split, the fixtures would need a header of their own
+// for one test binary.
 #include <gtest/gtest.h>
 
 #include <cstring>

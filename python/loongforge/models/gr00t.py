@@ -17,6 +17,10 @@ checkpoint maps onto this tree with a few prefix rewrites, see ``GR00T_KEY_PREFI
 
 Configs: ``tiny`` (a step in seconds on 2 CPU cores), ``small``, ``n16`` (about 3B parameters,
 about 1.7B trainable) and ``n16-moe`` (DiT FFNs -> 16 experts, top-2, load-balancing loss).
+
+One file of about 1,050 lines on purpose: it reads top to bottom as GR00T's module tree (vision,
+language, action head, policy), so a real checkpoint's keys can be checked against it in one place.
+The safetensors I/O at its end is the place to split first if it grows.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loongforge/memory.h"
+#include "test_cli.h"
 
 namespace loongforge {
 namespace mem {
@@ -17,23 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-CliResult RunCli(const std::string& args) {
-  std::string cmd = std::string(LF_TEST_CLI) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  int st = ::pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using testing::CliResult;
+using testing::RunCli;
 
 class MemCli : public ::testing::Test {
  protected:

@@ -1,5 +1,5 @@
 // CUDA implementations of MemoryBackend (cudaMalloc'd segments) and StreamFence (cudaEvent).
-// CPU twins: host_backend.cc. No kernels here.
+// CPU twins: backend_cpu.cc. No kernels here.
 #include <cuda_runtime_api.h>
 
 #include <vector>

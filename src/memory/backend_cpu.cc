@@ -1,6 +1,6 @@
 // CPU twins of the device pieces: HostBackend (an mmap'd range standing in for device memory) and
-// CpuFence (a counter per stream standing in for cudaEvent). Also the CUDA factories' stubs for
-// builds without CUDA.
+// CpuFence (a counter per stream standing in for cudaEvent). The CUDA twins are backend_cuda.cu
+// (or, in builds without CUDA, the stand-ins of backend_cuda_stub.cc).
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -95,15 +95,6 @@ void CpuFence::Complete(StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
   completed_[stream] = recorded_[stream];
 }
-
-#ifndef LOONGFORGE_WITH_CUDA
-StatusOr<std::unique_ptr<MemoryBackend>> CreateCudaBackend(int device, size_t limit_bytes) {
-  return UnavailableError("MemSculptor: this build has no CUDA (configure with nvcc present)");
-}
-StatusOr<std::unique_ptr<StreamFence>> CreateCudaFence(int device) {
-  return UnavailableError("MemSculptor: this build has no CUDA (configure with nvcc present)");
-}
-#endif
 
 }  // namespace mem
 }  // namespace loongforge

@@ -11,38 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "test_cli.h"
+
 namespace loongforge {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs the CLI with `args`, stdout and stderr kept apart.
-CliResult RunCli(const std::string& args) {
-  static int n = 0;
-  const fs::path err_file =
-      fs::temp_directory_path() /
-      ("lf_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  std::string cmd = std::string(LF_TEST_CLI) + " " + args + " 2>" + err_file.string();
-  CliResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t k;
-  while ((k = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, k);
-  int st = ::pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
-    while ((k = std::fread(buf, 1, sizeof(buf), e)) > 0) r.err.append(buf, k);
-    std::fclose(e);
-  }
-  fs::remove(err_file);
-  return r;
-}
+using testing::CliResult;
+using testing::RunCli;
 
 // Guards `--help` at every level: exit 0, on stdout, naming that (sub)command's own flags.
 TEST(CliArgs, HelpPerSubcommand) {

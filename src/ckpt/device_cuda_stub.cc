@@ -1,9 +1,9 @@
-// CPU twin of device_hash.cu: used when CUDA is not compiled in.
+// Stands in for device_cuda.cu in builds without CUDA (CMake picks one of the two): every device
+// function returns Unimplemented; host buffers are plain malloc.
 #include <cstdlib>
 
 #include "ckpt/device.h"
 
-#ifndef LOONGFORGE_WITH_CUDA
 namespace loongforge {
 namespace ckpt {
 namespace internal {
@@ -29,4 +29,3 @@ void FreeHost(void* p, bool) { std::free(p); }
 }  // namespace internal
 }  // namespace ckpt
 }  // namespace loongforge
-#endif  // LOONGFORGE_WITH_CUDA

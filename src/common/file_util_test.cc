@@ -1,0 +1,78 @@
+// Tests of the output helpers of src/common/file_util.cc: atomic replace, exclusive create, temp
+// files.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "common/file_util.h"
+
+namespace loongforge {
+namespace {
+
+// Guards Note [Outputs are created, never followed]: a planted symlink at the target is
+// replaced, the file it points to is untouched, and no temporary file is left behind.
+TEST(FileUtil, WriteFileAtomicReplacesSymlinkWithoutFollowing) {
+  std::string dir = testing::TempDir() + "/lf_file_util_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string victim = dir + "/victim";
+  ASSERT_TRUE(internal::WriteFileAtomic(victim, "keep").ok());
+  std::string target = dir + "/out";
+  ASSERT_EQ(::symlink(victim.c_str(), target.c_str()), 0);
+  ASSERT_TRUE(internal::WriteFileAtomic(target, "new").ok());
+  struct stat st;
+  ASSERT_EQ(::lstat(target.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  std::ifstream v(victim), t(target);
+  std::string vs((std::istreambuf_iterator<char>(v)), {}),
+      ts((std::istreambuf_iterator<char>(t)), {});
+  EXPECT_EQ(vs, "keep");
+  EXPECT_EQ(ts, "new");
+  DIR* d = ::opendir(dir.c_str());
+  int entries = 0;
+  while (dirent* e = ::readdir(d)) entries += e->d_name[0] != '.';
+  ::closedir(d);
+  EXPECT_EQ(entries, 2);  // victim and out; no .out.tmp.* left
+  std::filesystem::remove_all(dir);
+}
+
+// Guards OpenNewFile's contract: it never opens an existing path or writes through a symlink.
+TEST(FileUtil, OpenNewFileRefusesExistingPathAndSymlink) {
+  std::string dir = testing::TempDir() + "/lf_open_new_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string link = dir + "/link";
+  ASSERT_EQ(::symlink((dir + "/elsewhere").c_str(), link.c_str()), 0);
+  auto r = internal::OpenNewFile(link);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(r.status().message().find(link), std::string::npos);
+  EXPECT_NE(::access((dir + "/elsewhere").c_str(), F_OK), 0);  // nothing created through it
+  auto ok = internal::OpenNewFile(dir + "/fresh");
+  ASSERT_TRUE(ok.ok());
+  ::close(*ok);
+  std::filesystem::remove_all(dir);
+}
+
+// Guards TempFile's clean-up: a temporary file that is not published leaves nothing behind.
+TEST(FileUtil, DiscardedTempFileLeavesNothing) {
+  std::string dir = testing::TempDir() + "/lf_tmp_discard_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string path;
+  {
+    auto t = internal::TempFile::CreateNextTo(dir + "/x.bin");
+    ASSERT_TRUE(t.ok());
+    path = t->path();
+    ASSERT_TRUE(t->Write("partial").ok());
+    EXPECT_EQ(::access(path.c_str(), F_OK), 0);
+  }
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loongforge
