@@ -37,8 +37,8 @@ py::object Value(const Column& c, size_t i) {
 
 // Values [begin, end) of c as a numpy array when all valid and numeric, else a list.
 py::object Slice(const Column& c, size_t begin, size_t end) {
-  bool all_valid = c.valid.empty();
-  for (size_t i = begin; !all_valid && i < end; ++i) all_valid = c.valid[i];
+  bool all_valid = true;
+  for (size_t i = begin; !c.valid.empty() && all_valid && i < end; ++i) all_valid = c.valid[i];
   if (all_valid) {
     const auto n = static_cast<py::ssize_t>(end - begin);
     switch (c.kind) {
