@@ -5,7 +5,7 @@
 // its own apps/cli/cmd_<module>.cc:
 //
 //   void AddPack(CLI::App& root) {
-//     auto o = std::make_shared<PackOptions>();
+//     auto o = std::make_shared<data::PackOptions>();
 //     CLI::App* app = AddCommand(root, "pack", "pack an episode folder", [o] { ... });
 //     app->add_option("--src", o->src, "episode folder")->required();
 //   }

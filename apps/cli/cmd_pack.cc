@@ -9,6 +9,16 @@ namespace loongforge {
 namespace cli {
 namespace {
 
+using data::DemoDataOptions;
+using data::DemoDataResult;
+using data::GenerateDemoData;
+using data::InspectJson;
+using data::InspectText;
+using data::PackEpisodes;
+using data::PackOptions;
+using data::PackResult;
+using data::Schema;
+
 void AddDemoData(CLI::App& root) {
   auto o = std::make_shared<DemoDataOptions>();
   auto size = std::make_shared<std::string>("640x480");

@@ -35,9 +35,8 @@
 namespace loongforge {
 namespace ckpt {
 
-// Element types are loongforge::DType (loongforge/tensor.h); manifests store DTypeName().
-// Safetensors spelling ("F32", "BF16", ...).
-const char* DTypeSafetensorsName(DType d);
+// Element types are loongforge::DType (loongforge/tensor.h); manifests store DTypeName(), and
+// safetensors exports DTypeSafetensorsName().
 
 // 128-bit chunk hash (XXH3-128 of the chunk's raw bytes, seed 0).
 struct Hash128 {
@@ -49,31 +48,25 @@ struct Hash128 {
 };
 Hash128 HashBytes(const void* data, size_t len);
 
-// A tensor to save. `data` points to prod(shape) * DTypeSize(dtype) contiguous bytes, on the CPU
-// (device = -1) or on CUDA device `device` (only in CUDA builds). It must stay unchanged until
-// Save() returns, not longer. `stream` (device tensors only) is the cudaStream_t on which the work
-// producing `data` was queued: the snapshot is ordered after everything queued on it so far (an
-// event, no host sync), and with device staging work queued on it after Save() returns waits for
-// the snapshot's copy; null = the legacy default stream. Work on other streams must not write the
-// tensor before that copy is done (e.g. make such a stream wait on this one).
+// A tensor to save: `view` stored under `name`, the same TensorView every module takes
+// (loongforge/tensor.h). The view must be valid and contiguous, in host memory (pinned included)
+// or, in CUDA builds, CUDA device memory; Save() returns InvalidArgument naming the tensor
+// otherwise (Unimplemented for CUDA memory in a build without CUDA). The memory must stay
+// unchanged until Save() returns, not longer. `view.stream` (CUDA tensors only) is the
+// cudaStream_t on which the work producing the data was queued: the snapshot is ordered after
+// everything queued on it so far (an event, no host sync), and with device staging work queued on
+// it after Save() returns waits for the snapshot's copy; null = the legacy default stream. Work
+// on other streams must not write the tensor before that copy is done (e.g. make such a stream
+// wait on this one).
 struct TensorRef {
   std::string name;
-  DType dtype = DType::kUInt8;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  int device = -1;
-  void* stream = nullptr;
-
-  // The tensor `view` saved under `name`: its dtype, shape, data, device (host memory, pinned
-  // included, is -1) and stream. Errors: InvalidArgument naming the tensor when the view is not
-  // contiguous or not valid.
-  static StatusOr<TensorRef> FromView(std::string name, const TensorView& view);
+  TensorView view;
 };
 
 // A stored tensor's description.
 struct TensorInfo {
   std::string name;
-  std::string dtype;
+  std::string dtype;  // DTypeName() of the stored DType ("f32", "bf16", ...)
   std::vector<int64_t> shape;
   int64_t nbytes = 0;
   int64_t num_chunks = 0;
@@ -239,11 +232,11 @@ class CheckpointVault {
   // Snapshots `tensors` and queues them for the background writer: CPU tensors are hashed and their
   // changed chunks copied to host staging; device tensors are copied into a device arena (device
   // staging) or hashed on the device with changed chunks copied to pinned host staging (Note
-  // [Device staging]). With device staging, each TensorRef::stream is made to wait (on the GPU, not
-  // the host) until the copy is done, so kernels the caller queues on it after Save() returns
-  // cannot overwrite a tensor before the snapshot read it. Blocks while max_inflight saves are
-  // pending. `step` must be greater than every step saved before. Returns a pending writer error
-  // first (the save is then not queued).
+  // [Device staging]). With device staging, each TensorRef::view.stream is made to wait (on the
+  // GPU, not the host) until the copy is done, so kernels the caller queues on it after Save()
+  // returns cannot overwrite a tensor before the snapshot read it. Blocks while max_inflight saves
+  // are pending. `step` must be greater than every step saved before. Returns a pending writer
+  // error first (the save is then not queued).
   Status Save(int64_t step, const std::vector<TensorRef>& tensors);
   // Waits until every queued save is committed; returns the first writer error since the last call.
   Status Wait();

@@ -154,17 +154,3 @@ Status CheckTokens(std::string_view record, const Schema& schema, const std::str
                    std::string_view key);
 
 }  // namespace loongforge::data
-
-// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
-// callers that still say loongforge::X compiling; remove them once every caller is in, or
-// qualifies with, loongforge::data.
-namespace loongforge {
-using data::CameraModality;
-using data::CheckTokens;
-using data::kDatasetFormatVersion;
-using data::kSchemaKey;
-using data::RecordReader;
-using data::RecordWriter;
-using data::SampleKey;
-using data::Schema;
-}  // namespace loongforge

@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loongforge/dataset.h"
 #include "loongforge/metrics.h"
 #include "loongforge/status.h"
+#include "loongforge/tensor.h"
 
 namespace loongforge {
 namespace data {
@@ -66,7 +68,6 @@ enum class CorruptPolicy { kSkip, kError };
 // DataLoader::GpuSupport().
 enum class LoaderDevice { kCpu, kCuda };
 enum class ImageLayout { kNCHW, kNHWC };  // images [n, cams, 3, H, W] or [n, cams, H, W, 3]
-enum class ImageDType { kFloat32, kBFloat16 };
 // GPU loader: how lf-fetch faults the LMDB pages of a batch's JPEG bytes in before nvJPEG reads
 // them (Note [GPU loader] in src/data/loader_gpu_stage.cc). kPopulate: one
 // madvise(MADV_POPULATE_READ) per record (Linux >= 5.14; falls back to kTouch where the kernel
@@ -107,7 +108,9 @@ struct LoaderOptions {
   LoaderDevice device = LoaderDevice::kCpu;
   int device_id = 0;
   ImageLayout layout = ImageLayout::kNCHW;
-  ImageDType dtype = ImageDType::kFloat32;
+  // Element type of Batch::images: DType::kFloat32 or DType::kBFloat16 (kCuda only); Create
+  // refuses any other with InvalidArgument naming the option.
+  DType dtype = DType::kFloat32;
   bool antialias = false;  // triangle filter widened by the downscale factor
   bool hw_decode = true;   // use the JPEG engine when the GPU has one
   // Share of engine-eligible images decoded by the hardware engine; < 0: measured split. Default
@@ -138,6 +141,10 @@ struct LoaderOptions {
 StatusOr<std::vector<int>> SortTokenBuckets(std::vector<int> buckets);
 int TokenBucketFor(const std::vector<int>& buckets, int length);
 
+// Checks `dtype` as LoaderOptions::dtype: DType::kFloat32 or DType::kBFloat16, else
+// InvalidArgument naming the option. Create checks it; a binding checks a caller's value with it.
+Status CheckImageDType(DType dtype);
+
 // One model-ready batch. Buffers are owned by the loader's pool; a batch returns to the pool when
 // the last shared_ptr to it is dropped (the Python side holds it through DLPack deleters).
 struct Batch {
@@ -159,13 +166,19 @@ struct Batch {
   double latency_ms = 0;    // stage-1 start to publication
   int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
   // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
-  // `images` holds `image_dtype` elements (bf16 bits when kBFloat16) in `image_layout`. The batch
-  // is complete when Next() returns it (Next() waits for its `ready_event`).
+  // `images` holds `image_dtype` elements (bf16 bits when DType::kBFloat16) in `image_layout`. The
+  // batch is complete when Next() returns it (Next() waits for its `ready_event`).
   int device_type = 1;  // DLPack: 1 CPU, 2 CUDA
   int device_id = 0;
   ImageLayout image_layout = ImageLayout::kNCHW;
-  ImageDType image_dtype = ImageDType::kFloat32;
-  void* ready_event = nullptr;  // cudaEvent_t
+  DType image_dtype = DType::kFloat32;  // LoaderOptions::dtype
+  void* ready_event = nullptr;          // cudaEvent_t
+
+  // The arrays above as views, named as the Python batch keys: "images" (image_dtype, in
+  // image_layout), "tokens" (i64), "attention_mask" (u8), "state" (f32), "action" (f32),
+  // "action_mask" (u8), "sample_index" (i64); each [rows, ...] as documented above, on the
+  // batch's device. They borrow the batch's buffers: valid while the batch is held.
+  std::vector<std::pair<std::string, TensorView>> Tensors() const;
 };
 
 // What the loader decodes with, for metrics: "hw_decode", "decode_backend", "reason".

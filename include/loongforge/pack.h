@@ -128,20 +128,3 @@ StatusOr<std::string> InspectJson(const std::string& path, int64_t sample_id);
 StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id);
 
 }  // namespace loongforge::data
-
-// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
-// callers that still say loongforge::X compiling; remove them once every caller is in, or
-// qualifies with, loongforge::data.
-namespace loongforge {
-using data::DefaultCameraNames;
-using data::DemoDataOptions;
-using data::DemoDataResult;
-using data::GenerateDemoData;
-using data::InspectJson;
-using data::InspectText;
-using data::kDefaultMaxInstructionBytes;
-using data::PackEpisodes;
-using data::PackOptions;
-using data::PackResult;
-using data::RenderDemoFrame;
-}  // namespace loongforge

@@ -44,6 +44,8 @@ int DTypeSize(DType d);
 const char* DTypeName(DType d);
 // The long name of `d`, as torch and numpy spell it ("float32", "bfloat16", "uint8", "bool").
 const char* DTypeLongName(DType d);
+// The safetensors spelling of `d` ("F32", "BF16", "BOOL", ...).
+const char* DTypeSafetensorsName(DType d);
 // Parses a short name ("f32") or torch's long name ("float32", "bfloat16", "uint8", "bool", ...).
 // Errors: InvalidArgument naming the input and the accepted names.
 StatusOr<DType> ParseDType(std::string_view name);

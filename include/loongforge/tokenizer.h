@@ -61,15 +61,3 @@ StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const std::string& id);
 std::vector<std::string> KnownTokenizers();
 
 }  // namespace loongforge::data
-
-// Transitional (issue 20): the dataset format moved into loongforge::data. These names keep
-// callers that still say loongforge::X compiling; remove them once every caller is in, or
-// qualifies with, loongforge::data.
-namespace loongforge {
-using data::ByteTokenizer;
-using data::KnownTokenizers;
-using data::MakeTokenizer;
-using data::RegisterTokenizer;
-using data::Tokenizer;
-using data::TokenizerFactory;
-}  // namespace loongforge

@@ -89,8 +89,7 @@ void BindCkpt(py::module_& m) {
               if (t.size() != 2) throw py::value_error("save: each tensor is (name, tensor)");
               std::string name = t[0].cast<std::string>();
               held.push_back(ToTensorViewOrThrow(t[1], name));
-              refs.push_back(
-                  ValueOrThrow(ckpt::TensorRef::FromView(std::move(name), held.back().view)));
+              refs.push_back({std::move(name), held.back().view});
             }
             Status s;
             {

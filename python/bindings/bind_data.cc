@@ -1,6 +1,8 @@
 // Bindings of DataFusion's loader: _C.DataLoader yields dicts of DLPack capsules (host memory, or
-// CUDA device memory with device='cuda'); _C.NvJpegDecoder exposes the batch decoder alone (for
-// benchmarks) in builds with nvJPEG.
+// CUDA device memory with device='cuda'), exported from Batch::Tensors() by the one producer
+// (dlpack_capsule.h); dtypes and streams given from Python go through the converter
+// (tensor_convert.h). _C.NvJpegDecoder exposes the batch decoder alone (for benchmarks) in builds
+// with nvJPEG.
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include "bindings.h"
 #include "dlpack_capsule.h"
 #include "loongforge/loader.h"
+#include "tensor_convert.h"
 #ifdef LOONGFORGE_WITH_NVJPEG
 #include "data/nvjpeg_decoder.h"
 #endif
@@ -87,6 +90,17 @@ OptionField Choice(const char* name, E LoaderOptions::*m,
           }};
 }
 
+// LoaderOptions::dtype: a torch.dtype or a dtype name (ToDType), of the kinds CheckImageDType
+// takes; read back as torch's name ("float32").
+OptionField ImageDTypeField() {
+  return {"dtype",
+          [](LoaderOptions& o, py::handle v) {
+            o.dtype = ValueOrThrow(ToDType(v, "DataLoader: option 'dtype'"));
+            ThrowIfError(CheckImageDType(o.dtype));
+          },
+          [](const LoaderOptions& o) -> py::object { return py::str(DTypeLongName(o.dtype)); }};
+}
+
 const std::vector<OptionField>& OptionFields() {
   static const std::vector<OptionField> fields = {
       Plain("batch_size", &LoaderOptions::batch_size),
@@ -118,8 +132,7 @@ const std::vector<OptionField>& OptionFields() {
       Plain("device_id", &LoaderOptions::device_id),
       Choice("layout", &LoaderOptions::layout,
              {{"NCHW", ImageLayout::kNCHW}, {"NHWC", ImageLayout::kNHWC}}),
-      Choice("dtype", &LoaderOptions::dtype,
-             {{"float32", ImageDType::kFloat32}, {"bfloat16", ImageDType::kBFloat16}}),
+      ImageDTypeField(),
       Plain("antialias", &LoaderOptions::antialias),
       Plain("hw_decode", &LoaderOptions::hw_decode),
       Plain("hw_decode_ratio", &LoaderOptions::hw_decode_ratio),
@@ -161,25 +174,9 @@ LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
 
 py::dict BatchDict(std::shared_ptr<Batch> b) {
   std::shared_ptr<const void> owner = b;
-  const int32_t dev = b->device_type, dev_id = b->device_id;
-  auto cap = [&](void* p, std::vector<int64_t> shape, dlpack::DLDataType t) {
-    return dlpack::MakeCapsule(owner, p, std::move(shape), t, dev, dev_id);
-  };
-  const int64_t n = b->rows;  // == size unless static shapes pad the batch
   py::dict d;
-  const bool nhwc = b->image_layout == ImageLayout::kNHWC;
-  d["images"] = cap(b->images,
-                    nhwc ? std::vector<int64_t>{n, b->cameras, b->height, b->width, 3}
-                         : std::vector<int64_t>{n, b->cameras, 3, b->height, b->width},
-                    b->image_dtype == ImageDType::kBFloat16 ? dlpack::kBFloat16 : dlpack::kFloat32);
-  d["tokens"] = cap(b->tokens, {n, b->tokens_len}, dlpack::kInt64);
-  // Masks travel as uint8: bool view in Python (torch 1.13 lacks DLPack bool).
-  d["attention_mask"] = cap(b->attention_mask, {n, b->tokens_len}, dlpack::kUInt8);
-  d["state"] = cap(b->state, {n, b->state_dim}, dlpack::kFloat32);
-  d["action"] = cap(b->action, {n, b->horizon, b->action_dim}, dlpack::kFloat32);
-  d["action_mask"] = cap(b->action_mask, {n, b->horizon}, dlpack::kUInt8);
-  d["sample_index"] = cap(b->sample_index, {n}, dlpack::kInt64);
-  d["device_type"] = dev;
+  for (const auto& [name, view] : b->Tensors()) d[py::str(name)] = dlpack::MakeCapsule(owner, view);
+  d["device_type"] = b->device_type;
   d["epoch"] = b->epoch;
   d["index"] = b->index;
   d["size"] = b->size;
@@ -310,12 +307,13 @@ void BindData(py::module_& m) {
       .def("device_info", [](DataLoader& d) { return DeviceInfoDict(d.device_info()); })
       .def(
           "set_consumer_stream",
-          [](DataLoader& d, uintptr_t stream) {
-            d.SetConsumerStream(reinterpret_cast<void*>(stream));
+          [](DataLoader& d, py::object stream) {
+            d.SetConsumerStream(ValueOrThrow(ToCudaStream(stream, "set_consumer_stream: stream")));
           },
           py::arg("stream"),
-          "CUDA stream (torch.cuda.Stream.cuda_stream) the batches are read on; released "
-          "batches are rewritten only after that stream's queued work.");
+          "CUDA stream the batches are read on: a torch.cuda.Stream, an int cudaStream_t, or None "
+          "(the legacy default stream). Released batches are rewritten only after the work "
+          "queued on it before the release; ValueError for anything else.");
 
   m.def(
       "gpu_loader_support",
@@ -334,6 +332,16 @@ void BindData(py::module_& m) {
         return d;
       },
       "Every DataLoader option and its default (Note [Loader options]).");
+  m.def(
+      "loader_image_dtype",
+      [](py::object dtype) {
+        const DType d = ValueOrThrow(ToDType(dtype, "DataLoader: option 'dtype'"));
+        ThrowIfError(CheckImageDType(d));
+        return DTypeLongName(d);
+      },
+      py::arg("dtype"),
+      "torch's name of an image dtype the loader writes (a torch.dtype or a name: 'float32', "
+      "'bf16', ...); ValueError naming the option for any other.");
   m.def(
       "sort_token_buckets",
       [](std::vector<int> buckets) { return ValueOrThrow(SortTokenBuckets(std::move(buckets))); },

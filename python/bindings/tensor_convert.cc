@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
 
 #include "dlpack_capsule.h"
@@ -17,6 +18,7 @@ std::string Quoted(std::string_view name) { return "tensor '" + std::string(name
 // at process exit would run after the interpreter is gone.
 struct TorchRefs {
   py::object tensor_type;     // torch.Tensor
+  py::object dtype_type;      // torch.dtype
   py::object dtype_bool;      // torch.bool
   py::object dtype_uint8;     // torch.uint8
   py::object current_stream;  // torch.cuda.current_stream, looked up on first use
@@ -28,48 +30,26 @@ TorchRefs* Torch() {
   py::dict modules = py::module_::import("sys").attr("modules");
   if (!modules.contains("torch")) return nullptr;
   py::module_ torch = py::module_::import("torch");
-  refs = new TorchRefs{torch.attr("Tensor"), torch.attr("bool"), torch.attr("uint8"), py::none()};
+  refs = new TorchRefs{torch.attr("Tensor"), torch.attr("dtype"), torch.attr("bool"),
+                       torch.attr("uint8"), py::none()};
   return refs;
 }
 
-StatusOr<DType> FromDLDataType(const dlpack::DLDataType& t, std::string_view name) {
+// The DType of DLPack's `t` (the one table: dlpack::kDTypeCodes), or InvalidArgument naming the
+// tensor and what it holds.
+StatusOr<DType> DTypeOfDL(const dlpack::DLDataType& t, std::string_view name) {
+  if (std::optional<DType> d = dlpack::FromDLDataType(t)) return *d;
   static const char* const kCodeNames[] = {"int",    "uint",    "float", "opaque",
                                            "bfloat", "complex", "bool"};
-  auto unsupported = [&] {
-    const std::string code =
-        t.code < 7 ? kCodeNames[t.code] : "code " + std::to_string(static_cast<int>(t.code)) + " ";
-    std::string what = code + std::to_string(static_cast<int>(t.bits));
-    if (t.lanes != 1) what += "x" + std::to_string(t.lanes);
-    return InvalidArgumentError(Quoted(name) + " has dtype " + what +
-                                ", which LoongForge does not support (bool u8 i8 i16 i32 i64 f16 "
-                                "bf16 f32 f64)");
-  };
-  if (t.lanes != 1) return unsupported();
-  switch (t.code) {
-    case 0:  // int
-      if (t.bits == 8) return DType::kInt8;
-      if (t.bits == 16) return DType::kInt16;
-      if (t.bits == 32) return DType::kInt32;
-      if (t.bits == 64) return DType::kInt64;
-      break;
-    case 1:  // uint
-      if (t.bits == 8) return DType::kUInt8;
-      break;
-    case 2:  // float
-      if (t.bits == 16) return DType::kFloat16;
-      if (t.bits == 32) return DType::kFloat32;
-      if (t.bits == 64) return DType::kFloat64;
-      break;
-    case 4:  // bfloat
-      if (t.bits == 16) return DType::kBFloat16;
-      break;
-    case 6:  // bool
-      if (t.bits == 8) return DType::kBool;
-      break;
-    default:
-      break;
-  }
-  return unsupported();
+  const std::string code =
+      t.code < 7 ? kCodeNames[t.code] : "code " + std::to_string(static_cast<int>(t.code)) + " ";
+  std::string what = code + std::to_string(static_cast<int>(t.bits));
+  if (t.lanes != 1) what += "x" + std::to_string(t.lanes);
+  std::string known;
+  for (const dlpack::DTypeCode& c : dlpack::kDTypeCodes)
+    known += (known.empty() ? "" : " ") + std::string(DTypeName(c.dtype));
+  return InvalidArgumentError(Quoted(name) + " has dtype " + what +
+                              ", which LoongForge does not support (" + known + ")");
 }
 
 StatusOr<Device> FromDLDevice(const dlpack::DLDevice& d, std::string_view name) {
@@ -112,7 +92,7 @@ Status FromCapsule(py::object capsule, std::string_view name, PyTensor* out) {
   }
   if (dl->ndim < 0) return InvalidArgumentError(Quoted(name) + " has a negative ndim");
   TensorView& v = out->view;
-  LF_ASSIGN_OR_RETURN(v.dtype, FromDLDataType(dl->dtype, name));
+  LF_ASSIGN_OR_RETURN(v.dtype, DTypeOfDL(dl->dtype, name));
   LF_ASSIGN_OR_RETURN(v.device, FromDLDevice(dl->device, name));
   v.data = dl->data == nullptr ? nullptr : static_cast<char*>(dl->data) + dl->byte_offset;
   v.shape.assign(dl->shape, dl->shape + dl->ndim);
@@ -164,8 +144,8 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
       if (torch->current_stream.is_none()) {
         torch->current_stream = py::module_::import("torch.cuda").attr("current_stream");
       }
-      py::object stream = torch->current_stream(out.view.device.index);
-      out.view.stream = reinterpret_cast<void*>(stream.attr("cuda_stream").cast<uintptr_t>());
+      LF_ASSIGN_OR_RETURN(out.view.stream,
+                          ToCudaStream(torch->current_stream(out.view.device.index), name));
     }
     return out;
   } catch (py::error_already_set& e) {
@@ -176,6 +156,41 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
 
 PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name) {
   return ValueOrThrow(ToTensorView(obj, name));
+}
+
+StatusOr<DType> ToDType(py::handle obj, std::string_view what) {
+  std::string name;
+  if (py::isinstance<py::str>(obj)) {
+    name = obj.cast<std::string>();
+  } else if (TorchRefs* torch = Torch();
+             torch != nullptr && py::isinstance(obj, torch->dtype_type)) {
+    name = py::str(obj);  // "torch.float32"
+    if (name.rfind("torch.", 0) == 0) name.erase(0, 6);
+  } else {
+    return InvalidArgumentError(std::string(what) + " must be a torch.dtype or a dtype name, got " +
+                                py::repr(obj).cast<std::string>());
+  }
+  StatusOr<DType> d = ParseDType(name);
+  if (!d.ok()) return InvalidArgumentError(std::string(what) + ": " + d.status().message());
+  return d;
+}
+
+StatusOr<void*> ToCudaStream(py::handle obj, std::string_view what) {
+  try {
+    if (obj.is_none()) return nullptr;
+    py::object handle = py::hasattr(obj, "cuda_stream") ? py::object(obj.attr("cuda_stream"))
+                                                        : py::reinterpret_borrow<py::object>(obj);
+    if (!py::isinstance<py::int_>(handle) || py::isinstance<py::bool_>(handle)) {
+      return InvalidArgumentError(
+          std::string(what) + " must be a torch.cuda.Stream, an int cudaStream_t or None, got " +
+          py::repr(obj).cast<std::string>());
+    }
+    return reinterpret_cast<void*>(handle.cast<uintptr_t>());
+  } catch (py::error_already_set& e) {
+    return InvalidArgumentError(std::string(what) + " is not a CUDA stream: " + e.what());
+  } catch (const py::cast_error& e) {
+    return InvalidArgumentError(std::string(what) + " is not a CUDA stream handle: " + e.what());
+  }
 }
 
 namespace {
@@ -204,6 +219,22 @@ void BindTensor(py::module_& m) {
       py::arg("tensor"), py::arg("name") = "tensor",
       "What the C++ core sees of a tensor (for tests and debugging): dtype, shape, strides, "
       "device, contiguous, stream, read_only.");
+  m.def(
+      "tensor_reexport",
+      [](py::object obj) {
+        // The capsule that keeps the producer's memory alive travels in the owner; it is released
+        // with the GIL held, whichever thread drops the last reference.
+        PyTensor t = ToTensorViewOrThrow(obj, "tensor");
+        auto* keep = new py::object(std::move(t.keep_alive));
+        std::shared_ptr<const void> owner(keep, [](const py::object* p) {
+          py::gil_scoped_acquire gil;
+          delete p;
+        });
+        return dlpack::MakeCapsule(std::move(owner), t.view);
+      },
+      py::arg("tensor"),
+      "The tensor converted to the core's TensorView and exported again as a DLPack capsule (for "
+      "tests: both directions of the one DType <-> DLPack table; the memory is shared).");
 }
 
 }  // namespace

@@ -34,4 +34,15 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name);
 // ToTensorView, raising the Python exception (ValueError) on error.
 PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name);
 
+// A dtype given from Python: a torch.dtype (torch.bfloat16) or a name ParseDType takes ("bfloat16",
+// "bf16"). `what` names the argument in errors (InvalidArgument: another type, an unknown name, a
+// torch dtype LoongForge has no DType for). Whether the DType suits is the caller's check.
+StatusOr<DType> ToDType(py::handle obj, std::string_view what);
+
+// A CUDA stream given from Python, in the converter's notion of a stream (TensorView::stream, a
+// cudaStream_t): a torch.cuda.Stream or ExternalStream (anything with an int `cuda_stream`), an
+// int handle (0 or None: the legacy default stream; 1 cudaStreamLegacy and 2 cudaStreamPerThread
+// are CUDA's own handles). `what` names the argument in errors (InvalidArgument).
+StatusOr<void*> ToCudaStream(py::handle obj, std::string_view what);
+
 }  // namespace loongforge

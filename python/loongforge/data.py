@@ -76,7 +76,7 @@ class DataFusionLoader:
         pin_memory: page-locked buffers; default True when device is CUDA.
         token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
         layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
-        dtype: torch.float32 or torch.bfloat16 for images.
+        dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16').
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
         timeout_s: every wait inside the pipeline.
         **options: any other loader option (above).
@@ -95,7 +95,7 @@ class DataFusionLoader:
         pin_memory: Optional[bool] = None,
         token_pad: Union[str, int] = "batch_max",
         layout: str = "NCHW",
-        dtype: torch.dtype = torch.float32,
+        dtype: Union[torch.dtype, str] = torch.float32,
         antialias: bool = False,
         timeout_s: float = 60.0,
         **options: Any,
@@ -112,10 +112,8 @@ class DataFusionLoader:
             raise RuntimeError("DataFusionLoader: device='cuda' but torch has no CUDA device")
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
-        dtype_names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-        if dtype not in dtype_names:
-            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
-        self.layout, self.dtype = layout, dtype
+        # The C++ loader decides which image dtypes it writes (ValueError naming 'dtype' else).
+        self.layout, self.dtype = layout, getattr(torch, _C.loader_image_dtype(dtype))
         self._gpu = False
         self._fallback_reason: Optional[str] = None
         gpu_kwargs: Dict[str, Any] = {}
@@ -137,7 +135,7 @@ class DataFusionLoader:
                 warnings.warn("DataFusionLoader: " + queue_warning)
             # The CPU loader writes float32 NCHW only: elsewhere this adapter converts.
             gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
-                              dtype=dtype_names[dtype], antialias=antialias)
+                              dtype=self.dtype, antialias=antialias)
         elif antialias:
             warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
                           f"({self._fallback_reason or 'device=cpu'})")
@@ -191,8 +189,7 @@ class DataFusionLoader:
                 if self._gpu:
                     # Batches released from here on are rewritten only after this stream's
                     # queued work (Note [GPU loader] in src/data/loader_gpu_stage.cc).
-                    stream = torch.cuda.current_stream(self.device)
-                    self._impl.set_consumer_stream(stream.cuda_stream)
+                    self._impl.set_consumer_stream(torch.cuda.current_stream(self.device))
                 raw = self._impl.next()
                 if in_flight is not None:
                     in_flight[1].synchronize()

@@ -49,7 +49,8 @@ TEST(CkptCufileCpu, AutoIsPosixAndExplicitCufileNeedsTheBuild) {
     o.chunk_bytes = 4096;
     auto v = CheckpointVault::Open(dir, o);
     ASSERT_TRUE(v.ok()) << v.status();
-    ASSERT_TRUE((*v)->Save(1, {{"w", DType::kUInt8, {10000}, bytes.data(), -1}}).ok());
+    ASSERT_TRUE(
+        (*v)->Save(1, {{"w", TensorView::Contiguous(bytes.data(), DType::kUInt8, {10000})}}).ok());
     ASSERT_TRUE((*v)->Wait().ok());
     SaveStats st = (*v)->last_stats();
     EXPECT_EQ(st.writer, "posix");
@@ -144,8 +145,11 @@ struct DevState {
   T& t(size_t i) { return ts[i]; }
   std::vector<TensorRef> Refs() const {
     std::vector<TensorRef> r{
-        {"cpu_meta", DType::kUInt8, {static_cast<int64_t>(cpu.size())}, cpu.data(), -1}};
-    for (const auto& t : ts) r.push_back({t.name, DType::kUInt8, {t.nbytes}, t.d, 0});
+        {"cpu_meta",
+         TensorView::Contiguous(cpu.data(), DType::kUInt8, {static_cast<int64_t>(cpu.size())})}};
+    for (const auto& t : ts)
+      r.push_back({t.name, TensorView::Contiguous(t.d, DType::kUInt8, {t.nbytes},
+                                                  Device{DeviceType::kCUDA, 0})});
     return r;
   }
 };
@@ -362,7 +366,8 @@ TEST(CkptCufile, OpenFailsClearlyWhereCufileCannotWrite) {
   auto v = CheckpointVault::Open(dir, o);  // the failed Open released the vault's lock
   ASSERT_TRUE(v.ok()) << v.status();
   std::vector<uint8_t> bytes(10000, 3);
-  ASSERT_TRUE((*v)->Save(1, {{"w", DType::kUInt8, {10000}, bytes.data(), -1}}).ok());
+  ASSERT_TRUE(
+      (*v)->Save(1, {{"w", TensorView::Contiguous(bytes.data(), DType::kUInt8, {10000})}}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
 }
 #endif  // LOONGFORGE_WITH_CUDA

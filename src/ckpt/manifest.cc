@@ -1,4 +1,4 @@
-// Manifest serialization, the safetensors dtype names and the chunk hash.
+// Manifest serialization and the chunk hash.
 #include "ckpt/manifest.h"
 
 #include <xxhash.h>
@@ -11,32 +11,6 @@
 
 namespace loongforge {
 namespace ckpt {
-
-const char* DTypeSafetensorsName(DType d) {
-  switch (d) {
-    case DType::kBool:
-      return "BOOL";
-    case DType::kUInt8:
-      return "U8";
-    case DType::kInt8:
-      return "I8";
-    case DType::kInt16:
-      return "I16";
-    case DType::kInt32:
-      return "I32";
-    case DType::kInt64:
-      return "I64";
-    case DType::kFloat16:
-      return "F16";
-    case DType::kBFloat16:
-      return "BF16";
-    case DType::kFloat32:
-      return "F32";
-    case DType::kFloat64:
-      return "F64";
-  }
-  return "U8";
-}
 
 std::string Hash128::ToHex() const {
   char buf[33];

@@ -42,7 +42,7 @@
 //
 // Note [Caller stream waits]
 // Save() returns before the device-to-device copy ran. The contract lets the caller modify its
-// tensors right after Save() returns, and its next kernels go to the same stream (TensorRef::
+// tensors right after Save() returns, and its next kernels go to the same stream (TensorRef::view.
 // stream, the current stream in Python). So Publish makes each producer stream wait for the
 // arena's ready event (cudaStreamWaitEvent): the host is not blocked, but the caller's later work
 // on that stream starts only after the snapshot copy finished, a few milliseconds of GPU time.
@@ -77,6 +77,8 @@ using internal::StagingArena;
 namespace {
 constexpr int64_t kArenaAlign = 256;  // device arena: tensors back to back at this alignment
 int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+// The CUDA device of `t`, or -1 for host memory (pinned included).
+int CudaIndex(const TensorRef& t) { return t.view.device.is_cuda() ? t.view.device.index : -1; }
 }  // namespace
 
 namespace internal {
@@ -87,13 +89,12 @@ struct SnapshotPlan {
       : tensors(t), job(std::move(j)), cb(chunk_bytes), nt(t.size()), first_slot(nt), byte_off(nt) {
     for (size_t ti = 0; ti < nt; ++ti) {
       const int64_t nchunks = (job->tensors[ti].nbytes + cb - 1) / cb;
-      job->tensors[ti].device = tensors[ti].device;
       first_slot[ti] = nslots;
       byte_off[ti] = total_bytes;  // fused layout: the tensors back to back
       nslots += nchunks;
       total_bytes += job->tensors[ti].nbytes;
-      if (tensors[ti].device >= 0) {
-        by_dev[tensors[ti].device].push_back(ti);
+      if (job->tensors[ti].device >= 0) {
+        by_dev[job->tensors[ti].device].push_back(ti);
       } else {
         for (int64_t c = 0; c < nchunks; ++c) cpu_slots.push_back({ti, c});
       }
@@ -102,7 +103,7 @@ struct SnapshotPlan {
     hashes.resize(static_cast<size_t>(nslots));
   }
   const uint8_t* ChunkSrc(size_t ti, int64_t c) const {
-    return static_cast<const uint8_t*>(tensors[ti].data) + c * cb;
+    return static_cast<const uint8_t*>(tensors[ti].view.data) + c * cb;
   }
   int64_t ChunkLen(size_t ti, int64_t c) const {
     return std::min(cb, job->tensors[ti].nbytes - c * cb);
@@ -190,27 +191,21 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
   return Enqueue(std::move(p.job), t0);
 }
 
-// Validates `tensors` and sizes job->tensors from them.
+// Validates `tensors` (names unique and non-empty; views valid, contiguous, on the host or on a
+// CUDA device of a CUDA build) and sizes job->tensors from them.
 Status CheckpointVault::Impl::CheckTensors(const std::vector<TensorRef>& tensors, Job* job) const {
   std::set<std::string> names;
   for (const auto& t : tensors) {
-    const DType dt = t.dtype;
     if (t.name.empty()) return InvalidArgumentError("tensor with an empty name");
     if (!names.insert(t.name).second)
       return InvalidArgumentError("tensor name '" + t.name + "' appears twice");
-    int64_t n = DTypeSize(dt);
-    for (int64_t d : t.shape) {
-      if (d < 0) return InvalidArgumentError("tensor '" + t.name + "' has a negative dimension");
-      n *= d;
-    }
-    if (n > 0 && t.data == nullptr)
-      return InvalidArgumentError("tensor '" + t.name + "' has no data pointer");
-    if (t.device >= 0) {
-      if (!internal::DeviceSupportCompiled())
-        return UnimplementedError("tensor '" + t.name +
-                                  "' is on a CUDA device but CUDA support is not compiled in");
-    }
-    PendingTensor pt{t.name, dt, t.shape, n, {}};
+    LF_RETURN_IF_ERROR(t.view.CheckValid(t.name));
+    LF_RETURN_IF_ERROR(t.view.CheckContiguous(t.name));
+    if (t.view.device.is_cuda() && !internal::DeviceSupportCompiled())
+      return UnimplementedError("tensor '" + t.name +
+                                "' is on a CUDA device but CUDA support is not compiled in");
+    PendingTensor pt{t.name, t.view.dtype, t.view.shape, t.view.nbytes(), {}};
+    pt.device = CudaIndex(t);
     job->tensors.push_back(std::move(pt));
   }
   return Status::Ok();
@@ -250,15 +245,15 @@ Status CheckpointVault::Impl::BeginDeviceHashes(SnapshotPlan* p) {
     std::vector<void*> streams;
     for (size_t ti : tis) {
       dslots += (p->job->tensors[ti].nbytes + cb - 1) / cb;
-      if (std::find(streams.begin(), streams.end(), p->tensors[ti].stream) == streams.end())
-        streams.push_back(p->tensors[ti].stream);
+      if (std::find(streams.begin(), streams.end(), p->tensors[ti].view.stream) == streams.end())
+        streams.push_back(p->tensors[ti].view.stream);
     }
     LF_RETURN_IF_ERROR_CTX(ds->Begin(dslots, static_cast<int64_t>(tis.size()), streams),
                            "snapshot on CUDA device " + std::to_string(dev));
     int64_t k = 0;
     for (size_t ti : tis) {
       LF_RETURN_IF_ERROR_CTX(
-          ds->EnqueueHash(p->tensors[ti].data, p->job->tensors[ti].nbytes, cb, k),
+          ds->EnqueueHash(p->tensors[ti].view.data, p->job->tensors[ti].nbytes, cb, k),
           "hash tensor '" + p->tensors[ti].name + "' on device");
       k += (p->job->tensors[ti].nbytes + cb - 1) / cb;
     }
@@ -365,7 +360,7 @@ Status CheckpointVault::Impl::CopyChangedChunks(SnapshotPlan* p) {
   const auto& copies = p->copies;
   for (size_t i = 0; i < copies.size();) {
     const SnapshotPlan::Copy& cp = copies[i];
-    const int dev = p->tensors[cp.ti].device;
+    const int dev = p->job->tensors[cp.ti].device;
     size_t len = static_cast<size_t>(p->ChunkLen(cp.ti, cp.c));
     size_t j = i + 1;
     while (dev >= 0 && j < copies.size() && copies[j].ti == cp.ti &&
@@ -388,7 +383,7 @@ Status CheckpointVault::Impl::CopyChangedChunks(SnapshotPlan* p) {
   const size_t pop = sa->populated;
   ParallelFor(copies.size(), [&](size_t i) {
     const SnapshotPlan::Copy& cp = copies[i];
-    if (p->tensors[cp.ti].device >= 0) return;
+    if (p->job->tensors[cp.ti].device >= 0) return;
     const size_t len = static_cast<size_t>(p->ChunkLen(cp.ti, cp.c));
     uint8_t* dst = base + cp.dst_off;
     if (cp.dst_off + len > pop) internal::PrefaultForWrite(dst, len);
@@ -575,12 +570,12 @@ Status CheckpointVault::Impl::StageOnDevice(int dev, const std::vector<size_t>& 
   LF_ASSIGN_OR_RETURN(internal::DeviceSnapshot * ds, GetDeviceSnapshot(dev));
   std::vector<void*> streams;
   for (size_t ti : tis)
-    if (std::find(streams.begin(), streams.end(), tensors[ti].stream) == streams.end())
-      streams.push_back(tensors[ti].stream);
+    if (std::find(streams.begin(), streams.end(), tensors[ti].view.stream) == streams.end())
+      streams.push_back(tensors[ti].view.stream);
   LF_RETURN_IF_ERROR(ds->Begin(0, 0, streams));
   for (size_t ti : tis) {
     const PendingTensor& pt = job->tensors[ti];
-    LF_RETURN_IF_ERROR_CTX(ds->EnqueueDeviceCopy(arena->data() + pt.dev_off, tensors[ti].data,
+    LF_RETURN_IF_ERROR_CTX(ds->EnqueueDeviceCopy(arena->data() + pt.dev_off, tensors[ti].view.data,
                                                  static_cast<size_t>(pt.nbytes)),
                            "copy tensor '" + pt.name + "' into device staging");
   }

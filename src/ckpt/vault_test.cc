@@ -42,6 +42,11 @@ std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return v;
 }
 
+// A TensorRef to contiguous host memory.
+TensorRef HostRef(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) {
+  return {std::move(name), TensorView::Contiguous(data, dtype, std::move(shape))};
+}
+
 // Owns named byte buffers and hands out TensorRefs to them.
 struct State {
   struct T {
@@ -59,7 +64,7 @@ struct State {
   std::vector<TensorRef> Refs() const {
     std::vector<TensorRef> r;
     for (const auto& t : ts)
-      r.push_back({t.name, *ParseDType(t.dtype), t.shape, t.bytes.data(), -1});
+      r.push_back(HostRef(t.name, *ParseDType(t.dtype), t.shape, t.bytes.data()));
     return r;
   }
 };
@@ -630,20 +635,28 @@ TEST(CkptVault, SecondWriterIsUnavailable) {
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
 }
 
-// Guards input validation: bad dtypes and size mismatches are caller errors, not crashes.
+// Guards input validation: views that are not contiguous, not valid or named twice, and size
+// mismatches on restore, are caller errors naming the tensor (checked in Save), not crashes.
 TEST(CkptVault, RejectsBadInput) {
   std::string dir = TempDir("bad");
   auto v = CheckpointVault::Open(dir, SmallOpts());
   uint8_t x[4] = {};
   TensorView strided = TensorView::Contiguous(x, DType::kUInt8, {2, 2});
   strided.strides = {1, 2};
-  EXPECT_EQ(TensorRef::FromView("a", strided).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*v)->Save(1, {{"a", DType::kUInt8, {-1}, x, -1}}).code(),
-            StatusCode::kInvalidArgument);
+  Status s = (*v)->Save(1, {{"a", strided}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 'a' is not contiguous"), std::string::npos) << s;
+  s = (*v)->Save(1, {HostRef("a", DType::kUInt8, {-1}, x)});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 'a' has a negative dimension"), std::string::npos) << s;
+  s = (*v)->Save(1, {HostRef("a", DType::kUInt8, {4}, nullptr)});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 'a' has no data pointer"), std::string::npos) << s;
   EXPECT_EQ(
-      (*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}, {"a", DType::kUInt8, {4}, x, -1}}).code(),
+      (*v)->Save(1, {HostRef("a", DType::kUInt8, {4}, x), HostRef("a", DType::kUInt8, {4}, x)})
+          .code(),
       StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*v)->Save(1, {{"a", DType::kUInt8, {4}, x, -1}}).ok());
+  ASSERT_TRUE((*v)->Save(1, {HostRef("a", DType::kUInt8, {4}, x)}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   uint8_t y[8];
   EXPECT_EQ((*v)->RestoreInto(1, {{"a", {y, 8, -1}}}).code(), StatusCode::kInvalidArgument);
@@ -697,7 +710,7 @@ TEST(CkptVault, StepsOfAnyWidthListLoadAndSurviveGc) {
 TEST(CkptVault, NegativeStepIsAClearError) {
   auto v = CheckpointVault::Open(TempDir("neg"), SmallOpts());
   uint8_t x[4] = {};
-  Status s = (*v)->Save(-1, {{"a", DType::kUInt8, {4}, x, -1}});
+  Status s = (*v)->Save(-1, {HostRef("a", DType::kUInt8, {4}, x)});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("must be >= 0, got -1"), std::string::npos) << s;
   EXPECT_EQ((*v)->Restore(-1).status().code(), StatusCode::kInvalidArgument);
@@ -899,6 +912,14 @@ bool HaveDevice() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+// A TensorRef to `n` bytes of CUDA device 0, produced by the work queued on `stream`.
+TensorRef DeviceRef(std::string name, int64_t n, void* data, cudaStream_t stream = nullptr) {
+  TensorRef r{std::move(name),
+              TensorView::Contiguous(data, DType::kUInt8, {n}, Device{DeviceType::kCUDA, 0})};
+  r.view.stream = stream;
+  return r;
+}
+
 // Guards the CUDA hash kernel: same bytes, same XXH3-128 as the CPU, on random data and odd sizes.
 TEST(CkptCuda, DeviceHashMatchesCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
@@ -934,7 +955,7 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   ASSERT_EQ(cudaMalloc(&d2, n), cudaSuccess);
   cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice);
   auto v = CheckpointVault::Open(dir, SmallOpts());
-  ASSERT_TRUE((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).ok());
+  ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   ASSERT_TRUE((*v)->RestoreInto(1, {{"g", {d2, n, 0}}}).ok());
   std::vector<uint8_t> back(n);
@@ -980,7 +1001,7 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   auto refs = [&] {
     std::vector<TensorRef> r = cpu.Refs();
     for (int i = 0; i < kTensors; ++i)
-      r.push_back({"g" + std::to_string(i), DType::kUInt8, {n}, dev[i], 0, producer});
+      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
     return r;
   };
   VaultOptions o = SmallOpts();
@@ -1055,7 +1076,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   auto refs = [&] {
     std::vector<TensorRef> r = cpu.Refs();
     for (int i = 0; i < kTensors; ++i)
-      r.push_back({"g" + std::to_string(i), DType::kUInt8, {n}, dev[i], 0, producer});
+      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
     return r;
   };
   VaultOptions o = SmallOpts();
@@ -1136,7 +1157,7 @@ TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   {
     auto v = CheckpointVault::Open(TempDir("cudacap"), o);
     ASSERT_TRUE(v.ok()) << v.status();
-    ASSERT_TRUE((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).ok());
+    ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
     SaveStats st = (*v)->last_stats();
     EXPECT_EQ(st.snapshot_path, "host");
     EXPECT_NE(st.snapshot_reason.find("device_staging_max_bytes"), std::string::npos)
@@ -1149,8 +1170,7 @@ TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   o.device_staging = DeviceStaging::kOn;
   auto v = CheckpointVault::Open(TempDir("cudacapon"), o);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ((*v)->Save(1, {{"g", DType::kUInt8, {n}, d, 0}}).code(),
-            StatusCode::kResourceExhausted);
+  EXPECT_EQ((*v)->Save(1, {DeviceRef("g", n, d)}).code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE((*v)->Wait().ok());
   EXPECT_FALSE((*v)->Latest().has_value());
   cudaFree(d);

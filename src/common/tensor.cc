@@ -8,18 +8,25 @@ namespace {
 
 struct DTypeRow {
   DType dtype;
-  const char* name;       // short name, stored in checkpoint manifests
-  const char* long_name;  // torch's name
+  const char* name;         // short name, stored in checkpoint manifests
+  const char* long_name;    // torch's name
+  const char* safetensors;  // safetensors' spelling
   int size;
 };
 
-// Indexed by the enum value.
+// Indexed by the enum value: the one DType table of the core (the bindings' DLPack codes are
+// python/bindings/dlpack_capsule.h).
 constexpr DTypeRow kDTypes[] = {
-    {DType::kBool, "bool", "bool", 1},      {DType::kUInt8, "u8", "uint8", 1},
-    {DType::kInt8, "i8", "int8", 1},        {DType::kInt16, "i16", "int16", 2},
-    {DType::kInt32, "i32", "int32", 4},     {DType::kInt64, "i64", "int64", 8},
-    {DType::kFloat16, "f16", "float16", 2}, {DType::kBFloat16, "bf16", "bfloat16", 2},
-    {DType::kFloat32, "f32", "float32", 4}, {DType::kFloat64, "f64", "float64", 8},
+    {DType::kBool, "bool", "bool", "BOOL", 1},
+    {DType::kUInt8, "u8", "uint8", "U8", 1},
+    {DType::kInt8, "i8", "int8", "I8", 1},
+    {DType::kInt16, "i16", "int16", "I16", 2},
+    {DType::kInt32, "i32", "int32", "I32", 4},
+    {DType::kInt64, "i64", "int64", "I64", 8},
+    {DType::kFloat16, "f16", "float16", "F16", 2},
+    {DType::kBFloat16, "bf16", "bfloat16", "BF16", 2},
+    {DType::kFloat32, "f32", "float32", "F32", 4},
+    {DType::kFloat64, "f64", "float64", "F64", 8},
 };
 constexpr int kNumDTypes = sizeof(kDTypes) / sizeof(kDTypes[0]);
 static_assert(static_cast<int>(DType::kFloat64) == kNumDTypes - 1, "kDTypes follows DType");
@@ -33,14 +40,16 @@ std::string Quoted(std::string_view name) { return "tensor '" + std::string(name
 int DTypeSize(DType d) { return Row(d).size; }
 const char* DTypeName(DType d) { return Row(d).name; }
 const char* DTypeLongName(DType d) { return Row(d).long_name; }
+const char* DTypeSafetensorsName(DType d) { return Row(d).safetensors; }
 
 StatusOr<DType> ParseDType(std::string_view name) {
   for (const auto& r : kDTypes) {
     if (name == r.name || name == r.long_name) return r.dtype;
   }
-  return InvalidArgumentError("unknown dtype '" + std::string(name) +
-                              "' (expected bool u8 i8 i16 i32 i64 f16 bf16 f32 f64, or torch's "
-                              "names such as float32)");
+  std::string known;
+  for (const auto& r : kDTypes) known += (known.empty() ? "" : " ") + std::string(r.name);
+  return InvalidArgumentError("unknown dtype '" + std::string(name) + "' (expected " + known +
+                              ", or torch's names such as float32)");
 }
 
 std::string Device::ToString() const {

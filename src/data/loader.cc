@@ -67,6 +67,35 @@ int TokenBucketFor(const std::vector<int>& buckets, int length) {
   return it == buckets.end() ? -1 : static_cast<int>(it - buckets.begin());
 }
 
+Status CheckImageDType(DType dtype) {
+  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16) return Status::Ok();
+  return InvalidArgumentError(std::string("loader option 'dtype' must be float32 or bfloat16 (the "
+                                          "image types the loader writes), got ") +
+                              DTypeLongName(dtype));
+}
+
+std::vector<std::pair<std::string, TensorView>> Batch::Tensors() const {
+  const Device dev = device_type == static_cast<int>(DeviceType::kCUDA)
+                         ? Device{DeviceType::kCUDA, device_id}
+                         : Device{pinned ? DeviceType::kCUDAHost : DeviceType::kCPU, 0};
+  const int64_t n = rows, k = cameras, l = tokens_len, h = horizon;
+  auto view = [&](const void* p, DType t, std::vector<int64_t> shape) {
+    return TensorView::Contiguous(p, t, std::move(shape), dev);
+  };
+  return {
+      {"images",
+       view(images, image_dtype,
+            image_layout == ImageLayout::kNHWC ? std::vector<int64_t>{n, k, height, width, 3}
+                                               : std::vector<int64_t>{n, k, 3, height, width})},
+      {"tokens", view(tokens, DType::kInt64, {n, l})},
+      {"attention_mask", view(attention_mask, DType::kUInt8, {n, l})},
+      {"state", view(state, DType::kFloat32, {n, state_dim})},
+      {"action", view(action, DType::kFloat32, {n, h, action_dim})},
+      {"action_mask", view(action_mask, DType::kUInt8, {n, h})},
+      {"sample_index", view(sample_index, DType::kInt64, {n})},
+  };
+}
+
 namespace internal {
 
 // ---------------------------------------------------------------------------------------------
@@ -462,8 +491,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   if (!(o.decode_stagger >= 0.f && o.decode_stagger <= 1.f))
     return InvalidArgumentError("decode_stagger must be in [0, 1], got " +
                                 std::to_string(o.decode_stagger));
+  LF_RETURN_IF_ERROR(CheckImageDType(o.dtype));
   const bool gpu = o.device == LoaderDevice::kCuda;
-  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != ImageDType::kFloat32 || o.antialias))
+  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != DType::kFloat32 || o.antialias))
     return InvalidArgumentError(
         "layout NHWC, dtype bfloat16 and antialias need device=cuda (the CPU loader writes "
         "float32 NCHW)");
@@ -533,7 +563,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   shape.s = sc.state_dim;
   shape.a = sc.action_dim;
   shape.h = sc.action_horizon;
-  shape.image_elem = o.dtype == ImageDType::kBFloat16 ? 2 : 4;
+  shape.image_elem = DTypeSize(o.dtype);
   shape.raw = internal::SlotShape::Align(impl->s3.capacity_bytes);
   impl->pool = std::make_shared<internal::SlotPool>(
       shape, gpu ? internal::CreateGpuSlotMemory(o) : internal::CreateHostSlotMemory(pin));

@@ -154,7 +154,7 @@ class GpuSlotMemory : public SlotMemory {
  private:
   const int device_id_;
   const ImageLayout layout_;
-  const ImageDType dtype_;
+  const DType dtype_;
 };
 
 class GpuStage : public DecodeStage {
@@ -484,8 +484,8 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     p.out_count = std::max<int>(1, static_cast<int>(n) * cams);
     p.layout = p_.opts.layout == ImageLayout::kNHWC ? internal::OutLayout::kNHWC
                                                     : internal::OutLayout::kNCHW;
-    p.dtype = p_.opts.dtype == ImageDType::kBFloat16 ? internal::OutDType::kBFloat16
-                                                     : internal::OutDType::kFloat32;
+    p.dtype = p_.opts.dtype == DType::kBFloat16 ? internal::OutDType::kBFloat16
+                                                : internal::OutDType::kFloat32;
     p.antialias = p_.opts.antialias;
     for (int ch = 0; ch < 3; ++ch) p.mean[ch] = p_.opts.mean[ch], p.std[ch] = p_.opts.std[ch];
     LF_RETURN_IF_ERROR(internal::LaunchCropResizeNormalize(tasks, nt, slot->dev_tasks, p,
@@ -495,7 +495,7 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
   // Static shapes: rows past the kept samples are zero images.
   if (plan.rows > plan.n) {
     const size_t img_bytes = static_cast<size_t>(cams) * 3 * p_.opts.image_size *
-                             p_.opts.image_size * (p_.opts.dtype == ImageDType::kBFloat16 ? 2 : 4);
+                             p_.opts.image_size * DTypeSize(p_.opts.dtype);
     LF_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(reinterpret_cast<uint8_t*>(slot->dev_batch.images) + plan.n * img_bytes, 0,
                         (plan.rows - plan.n) * img_bytes, xform));

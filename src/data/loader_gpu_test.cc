@@ -78,7 +78,7 @@ HostBatch ToHost(const Batch& b) {
   const size_t n = b.rows, hw = static_cast<size_t>(b.height) * b.width;
   const size_t nimg = n * b.cameras;
   std::vector<float> raw;
-  if (b.image_dtype == ImageDType::kBFloat16) {
+  if (b.image_dtype == DType::kBFloat16) {
     auto bits = Fetch(reinterpret_cast<const uint16_t*>(b.images), nimg * 3 * hw, dev);
     raw.resize(bits.size());
     for (size_t i = 0; i < bits.size(); ++i) raw[i] = Bf16(bits[i]);
@@ -145,16 +145,25 @@ void ExpectSameBatches(const std::vector<HostBatch>& a, const std::vector<HostBa
   }
 }
 
-// Guards the option contract on every build: GPU-only options on the CPU loader are
-// InvalidArgument, and device=cuda without CUDA/nvJPEG/device is Unavailable with the reason.
+// Guards the option contract on every build: GPU-only options on the CPU loader and image dtypes
+// other than f32/bf16 are InvalidArgument, and device=cuda without CUDA/nvJPEG/device is
+// Unavailable with the reason.
 TEST_F(GpuLoaderTest, OptionsAndAvailability) {
   std::string db = Db({});
   LoaderOptions o = Opts(db, false);
   o.layout = ImageLayout::kNHWC;
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
   o = Opts(db, false);
-  o.dtype = ImageDType::kBFloat16;
+  o.dtype = DType::kBFloat16;
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
+  // An image dtype the loader does not write is refused on any device, naming the option.
+  for (bool gpu : {false, true}) {
+    o = Opts(db, gpu);
+    o.dtype = DType::kInt64;
+    auto bad = DataLoader::Create(o);
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(bad.status().message().find("option 'dtype'"), std::string::npos) << bad.status();
+  }
   std::string why;
   const bool supported = DataLoader::GpuSupport(0, &why);
   EXPECT_FALSE(why.empty());
@@ -203,7 +212,7 @@ TEST_F(GpuLoaderTest, Bf16NhwcEqualsFloatNchw) {
   LoaderOptions o = Opts(db, true);
   auto f32 = DataLoader::Create(o);
   o.layout = ImageLayout::kNHWC;
-  o.dtype = ImageDType::kBFloat16;
+  o.dtype = DType::kBFloat16;
   auto bf = DataLoader::Create(o);
   ASSERT_TRUE(f32.ok() && bf.ok()) << bf.status();
   // bf16 keeps 8 significant bits: spacing 2^-6 = 0.0156 for |x| in [2, 4), and normalized

@@ -132,6 +132,24 @@ def test_error_types(tmp_path):
             v.load(99)
 
 
+# Guards the checks behind the checkpoint's TensorRef (a name plus the converter's TensorView):
+# the C++ Save refuses views that are not contiguous or named twice with a ValueError naming the
+# tensor, and nothing is committed.
+def test_save_checks_views_in_cpp(tmp_path):
+    v = _C.CheckpointVault(str(tmp_path / "v"), chunk_bytes=4096, fsync=False)
+    with pytest.raises(ValueError, match="tensor 'w' is not contiguous"):
+        v.save(1, [("w", torch.zeros(4, 8).t())])
+    with pytest.raises(ValueError, match="tensor name 'w' appears twice"):
+        v.save(1, [("w", torch.zeros(2)), ("w", torch.ones(2))])
+    with pytest.raises(ValueError, match="each tensor is \\(name, tensor\\)"):
+        v.save(1, [("w",)])
+    v.wait()
+    assert v.list() == []
+    v.save(1, [("w", torch.arange(6, dtype=torch.int16))])
+    v.wait()
+    assert v.describe(1)[0]["dtype"] == "i16" and v.describe(1)[0]["shape"] == [6]
+    v.close()
+
 # Guards ENOSPC surfacing in Python: ResourceExhaustedError (a MemoryError) from the next call,
 # the earlier checkpoint still loads.
 def test_disk_full_raises_resource_exhausted(tmp_path):

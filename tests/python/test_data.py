@@ -1,8 +1,7 @@
 """DataFusionLoader from Python: tensors through DLPack, determinism, resume, errors."""
 import os
-import sys
-
 import struct
+import sys
 
 import pytest
 import torch
@@ -225,3 +224,34 @@ def test_token_bucket_rule_is_the_loaders():
     with pytest.raises(ValueError, match="positive"):
         _C.sort_token_buckets([8, 0])
     assert [_C.token_bucket_for([16, 32, 64], n) for n in (1, 16, 17, 64, 65)] == [0, 0, 1, 2, -1]
+
+
+# Guards the loader's dtype and stream through the one converter (no Python dtype table): torch
+# dtypes and names are accepted, other dtypes are refused by the C++ check naming the option, and
+# the consumer stream takes a torch stream, an int handle or None, nothing else.
+def test_image_dtype_and_stream_through_the_converter(db):
+    from loongforge import _C
+    assert _C.loader_options()["dtype"] == "float32"
+    assert _C.loader_image_dtype(torch.bfloat16) == "bfloat16"
+    assert _C.loader_image_dtype("bf16") == "bfloat16"
+    assert _loader(db, dtype="bfloat16").dtype == torch.bfloat16
+    b = next(iter(_loader(db, dtype=torch.bfloat16)))
+    assert b["images"].dtype == torch.bfloat16 and b["tokens"].dtype == torch.int64
+    with pytest.raises(ValueError, match="option 'dtype' must be float32 or bfloat16 .*, got int64"):
+        _loader(db, dtype=torch.int64)
+    with pytest.raises(ValueError, match="option 'dtype': unknown dtype 'f8'"):
+        _loader(db, dtype="f8")
+    with pytest.raises(ValueError, match="option 'dtype' must be a torch.dtype or a dtype name"):
+        _loader(db, dtype=3)
+    with pytest.raises(ValueError, match="option 'dtype' must be float32 or bfloat16 .*, got float16"):
+        _C.DataLoader(db, dtype=torch.float16)
+    # The CPU loader writes float32 only; bfloat16 is the GPU loader's (or the adapter's cast).
+    with pytest.raises(ValueError, match="need device=cuda"):
+        _C.DataLoader(db, dtype="bf16")
+    impl = _C.DataLoader(db, batch_size=4)
+    impl.set_consumer_stream(None)
+    impl.set_consumer_stream(0)
+    with pytest.raises(ValueError, match="must be a torch.cuda.Stream, an int cudaStream_t or None"):
+        impl.set_consumer_stream("stream")
+    with pytest.raises(ValueError, match="must be a torch.cuda.Stream"):
+        impl.set_consumer_stream(1.5)

@@ -127,3 +127,23 @@ def test_ckpt_dtypes_through_the_converter(tmp_path):
             assert out[k].dtype == t.dtype and torch.equal(out[k], t), k
         with pytest.raises(ValueError, match="tensor 'model/z' has dtype complex64"):
             v.save(2, {"model": {"z": torch.zeros(2, dtype=torch.complex64)}})
+
+
+# Guards the one DType <-> DLPack table (python/bindings/dlpack_capsule.h): every dtype torch
+# imports through DLPack leaves the core's TensorView and comes back with the same dtype, shape,
+# strides and memory, and the Python side reads torch's names from _C (no table of its own).
+def test_dlpack_table_round_trips_every_dtype():
+    from torch.utils.dlpack import from_dlpack
+    # torch 1.13 imports no DLPack bool; bool's short name still maps to torch's.
+    assert _C.dtype_long_name("bool") == "bool"
+    for short in ("u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"):
+        dtype = getattr(torch, _C.dtype_long_name(short))
+        t = torch.arange(6).to(dtype).reshape(2, 3)
+        back = from_dlpack(_C.tensor_reexport(t))
+        assert back.dtype == dtype and back.data_ptr() == t.data_ptr(), short
+        assert torch.equal(back, t) and _C.tensor_info(t)["dtype"] == short
+    strided = torch.arange(12.0).reshape(3, 4).t()
+    back = from_dlpack(_C.tensor_reexport(strided))
+    assert back.stride() == strided.stride() and torch.equal(back, strided)
+    with pytest.raises(ValueError, match="unknown dtype 'f8'"):
+        _C.dtype_long_name("f8")
