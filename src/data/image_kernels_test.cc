@@ -124,9 +124,12 @@ double RunCase(const Case& k, uint64_t seed) {
     j.brightness = 0.7f + 0.6f * u(rng);
     j.contrast = 0.6f + 0.8f * u(rng);
     j.saturation = 0.5f + u(rng);
+    // GR00T's hue range most of the time, the whole [-0.5, 0.5] now and then (every HSV sector).
+    j.hue = (i % 2 ? 0.16f : 1.f) * (u(rng) - 0.5f);
     const float gray = internal::MeanGray(imgs.back()->host, box, 4);
     t.jitter = j.enabled;
     t.brightness = j.brightness, t.contrast = j.contrast, t.saturation = j.saturation;
+    t.hue = j.hue;
     t.gray_mean = k.jitter == 2 ? gray : -1.f;
     t.out_index = n + 1 - i;  // reversed, with unused slots: indexing must be exact
     tasks.push_back(t);
@@ -170,8 +173,10 @@ double RunCase(const Case& k, uint64_t seed) {
           }
           const float want = refs[i][c * ow * oh + pix];
           // float32 vs double on 0..255 values scaled by 1/(255*0.224), plus jitter clamps:
-          // ~1e-4 typical; the antialias sums more taps. bf16 keeps 8 significant bits.
-          const double tol = elem == 4 ? (k.antialias ? 3e-3 : 2e-3) : std::fabs(want) / 128 + 4e-3;
+          // ~1e-4 typical; the antialias sums more taps, the hue pass divides by the channel
+          // spread. bf16 keeps 8 significant bits.
+          const double tol =
+              elem == 4 ? (k.antialias || k.jitter ? 3e-3 : 2e-3) : std::fabs(want) / 128 + 4e-3;
           worst = std::max(worst, std::fabs(got - want) / tol);
         }
   }
@@ -211,6 +216,10 @@ TEST(ImageKernels, RejectsBadShapes) {
   EXPECT_EQ(launch(b).code(), StatusCode::kInvalidArgument);
   b = t;
   b.plane[2] = nullptr;
+  EXPECT_EQ(launch(b).code(), StatusCode::kInvalidArgument);
+  b = t;
+  b.jitter = 1;
+  b.hue = 0.6f;  // torchvision's adjust_hue takes [-0.5, 0.5]
   EXPECT_EQ(launch(b).code(), StatusCode::kInvalidArgument);
   p.std[1] = 0;
   EXPECT_EQ(launch(t).code(), StatusCode::kInvalidArgument);
