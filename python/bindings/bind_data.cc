@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "bindings.h"
-#include "dlpack_capsule.h"
 #include "data/image_ops.h"
+#include "dlpack_capsule.h"
 #include "loongforge/loader.h"
 #ifdef LOONGFORGE_WITH_NVJPEG
 #include "data/nvjpeg_decoder.h"
@@ -368,9 +368,9 @@ void BindData(py::module_& m) {
           j.hue = (*jitter)[3];
         }
         std::vector<float> out(static_cast<size_t>(3) * out_w * out_h);
-        internal::CropResizeNormalize(img, internal::CropBox{box[0], box[1], box[2], box[3]},
-                                      out_w, out_h, j, gray_mean,
-                                      internal::NormalizeParams{mean, std}, out.data());
+        internal::CropResizeNormalize(img, internal::CropBox{box[0], box[1], box[2], box[3]}, out_w,
+                                      out_h, j, gray_mean, internal::NormalizeParams{mean, std},
+                                      out.data());
         return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
       },
       py::arg("rgb"), py::arg("width"), py::arg("height"), py::arg("box"), py::arg("out_w"),

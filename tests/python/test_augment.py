@@ -174,3 +174,12 @@ def test_loader_flags():
     assert loader_flags("groot", no_augment=True) == (False, False)
     with pytest.raises(ValueError):
         loader_flags("randaugment")
+
+
+# Guards the trainer's flags: --color-jitter with --augment none is a contradiction, refused with
+# one line (exit 2) before any data is read, not silently ignored.
+def test_trainer_refuses_jitter_with_augment_none(capsys):
+    from loongforge import train
+
+    assert train.main(["--data", "/nonexistent", "--augment", "none", "--color-jitter"]) == 2
+    assert "--color-jitter contradicts" in capsys.readouterr().err
