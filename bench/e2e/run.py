@@ -9,8 +9,10 @@
         --warmup 3 --ckpt-every 10 --out /tmp/e2e
 
 Runs, for each batch size: baseline (LeRobot-style), tuned (tuned PyTorch; --compile with
---tuned-compile), loongforge (all modules). Prints a table with both ratios (loongforge vs
-baseline, loongforge vs tuned) and writes every run's summary JSON plus results.json.
+--tuned-compile), loongforge (all modules), all with GR00T's image transforms (--augment). Prints a
+table per batch size (step p50/p95, tokens/GPU/s and its ratios to LeRobot-style and tuned, data
+wait, checkpoint stall and blocking per save, peak allocated/reserved memory, model FLOPs per step
+and MFU) and writes every run's summary JSON plus results.json.
 """
 from __future__ import annotations
 
@@ -25,6 +27,44 @@ from typing import Any, Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def _gib(x: Any) -> str:
+    return f"{x / 2**30:.1f}" if isinstance(x, (int, float)) and x == x else "-"
+
+
+def _ratio(x: float, ref: Any) -> str:
+    return f"{x / ref:.2f}x" if ref and ref == ref else "-"
+
+
+def table_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
+    """The table of one batch size (issue 15 item 5): per mode, step p50/p95, tokens/GPU/s and
+    its ratios to LeRobot-style (baseline) and tuned, data wait, checkpoint stall and blocking
+    time per save, peak allocated / reserved memory (GiB; RSS on a CPU), model FLOPs per step and
+    MFU (n/a without a known dense bf16 peak)."""
+    out = [f"{'mode':<12}{'step p50':>9}{'p95':>7}{'tok/GPU/s':>11}{'vs base':>8}{'vs tuned':>9}"
+           f"{'data wait':>10}{'ckpt':>7}{'block/save':>11}{'peak alloc/resv':>16}"
+           f"{'TFLOP/step':>11}{'MFU':>7}"]
+    fig = {m: r.get("figures", {}) for m, r in runs.items()}
+    base = fig.get("baseline", {}).get("tokens_per_gpu_per_s")
+    tuned = fig.get("tuned", {}).get("tokens_per_gpu_per_s")
+    for m, f in fig.items():
+        mem = f.get("memory", {})
+        if mem.get("kind") == "cuda":
+            peak = f"{_gib(mem.get('peak_allocated_bytes'))}/{_gib(mem.get('peak_reserved_bytes'))}"
+        else:
+            peak = f"{_gib(mem.get('peak_rss_bytes'))} RSS"
+        tok = f["tokens_per_gpu_per_s"]
+        block = f.get("ckpt_block_s_mean", float("nan"))
+        block_s = f"{block:.3f}s" if block == block else "-"
+        flops = f.get("flops_per_step", float("nan"))
+        mfu = f.get("mfu", float("nan"))
+        out.append(f"{m:<12}{f['step_ms_p50']:>7.0f}ms{f['step_ms_p95']:>5.0f}ms{tok:>11.0f}"
+                   f"{_ratio(tok, base):>8}{_ratio(tok, tuned):>9}{f['data_wait_share']:>10.1%}"
+                   f"{f['ckpt_stall_share']:>7.1%}{block_s:>11}{peak:>16}"
+                   f"{flops / 1e12 if flops == flops else float('nan'):>11.3g}"
+                   f"{f'{mfu:.1%}' if mfu == mfu else 'n/a':>7}")
+    return out
 
 
 def main() -> int:
@@ -42,6 +82,10 @@ def main() -> int:
     p.add_argument("--loader-threads", type=int, default=12)
     p.add_argument("--modes", default="baseline,tuned,loongforge")
     p.add_argument("--tuned-compile", action="store_true", help="torch.compile in tuned mode")
+    p.add_argument("--augment", choices=("groot", "none"), default="groot",
+                   help="image transforms of every mode (the trainer's --augment)")
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="dense bf16 peak per GPU for MFU (0: the trainer's table by device name)")
     p.add_argument("--extra", default="", help="extra trainer flags for loongforge mode")
     p.add_argument("--out", default="results/e2e")
     p.add_argument("--reuse", action="store_true",
@@ -73,7 +117,8 @@ def main() -> int:
                    "--ckpt-dir", os.path.join(a.out, f"ckpt_{tag}"), "--log-every", "10",
                    "--json-out", os.path.join(a.out, f"{tag}.json"),
                    "--metrics-jsonl", os.path.join(a.out, f"{tag}.jsonl"),
-                   "--trace", os.path.join(a.out, f"{tag}_trace.json")]
+                   "--trace", os.path.join(a.out, f"{tag}_trace.json"),
+                   "--augment", a.augment, "--peak-tflops", str(a.peak_tflops)]
             if a.image_size:
                 cmd += ["--image-size", str(a.image_size)]
             if mode == "tuned" and a.tuned_compile:
@@ -90,23 +135,8 @@ def main() -> int:
                 runs[mode] = json.load(f)
         results["runs"][str(bs)] = {m: r["figures"] for m, r in runs.items()}
         lines.append(f"\n{a.config}, batch {bs}, {a.steps} steps ({a.warmup} warm-up), ckpt every "
-                     f"{a.ckpt_every}")
-        lines.append(f"{'mode':<12}{'step p50':>10}{'p95':>8}{'tok/GPU/s':>12}{'samples/s':>11}"
-                     f"{'data wait':>11}{'comm':>7}{'ckpt':>7}{'peak mem':>11}{'vs base':>9}"
-                     f"{'vs tuned':>9}")
-        base = runs.get("baseline", {}).get("figures", {}).get("tokens_per_gpu_per_s")
-        tuned = runs.get("tuned", {}).get("figures", {}).get("tokens_per_gpu_per_s")
-        for m, r in runs.items():
-            f = r["figures"]
-            mem = f["memory"]
-            peak = mem.get("peak_allocated_bytes", mem.get("peak_rss_bytes", 0)) / 2**30
-            tok = f["tokens_per_gpu_per_s"]
-            vb = f"{tok / base:.2f}x" if base else "-"
-            vt = f"{tok / tuned:.2f}x" if tuned else "-"
-            lines.append(f"{m:<12}{f['step_ms_p50']:>8.0f}ms{f['step_ms_p95']:>6.0f}ms{tok:>12.0f}"
-                         f"{f['samples_per_s']:>11.2f}{f['data_wait_share']:>10.1%}"
-                         f"{f['comm_exposed_share']:>7.1%}{f['ckpt_stall_share']:>7.1%}"
-                         f"{peak:>9.2f}Gi{vb:>9}{vt:>9}")
+                     f"{a.ckpt_every}, augment {a.augment}")
+        lines += table_rows(runs)
     text = "\n".join(lines)
     print(f"\nmachine: {results['machine']}\ndate: {results['date']} commit: {results['commit']}"
           + text)

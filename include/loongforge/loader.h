@@ -80,7 +80,7 @@ struct LoaderOptions {
   int image_size = 224;         // output H = W
   float crop_fraction = 0.95f;  // side fraction kept by the (random or centre) crop
   bool train = true;            // random crop offsets (train) or centre crop (eval)
-  bool color_jitter = false;    // brightness 0.3, contrast 0.4, saturation 0.5
+  bool color_jitter = false;    // GR00T: brightness 0.3, contrast 0.4, saturation 0.5, hue 0.08
   std::array<float, 3> mean = {0.5f, 0.5f, 0.5f};
   std::array<float, 3> std = {0.5f, 0.5f, 0.5f};
   bool dct_scaling = true;      // let libjpeg-turbo downscale in the DCT domain when it can

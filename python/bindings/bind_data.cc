@@ -9,8 +9,11 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <optional>
+#include <string_view>
 
 #include "bindings.h"
+#include "data/image_ops.h"
 #include "dlpack_capsule.h"
 #include "loongforge/loader.h"
 #include "tensor_convert.h"
@@ -350,6 +353,56 @@ void BindData(py::module_& m) {
       "that is not positive.");
   m.def("token_bucket_for", &TokenBucketFor, py::arg("buckets"), py::arg("length"),
         "Index of the smallest of the sorted `buckets` >= length (the loader's choice), or -1.");
+  m.def(
+      "_crop_resize_normalize",
+      [](const py::bytes& rgb, int width, int height, std::array<float, 4> box, int out_w,
+         int out_h, std::optional<std::array<float, 4>> jitter, float gray_mean,
+         std::array<float, 3> mean, std::array<float, 3> std) {
+        // Tests only: the CPU loader's fused transform (internal::CropResizeNormalize).
+        const std::string_view px = rgb;
+        if (width <= 0 || height <= 0 || px.size() != static_cast<size_t>(width) * height * 3)
+          ThrowStatus(InvalidArgumentError("_crop_resize_normalize: rgb is not width*height*3"));
+        if (out_w <= 0 || out_h <= 0 || box[2] < 1 || box[3] < 1 || box[0] < 0 || box[1] < 0 ||
+            box[0] + box[2] > width || box[1] + box[3] > height)
+          ThrowStatus(InvalidArgumentError("_crop_resize_normalize: bad box or output size"));
+        internal::RgbImage img;
+        img.pixels.assign(px.begin(), px.end());
+        img.width = width;
+        img.height = height;
+        internal::Jitter j;
+        if (jitter) {
+          j.enabled = true;
+          j.brightness = (*jitter)[0], j.contrast = (*jitter)[1], j.saturation = (*jitter)[2];
+          j.hue = (*jitter)[3];
+        }
+        std::vector<float> out(static_cast<size_t>(3) * out_w * out_h);
+        internal::CropResizeNormalize(img, internal::CropBox{box[0], box[1], box[2], box[3]}, out_w,
+                                      out_h, j, gray_mean, internal::NormalizeParams{mean, std},
+                                      out.data());
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+      },
+      py::arg("rgb"), py::arg("width"), py::arg("height"), py::arg("box"), py::arg("out_w"),
+      py::arg("out_h"), py::arg("jitter") = py::none(), py::arg("gray_mean") = 0.f,
+      py::arg("mean") = std::array<float, 3>{0.5f, 0.5f, 0.5f},
+      py::arg("std") = std::array<float, 3>{0.5f, 0.5f, 0.5f},
+      "Tests only: the CPU loader's crop + bilinear resize + colour jitter (brightness, contrast, "
+      "saturation, hue: Note [Colour jitter]) + normalize of an RGB8 HWC image; float32 [3, out_h, "
+      "out_w] as bytes. `box` = (x0, y0, w, h); `gray_mean` is contrast's mean gray (0..255).");
+  m.def(
+      "_mean_gray",
+      [](const py::bytes& rgb, int width, int height, std::array<float, 4> box, int step) {
+        const std::string_view px = rgb;
+        if (width <= 0 || height <= 0 || step <= 0 ||
+            px.size() != static_cast<size_t>(width) * height * 3)
+          ThrowStatus(InvalidArgumentError("_mean_gray: rgb is not width*height*3"));
+        internal::RgbImage img;
+        img.pixels.assign(px.begin(), px.end());
+        img.width = width;
+        img.height = height;
+        return internal::MeanGray(img, internal::CropBox{box[0], box[1], box[2], box[3]}, step);
+      },
+      py::arg("rgb"), py::arg("width"), py::arg("height"), py::arg("box"), py::arg("step") = 4,
+      "Tests only: the loader's contrast mean (internal::MeanGray) of `box`, every `step` pixels.");
 
 #ifdef LOONGFORGE_WITH_NVJPEG
   using internal::NvJpegBatchDecoder;

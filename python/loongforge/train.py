@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 
+from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
@@ -69,8 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model config field, e.g. --set moe_experts=4 (repeatable)")
     p.add_argument("--crop-fraction", type=float, default=0.95)
-    p.add_argument("--color-jitter", action="store_true")
-    p.add_argument("--no-augment", action="store_true", help="centre crop (deterministic images)")
+    p.add_argument("--augment", choices=("groot", "none"), default="groot",
+                   help="image transforms in every mode: groot = GR00T N1.6's random crop "
+                   "(--crop-fraction) + resize + colour jitter (brightness 0.3, contrast 0.4, "
+                   "saturation 0.5, hue 0.08); none = centre crop + resize")
+    p.add_argument("--color-jitter", action="store_true",
+                   help="(kept for old command lines) the default --augment groot jitters")
+    p.add_argument("--no-augment", action="store_true", help="same as --augment none")
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="dense bf16 peak of one GPU for MFU (0: from the device name)")
     p.add_argument("--token-pad", type=int, default=0, help="fixed token length (0: batch max)")
     p.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers")
     p.add_argument("--loader-threads", type=int, default=2, help="DataFusion decode threads")
@@ -138,6 +146,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise TrainError("--log-every and --loader-threads must be positive")
     if args.ckpt_every and not args.ckpt_dir:
         raise TrainError("--ckpt-every needs --ckpt-dir (where the checkpoints go)")
+    if args.color_jitter and (args.augment == "none" or args.no_augment):
+        raise TrainError("--color-jitter contradicts --augment none / --no-augment")
+    if not args.peak_tflops >= 0:
+        raise TrainError(f"--peak-tflops must be >= 0, got {args.peak_tflops}")
     if args.resume:
         if not args.ckpt_dir:
             raise TrainError("--resume needs --ckpt-dir (the directory to resume from)")
@@ -229,6 +241,10 @@ def build(args: argparse.Namespace) -> Session:
     cfg = model.cfg
     args.image_size = cfg.image_size
     status["memsculptor"] = mem.status
+    from .augment import describe
+
+    status["augment"] = describe(args.augment, args.no_augment, args.crop_fraction,
+                                 cfg.image_size)
     with mem.persistent():  # parameters live apart from the planned activation arena
         model.to(d.device).train()
     cut = text_bound(args, cfg, schema, log)
@@ -368,6 +384,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     jsonl = open(args.metrics_jsonl, "w") if args.metrics_jsonl and d.is_main else None
     img_tokens = len(s.schema["cameras"]) * cfg.tokens_per_image
     horizon = int(s.schema["action_horizon"])
+    shape_flops = FlopsPerShape(cfg, len(s.schema["cameras"]), horizon)  # counted once per shape
 
     def batches() -> Iterator[Dict[str, torch.Tensor]]:
         epoch = loader.state_dict()["epoch"]
@@ -418,6 +435,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
             wait = 0.0
             samples = 0
             known_tokens = 0
+            flops = 0.0
             with counter.window() if step - start_step >= args.warmup else contextlib.nullcontext():
                 acc = readback.begin()  # device: [loss, fm_loss, aux_loss, text tokens, grad norm]
                 sync.zero_grad(opt, keep=stepper is not None and stepper.graphs_on)
@@ -432,6 +450,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     known_tokens += b * img_tokens + b * (1 + horizon)
                     last = micro == args.grad_accum - 1
                     sig = f"L{int(batch['tokens'].shape[1])}xB{b}"
+                    flops += shape_flops(b, int(batch["tokens"].shape[1])).total
                     sync.set_micro_step(is_last=last)
                     with (contextlib.nullcontext() if last else sync.no_sync()), mem.step(sig):
                         if stepper is not None:
@@ -466,7 +485,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 readback.end(acc, {
                     "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
-                    "tokens": known_tokens}, clip=bool(args.clip), moe=moe, flag=guard.flag)
+                    "tokens": known_tokens, "flops": flops}, clip=bool(args.clip), moe=moe,
+                    flag=guard.flag)
                 for r in readback.ready():
                     finish_row(r)
         for r in readback.drain():

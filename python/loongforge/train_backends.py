@@ -132,8 +132,11 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
     """The input pipeline. max_text_tokens > 0: the dataset holds longer instructions than the
     model takes, and the loader cuts them to that many tokens as it reads them (token_buckets
     and --token-pad are then at most that long), so its buffers stay bounded."""
+    from .augment import loader_flags
+
+    train, jitter = loader_flags(args.augment, args.no_augment)
     common = dict(image_size=args.image_size, crop_fraction=args.crop_fraction,
-                  color_jitter=args.color_jitter, train=not args.no_augment, seed=args.seed,
+                  color_jitter=jitter, train=train, seed=args.seed,
                   rank=d.rank, world_size=d.world, shuffle=True, drop_last=True)
     if use_datafusion:
         try:

@@ -3,7 +3,8 @@
 Figures (docs/trainer.md, "Output"), measured after --warmup steps:
 tokens/GPU/s = (VLM input tokens + B x (1 + action_horizon)) / step time / GPUs, where VLM input
 tokens = B x cameras x image tokens + the non-padding text tokens; samples/s; step time p50/p95;
-the share of step time waiting for data, exposed communication and checkpoint stall; peak memory.
+the share of step time waiting for data, exposed communication and checkpoint stall; blocking
+time per checkpoint save; peak memory; model FLOPs per step and MFU (loongforge.flops).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from .flops import peak_flops
 from .models.gr00t import Gr00tPolicy, count_parameters
 from .train_backends import Checkpointer, Dist, MemoryPlanner, SyncBackend
 # ------------------------------------------------------------------------------------------------
@@ -161,6 +163,42 @@ def peak_memory(device: torch.device) -> Dict[str, Any]:
             "peak_child_rss_bytes": child_kb * 1024}
 
 
+def device_name(device: torch.device) -> Optional[str]:
+    """The GPU's name (peak table key), None on a CPU."""
+    if device.type != "cuda":
+        return None
+    try:
+        return torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def mfu_figures(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
+                total_s: float) -> Dict[str, Any]:
+    """Model FLOPs per step (loongforge.flops, counted once per shape) and MFU = FLOPs / step
+    time / the GPU's dense bf16 peak (n/a, NaN, on a CPU or an unknown GPU without
+    --peak-tflops)."""
+    flops = [r.get("flops", 0.0) for r in rows]
+    name = device_name(d.device)
+    peak = peak_flops(name, getattr(args, "peak_tflops", 0.0))
+    per_step = sum(flops) / len(flops) if flops else float("nan")
+    achieved = sum(flops) / total_s if rows and total_s > 0 else float("nan")
+    return {"flops_per_step": per_step, "model_flops_per_s": achieved,
+            "peak_flops_per_s": peak if peak else float("nan"),
+            "peak_source": ("--peak-tflops" if getattr(args, "peak_tflops", 0.0) > 0
+                            else name or "cpu"),
+            "mfu": achieved / peak if peak else float("nan")}
+
+
+def save_figures(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Blocking time of each checkpoint save in the timed steps (the step's checkpoint stall)."""
+    every = getattr(args, "ckpt_every", 0)
+    saves = [r["ckpt_stall_s"] for r in rows if every and r["step"] % every == 0]
+    return {"ckpt_saves": len(saves),
+            "ckpt_block_s_mean": sum(saves) / len(saves) if saves else float("nan"),
+            "ckpt_block_s_max": max(saves) if saves else float("nan")}
+
+
 def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
               losses: List[Dict[str, Any]], status: Dict[str, str], model: Gr00tPolicy,
               loader: Any, ckpt: Checkpointer, total_s: float) -> Dict[str, Any]:
@@ -182,6 +220,8 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "ckpt_drain_s": ckpt.drain_s,
         "memory": peak_memory(d.device),
     }
+    fig.update(save_figures(args, rows))
+    fig.update(mfu_figures(args, d, rows, tot))
     return {
         "mode": args.mode, "config": args.config, "image_size": args.image_size,
         "batch_size": args.batch_size, "grad_accum": args.grad_accum, "world_size": d.world,
@@ -245,6 +285,13 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms",
         f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
         f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)",
+        f"   model FLOPs/step {f['flops_per_step'] / 1e12:.3f} TFLOP | MFU "
+        + (f"{f['mfu']:.1%} of {f['peak_flops_per_s'] / 1e12:.1f} TFLOP/s ({f['peak_source']})"
+           if f["mfu"] == f["mfu"] else f"n/a (no dense bf16 peak known for {f['peak_source']}; "
+           "--peak-tflops sets one)")
+        + (f" | ckpt blocking per save {f['ckpt_block_s_mean']:.3f} s mean, "
+           f"{f['ckpt_block_s_max']:.3f} s max ({f['ckpt_saves']} saves)" if f["ckpt_saves"]
+           else ""),
         f"   memory: {mem_s}",
         *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
            f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),

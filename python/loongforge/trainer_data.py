@@ -2,7 +2,7 @@
 
 Baseline = what a PyTorch user does today: a ``torch.utils.data.DataLoader`` whose workers open the
 LMDB themselves, decode JPEGs with PIL and run torchvision transforms (RandomCrop of 0.95 of each
-side -> Resize -> optional ColorJitter -> ToTensor -> Normalize); then a processor in the main
+side -> Resize -> ToTensor -> optional GR00T colour jitter -> Normalize); then a processor in the main
 process, serially with the training step, pads the tokens and builds the masks; then a synchronous
 host-to-device copy. It yields the same dict as ``loongforge.DataFusionLoader`` with the same
 normalization, and visits samples in the same order (it draws them from DataFusion's own sampler,
@@ -92,10 +92,12 @@ class LmdbFrameDataset(torch.utils.data.Dataset):
         self.horizon = int(s["action_horizon"])
         crop = (int(s["image_height"] * crop_fraction), int(s["image_width"] * crop_fraction))
         ops: List[Any] = [T.RandomCrop(crop) if train else T.CenterCrop(crop),
-                          T.Resize((image_size, image_size))]
-        if color_jitter:
-            ops.append(T.ColorJitter(brightness=0.3, contrast=0.4, saturation=0.5))
-        ops += [T.ToTensor(), T.Normalize(list(mean), list(std))]
+                          T.Resize((image_size, image_size)), T.ToTensor()]
+        if color_jitter:  # GR00T's jitter on the [0, 1] tensor, fixed order (augment.py)
+            from .augment import GrootColorJitter
+
+            ops.append(GrootColorJitter())
+        ops.append(T.Normalize(list(mean), list(std)))
         self.transform = T.Compose(ops)
         self.norm = None
         if normalize_state:

@@ -30,7 +30,54 @@ __device__ __forceinline__ float Sample(const GpuImageTask& t, int c, int x, int
       t.plane[c][static_cast<int64_t>(y) * t.pitch + static_cast<int64_t>(x) * t.pixel_stride]);
 }
 
-// Same arithmetic, in the same order, as ApplyJitter in image_ops.cc.
+// torchvision's adjust_hue on 0..255 values: the same code as ApplyHue in image_ops.cc.
+__device__ __forceinline__ void ApplyHue(float hue, float* v) {
+  const float R = v[0], G = v[1], B = v[2];
+  const float maxc = fmaxf(R, fmaxf(G, B)), minc = fminf(R, fminf(G, B));
+  if (maxc == minc) return;  // gray: s = 0, the shift changes nothing
+  const float cr = maxc - minc;
+  const float s = __fdiv_rn(cr, maxc);
+  const float rc = __fdiv_rn(maxc - R, cr), gc = __fdiv_rn(maxc - G, cr),
+              bc = __fdiv_rn(maxc - B, cr);
+  float h;
+  if (maxc == R)
+    h = bc - gc;
+  else if (maxc == G)
+    h = 2.f + rc - bc;
+  else
+    h = 4.f + gc - rc;
+  h = fmodf(__fdiv_rn(h, 6.f) + 1.f, 1.f) + hue;
+  h -= floorf(h);  // Python's % 1.0
+  const float h6 = h * 6.f;
+  const float fi = floorf(h6);
+  const float f = h6 - fi;
+  const int i = static_cast<int>(fi) % 6;
+  const float p = Clamp255(maxc * (1.f - s)), q = Clamp255(maxc * (1.f - s * f));
+  const float t = Clamp255(maxc * (1.f - s * (1.f - f)));
+  const float x = maxc;
+  switch (i) {
+    case 0:
+      v[0] = x, v[1] = t, v[2] = p;
+      break;
+    case 1:
+      v[0] = q, v[1] = x, v[2] = p;
+      break;
+    case 2:
+      v[0] = p, v[1] = x, v[2] = t;
+      break;
+    case 3:
+      v[0] = p, v[1] = q, v[2] = x;
+      break;
+    case 4:
+      v[0] = t, v[1] = p, v[2] = x;
+      break;
+    default:
+      v[0] = x, v[1] = p, v[2] = q;
+      break;
+  }
+}
+
+// Same arithmetic, in the same order, as ApplyJitter in image_ops.cc (Note [Colour jitter]).
 __device__ __forceinline__ void ApplyJitter(const GpuImageTask& t, float gray_mean, float* v) {
   float R = Clamp255(v[0] * t.brightness), G = Clamp255(v[1] * t.brightness),
         B = Clamp255(v[2] * t.brightness);
@@ -38,10 +85,11 @@ __device__ __forceinline__ void ApplyJitter(const GpuImageTask& t, float gray_me
   R = Clamp255((R - m) * t.contrast + m);
   G = Clamp255((G - m) * t.contrast + m);
   B = Clamp255((B - m) * t.contrast + m);
-  float gray = 0.299f * R + 0.587f * G + 0.114f * B;
+  float gray = 0.2989f * R + 0.587f * G + 0.114f * B;
   v[0] = Clamp255((R - gray) * t.saturation + gray);
   v[1] = Clamp255((G - gray) * t.saturation + gray);
   v[2] = Clamp255((B - gray) * t.saturation + gray);
+  if (t.hue != 0.f) ApplyHue(t.hue, v);
 }
 
 // One block per image: mean luminance of the crop sampled every `step` pixels, as MeanGray().
@@ -57,7 +105,7 @@ __global__ void MeanGrayKernel(GpuImageTask* tasks, int step) {
   float sum = 0.f;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int x = x0 + (i % nx) * step, y = y0 + (i / nx) * step;
-    sum += 0.299f * Sample(t, 0, x, y) + 0.587f * Sample(t, 1, x, y) + 0.114f * Sample(t, 2, x, y);
+    sum += 0.2989f * Sample(t, 0, x, y) + 0.587f * Sample(t, 1, x, y) + 0.114f * Sample(t, 2, x, y);
   }
   __shared__ float partial[kThreads];
   partial[threadIdx.x] = sum;
@@ -173,6 +221,7 @@ Status Validate(const GpuImageTask& t, int i, const GpuResizeParams& p) {
                std::to_string(p.out_count) + ")");
   if (t.jitter && !(t.brightness >= 0.f && t.contrast >= 0.f && t.saturation >= 0.f))
     return bad("negative jitter factor");
+  if (t.jitter && !(t.hue >= -0.5f && t.hue <= 0.5f)) return bad("hue shift outside [-0.5, 0.5]");
   return Status::Ok();
 }
 

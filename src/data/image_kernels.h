@@ -1,8 +1,9 @@
 // Fused GPU image kernel of DataFusion: crop + bilinear resize (optionally antialiased) + colour
 // jitter + normalize + layout/dtype conversion, from decoded RGB8 device images straight into the
 // model-ready batch buffer. CPU twin: internal::CropResizeNormalize (image_ops.h), with the same
-// definition (half-pixel centres, sample positions clamped to the crop, jitter clamped after each
-// op like torchvision); the antialiased variant's twin is internal::CropResizeAntialiasReference.
+// definition (half-pixel centres, sample positions clamped to the crop, jitter in the fixed order
+// and with the clamps of Note [Colour jitter] in image_ops.h); the antialiased variant's twin is
+// internal::CropResizeAntialiasReference.
 //
 // Only for CUDA builds (the whole header is empty otherwise).
 #pragma once
@@ -31,8 +32,9 @@ struct GpuImageTask {
   int32_t pixel_stride = 3;                               // bytes between pixels
   int32_t width = 0, height = 0;
   float box_x0 = 0, box_y0 = 0, box_w = 0, box_h = 0;  // crop in source pixels
-  int32_t jitter = 0;                                  // 1: apply brightness/contrast/saturation
+  int32_t jitter = 0;  // 1: apply brightness/contrast/saturation/hue (Note [Colour jitter])
   float brightness = 1, contrast = 1, saturation = 1;
+  float hue = 0;  // fraction of a turn in [-0.5, 0.5]; 0 skips the hue pass
   // Mean luminance (0..255) used by contrast jitter. < 0: computed on the device exactly as
   // internal::MeanGray(src, box, gray_step) does (in float instead of double).
   float gray_mean = -1;

@@ -124,9 +124,12 @@ double RunCase(const Case& k, uint64_t seed) {
     j.brightness = 0.7f + 0.6f * u(rng);
     j.contrast = 0.6f + 0.8f * u(rng);
     j.saturation = 0.5f + u(rng);
+    // GR00T's hue range most of the time, the whole [-0.5, 0.5] now and then (every HSV sector).
+    j.hue = (i % 2 ? 0.16f : 1.f) * (u(rng) - 0.5f);
     const float gray = internal::MeanGray(imgs.back()->host, box, 4);
     t.jitter = j.enabled;
     t.brightness = j.brightness, t.contrast = j.contrast, t.saturation = j.saturation;
+    t.hue = j.hue;
     t.gray_mean = k.jitter == 2 ? gray : -1.f;
     t.out_index = n + 1 - i;  // reversed, with unused slots: indexing must be exact
     tasks.push_back(t);
@@ -170,8 +173,10 @@ double RunCase(const Case& k, uint64_t seed) {
           }
           const float want = refs[i][c * ow * oh + pix];
           // float32 vs double on 0..255 values scaled by 1/(255*0.224), plus jitter clamps:
-          // ~1e-4 typical; the antialias sums more taps. bf16 keeps 8 significant bits.
-          const double tol = elem == 4 ? (k.antialias ? 3e-3 : 2e-3) : std::fabs(want) / 128 + 4e-3;
+          // ~1e-4 typical; the antialias sums more taps, the hue pass divides by the channel
+          // spread. bf16 keeps 8 significant bits.
+          const double tol =
+              elem == 4 ? (k.antialias || k.jitter ? 3e-3 : 2e-3) : std::fabs(want) / 128 + 4e-3;
           worst = std::max(worst, std::fabs(got - want) / tol);
         }
   }
@@ -212,6 +217,10 @@ TEST(ImageKernels, RejectsBadShapes) {
   b = t;
   b.plane[2] = nullptr;
   EXPECT_EQ(launch(b).code(), StatusCode::kInvalidArgument);
+  b = t;
+  b.jitter = 1;
+  b.hue = 0.6f;  // torchvision's adjust_hue takes [-0.5, 0.5]
+  EXPECT_EQ(launch(b).code(), StatusCode::kInvalidArgument);
   p.std[1] = 0;
   EXPECT_EQ(launch(t).code(), StatusCode::kInvalidArgument);
 }
@@ -230,6 +239,67 @@ TEST(ImageKernels, MatchesCpuReference) {
           EXPECT_LE(worst, 1.0) << "layout " << int(layout) << " dtype " << int(dtype) << " planar "
                                 << planar << " jitter " << jitter;
         }
+}
+
+// Range(lo, hi) over a std::mt19937, for DrawJitter.
+struct TestRng {
+  std::mt19937 gen;
+  float Range(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+};
+
+// Guards the kernel against its CPU twin (CropResizeNormalize, the CPU loader's fused pass) with
+// GR00T's jitter as the loaders draw it (DrawJitter) plus hue shifts over all of [-0.5, 0.5], the
+// contrast mean computed on the device: a hue sector, clamp or draw that differs fails here.
+TEST(ImageKernels, JitterMatchesCpuTwin) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  TestRng rng{std::mt19937(7)};
+  const int n = 16, ow = 48, oh = 40;
+  NormalizeParams np;
+  GpuResizeParams p;
+  p.out_w = ow;
+  p.out_h = oh;
+  p.out_count = n;
+  std::vector<std::unique_ptr<DeviceImage>> imgs;
+  std::vector<GpuImageTask> tasks;
+  std::vector<std::vector<float>> twins;
+  for (int i = 0; i < n; ++i) {
+    const int w = 64 + 7 * i, h = 48 + 5 * i;
+    imgs.push_back(std::make_unique<DeviceImage>(w, h, 900 + i, i % 2 == 1));
+    GpuImageTask t = imgs.back()->task;
+    CropBox box;
+    box.w = w * 0.95f;
+    box.h = h * 0.95f;
+    box.x0 = std::floor((w - box.w) * rng.Range(0.f, 1.f));
+    box.y0 = std::floor((h - box.h) * rng.Range(0.f, 1.f));
+    t.box_x0 = box.x0, t.box_y0 = box.y0, t.box_w = box.w, t.box_h = box.h;
+    Jitter j = internal::DrawJitter(&rng);
+    if (i % 4 == 3) j.hue = rng.Range(-0.5f, 0.5f);
+    t.jitter = 1;
+    t.brightness = j.brightness, t.contrast = j.contrast, t.saturation = j.saturation;
+    t.hue = j.hue;
+    t.gray_mean = -1.f;  // on the device, as the GPU loader does
+    t.out_index = i;
+    tasks.push_back(t);
+    std::vector<float> twin(3 * ow * oh);
+    internal::CropResizeNormalize(imgs.back()->host, box, ow, oh, j,
+                                  internal::MeanGray(imgs.back()->host, box, p.gray_step), np,
+                                  twin.data());
+    twins.push_back(std::move(twin));
+  }
+  DevBuf out(sizeof(float) * 3 * ow * oh * n), dtasks(sizeof(GpuImageTask) * n);
+  Status s = internal::LaunchCropResizeNormalize(tasks.data(), n, dtasks.as<GpuImageTask>(), p,
+                                                 out.p, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> got(static_cast<size_t>(3) * ow * oh * n);
+  ASSERT_EQ(cudaMemcpy(got.data(), out.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  double worst = 0;
+  for (int i = 0; i < n; ++i)
+    for (size_t k = 0; k < twins[i].size(); ++k)
+      worst = std::max<double>(worst, std::fabs(got[i * twins[i].size() + k] - twins[i][k]));
+  // float vs float: FMA contraction and the device's float mean vs the host's double mean;
+  // 2e-3 of the [-1, 1] range is a quarter of a 0..255 level.
+  EXPECT_LE(worst, 2e-3);
 }
 
 // Guards the antialias option against its CPU definition (triangle filter widened by the scale).

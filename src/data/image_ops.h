@@ -20,10 +20,53 @@ struct CropBox {
   float x0 = 0, y0 = 0, w = 0, h = 0;
 };
 
+// Colour jitter of one image: torchvision's adjust_brightness, adjust_contrast, adjust_saturation
+// and adjust_hue, in that fixed order (Note [Colour jitter]).
 struct Jitter {
   bool enabled = false;
   float brightness = 1, contrast = 1, saturation = 1;
+  float hue = 0;  // fraction of a turn, in [-0.5, 0.5]; 0 skips the hue pass
 };
+
+// Note [Colour jitter]
+// --------------------
+// GR00T N1.6 trains with torchvision's ColorJitter(brightness=0.3, contrast=0.4, saturation=0.5,
+// hue=0.08): factors uniform in [1-x, 1+x], hue shift uniform in [-0.08, 0.08]. torchvision draws
+// a random order of the four ops per call; every LoongForge mode applies them in the fixed order
+// brightness -> contrast -> saturation -> hue instead (python/loongforge/augment.py does the same
+// with torchvision's functional ops), because the fused kernels compute contrast's mean luminance
+// once per image, before the per-pixel pass: with the fixed order it is the crop's mean times the
+// brightness factor (exact up to clamping), while after a hue shift it would need a second pass.
+// Definitions, per pixel, on values v in 0..255 (torchvision's on v / 255 in [0, 1]):
+//   gray(R, G, B) = 0.2989 R + 0.587 G + 0.114 B
+//   brightness b:  v = clamp(b v)
+//   contrast c:    v = clamp(c v + (1 - c) m),  m = mean gray of the image after brightness
+//   saturation s:  v = clamp(s v + (1 - s) gray(R, G, B))
+//   hue h:         RGB -> HSV (torchvision's _rgb2hsv), H = (H + h) mod 1, HSV -> RGB (_hsv2rgb)
+// clamp() is to [0, 255] after each op, as torchvision's _blend clamps to [0, 1].
+// The draws, from the sample's SampleRng after the crop offsets: brightness, contrast,
+// saturation, hue (DrawJitter).
+constexpr float kJitterBrightness = 0.3f;
+constexpr float kJitterContrast = 0.4f;
+constexpr float kJitterSaturation = 0.5f;
+constexpr float kJitterHue = 0.08f;
+
+// GR00T's jitter drawn from `rng` (anything with Range(lo, hi) -> float, e.g. SampleRng), in the
+// order every loader stage draws it (Note [Colour jitter]).
+template <typename Rng>
+Jitter DrawJitter(Rng* rng) {
+  Jitter j;
+  j.enabled = true;
+  j.brightness = rng->Range(1.f - kJitterBrightness, 1.f + kJitterBrightness);
+  j.contrast = rng->Range(1.f - kJitterContrast, 1.f + kJitterContrast);
+  j.saturation = rng->Range(1.f - kJitterSaturation, 1.f + kJitterSaturation);
+  j.hue = rng->Range(-kJitterHue, kJitterHue);
+  return j;
+}
+
+// Applies `j` to one RGB pixel in 0..255 (Note [Colour jitter]); `gray_mean` is the image's mean
+// gray before brightness. Shared by every CPU path; the GPU kernel repeats the same arithmetic.
+void ApplyJitter(const Jitter& j, float gray_mean, float* r, float* g, float* b);
 
 struct NormalizeParams {
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};
@@ -66,7 +109,9 @@ void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int
                          const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
                          float* out);
 
-// Mean luminance (ITU-R 601, 0..255) of `box`, sampled every `step` pixels.
+// Mean gray (0.2989 R + 0.587 G + 0.114 B, 0..255) of `box`, sampled every `step` pixels: the
+// contrast mean of Note [Colour jitter], taken on the source crop rather than on the resized image
+// (they differ by the resampling only).
 float MeanGray(const RgbImage& src, const CropBox& box, int step);
 
 // Reference twin of CropResizeNormalize: straightforward double-precision code, one pixel at a

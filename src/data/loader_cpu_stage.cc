@@ -156,10 +156,7 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
       Jitter j;
       float gray = 0;
       if (p_.opts.color_jitter) {
-        j.enabled = true;
-        j.brightness = rng.Range(0.7f, 1.3f);
-        j.contrast = rng.Range(0.6f, 1.4f);
-        j.saturation = rng.Range(0.5f, 1.5f);
+        j = internal::DrawJitter(&rng);  // Note [Colour jitter] (image_ops.h)
         gray = internal::MeanGray(rgb, box, 4);
       }
       internal::NormalizeParams norm{p_.opts.mean, p_.opts.std};

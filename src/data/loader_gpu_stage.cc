@@ -41,6 +41,7 @@
 
 #include "gpu_util.h"
 #include "image_kernels.h"
+#include "image_ops.h"
 #include "loader_pipeline.h"
 #include "loongforge/cuda_check.h"
 #include "nvjpeg_decoder.h"
@@ -465,10 +466,10 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     t.box_x0 = std::floor((d.width - t.box_w) * fx);
     t.box_y0 = std::floor((d.height - t.box_h) * fy);
     if (p_.opts.color_jitter) {
+      const internal::Jitter j = internal::DrawJitter(&rng);  // Note [Colour jitter]
       t.jitter = 1;
-      t.brightness = rng.Range(0.7f, 1.3f);
-      t.contrast = rng.Range(0.6f, 1.4f);
-      t.saturation = rng.Range(0.5f, 1.5f);
+      t.brightness = j.brightness, t.contrast = j.contrast, t.saturation = j.saturation;
+      t.hue = j.hue;
     }
     t.gray_mean = -1.f;  // computed on the device
     t.out_index = rank[i] * cams + c;
