@@ -230,11 +230,12 @@ class SyncBackend:
     NexusSync. ``exposed_s`` is the time the step waited for communication after backward."""
 
     def __init__(self, model: torch.nn.Module, d: Dist, kind: str, ep: Any = None,
-                 topk_ratio: Optional[float] = None) -> None:
+                 topk_ratio: Optional[float] = None, load_threshold: float = 0.5) -> None:
         """ep: loongforge.moe.ExpertParallel when the experts are split across ranks; their
         gradients then stay out of DDP / NexusSync and are reduced over the expert-data-parallel
         group in finish() (Note [Expert gradients] in moe.py). topk_ratio: NexusSync top-k with
-        error feedback on the low-load expert group (None: every group dense)."""
+        error feedback on the low-load expert group (None: every group dense); an expert is
+        low-load when its routed count is under load_threshold x the mean."""
         self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
         self.wrapped: torch.nn.Module = model
         self._nexus: Any = None
@@ -261,7 +262,7 @@ class SyncBackend:
             # with expert parallelism they are not NexusSync's (reduced over their own group).
             self._nexus = NexusSync(
                 model, expert_param_filter=r"\.experts\." if moe and self.ep is None else None,
-                topk_ratio=topk_ratio,
+                topk_ratio=topk_ratio, load_threshold=load_threshold,
                 param_filter=(lambda n, p: id(p) not in expert_ids) if expert_ids else None)
 
     def set_micro_step(self, is_last: bool) -> None:

@@ -224,3 +224,30 @@ def test_all_to_all_round_trip_and_dead_rank(tmp_path):
         res = json.load(f)
     assert res["error"] and "expert parallel: all-to-all" in res["error"], res
     assert "may have died" in res["error"]
+
+
+# Guards: the trainer runs tiny-moe with NexusSync top-k on the low-load expert group, writes
+# per-expert token counts and drops into each metrics row, and refuses a bad --expert-parallel.
+def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
+    from lf_testdb import make_db
+
+    from loongforge import train
+
+    db = make_db(str(tmp_path / "db"), episodes=2, steps=6, width=64, height=48)
+    common = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
+              "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
+              "--device", "cpu", "--steps", "2", "--no-vault"]
+    rows = str(tmp_path / "m.jsonl")
+    out = str(tmp_path / "s.json")
+    assert train.main(common + ["--topk-ratio", "0.05", "--metrics-jsonl", rows,
+                                "--json-out", out]) == 0
+    with open(rows) as f:
+        lines = [json.loads(x) for x in f]
+    assert all(len(r["expert_tokens"]) == 8 and r["dropped_tokens"] == 0 for r in lines)
+    assert all(sum(r["expert_tokens"]) > 0 for r in lines)
+    with open(out) as f:
+        stats = json.load(f)["nexussync_stats"]
+    assert "expert" in json.dumps(stats)
+    assert train.main(common + ["--expert-parallel", "3"]) == 2  # 8 experts, and world 1
+    assert train.main(common + ["--set", "moe_top_k=9"]) == 2
+    assert train.main(common + ["--topk-ratio", "0.05", "--mode", "baseline"]) == 2
