@@ -156,6 +156,7 @@ class NexusSync:
         timeout_s: float = 300.0,
         check_plan: bool = True,
         skip_single_rank: bool = True,
+        param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = None,
     ) -> None:
         """
         Args:
@@ -179,6 +180,8 @@ class NexusSync:
           timeout_s: bound on every wait in finish() (Gloo); errors name the bucket.
           check_plan: compare bucket plans across ranks at setup.
           skip_single_rank: at world size 1, skip the (identity) all-reduce.
+          param_filter: (name, param) -> bool, which trainable params this NexusSync owns
+            (None: all); expert-parallel experts are reduced over their own group instead.
         """
         if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
             raise ValueError("bucket_cap_mb and first_bucket_mb must be positive")
@@ -214,7 +217,8 @@ class NexusSync:
         self._expert_index_fn = expert_index_fn or _default_expert_index
         self._low_experts: set = set()
 
-        self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._named = [(n, p) for n, p in model.named_parameters()
+                       if p.requires_grad and (param_filter is None or param_filter(n, p))]
         if not self._named:
             raise ValueError("NexusSync: the model has no trainable parameters")
         self._lock = threading.Lock()

@@ -36,7 +36,8 @@ from .graphs import GraphedStep, SyncCounter, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
                              TrainError, auto_buckets, build_model, compile_frozen, lr_lambda,
-                             make_loader, make_optimizer, optimizer_step, parse_overrides,
+                             make_loader, make_optimizer, moe_metrics, optimizer_step,
+                             parse_overrides,
                              rng_state, set_rng_state, setup_dist)
 from .train_metrics import (Readback, Trace, _safe_metrics, add_module_figures, format_summary,
                             summarize)
@@ -50,7 +51,7 @@ __all__ = ["build_parser", "run", "main", "build_model", "auto_buckets", "optimi
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loongforge.train", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="tiny", help="tiny | small | n16 | n16-moe")
+    p.add_argument("--config", default="tiny", help="tiny | small | n16 | n16-moe | tiny-moe")
     p.add_argument("--data", required=True, help="packed LoongForge DB (directory with data.mdb)")
     p.add_argument("--mode", choices=("baseline", "tuned", "loongforge"), default="loongforge",
                    help="baseline: LeRobot-style; tuned: tuned PyTorch (workers collate, pinned "
@@ -99,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-steps", type=int, default=5)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--quiet", action="store_true")
+    m = p.add_argument_group("mixture of experts (docs/moe.md)")
+    m.add_argument("--expert-parallel", type=int, default=1, metavar="N",
+                   help="split each MoE layer's experts across N ranks (all-to-all dispatch)")
+    m.add_argument("--topk-ratio", type=float, default=None,
+                   help="NexusSync: top-k with error feedback on the low-load expert group, "
+                        "sending this fraction of its gradients (default: dense)")
+    m.add_argument("--ep-timeout", type=float, default=300.0,
+                   help="seconds an expert-parallel exchange may wait for a peer")
     g = p.add_argument_group("step scheduling (docs/trainer.md, 'The lean step')")
     g.add_argument("--cuda-graph", choices=("auto", "off", "per_microbatch"), default="auto",
                    help="capture forward+backward per microbatch, one graph per shape bucket "
@@ -155,6 +164,13 @@ def check_args(args: argparse.Namespace) -> None:
             raise TrainError("--resume needs --ckpt-dir (the directory to resume from)")
         if not os.path.isdir(args.ckpt_dir):
             raise TrainError(f"--resume: --ckpt-dir {args.ckpt_dir} does not exist")
+    if args.expert_parallel < 1 or not args.ep_timeout > 0:
+        raise TrainError("--expert-parallel must be >= 1 and --ep-timeout positive")
+    if args.expert_parallel > 1 and (args.ckpt_every or args.resume):
+        raise TrainError("--expert-parallel with checkpoints is not supported yet (rank 0 "
+                         "saves the model, and holds only its own experts)")
+    if args.topk_ratio is not None and not 0 < args.topk_ratio <= 1:
+        raise TrainError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
     if not os.path.exists(os.path.join(args.data, "data.mdb")):
         raise TrainError(f"--data {args.data}: no LoongForge dataset there (missing data.mdb); "
                          f"build one with `loongforge pack`")
@@ -280,7 +296,23 @@ def build(args: argparse.Namespace) -> Session:
     sync_kind = "nexussync" if on["nexussync"] else ("ddp" if d.world > 1 else "none")
     status["nexussync"] = ("on" if sync_kind == "nexussync" else
                            "off: --no-nexussync" if lf else "off")
-    sync = SyncBackend(model, d, sync_kind)
+    ep = None
+    from .moe import ExpertParallel, check_expert_parallel
+
+    try:
+        check_expert_parallel(cfg.moe_experts, cfg.moe_top_k, args.expert_parallel, d.world)
+        if args.expert_parallel > 1:
+            ep = ExpertParallel(args.expert_parallel, cfg.moe_experts, cfg.moe_top_k,
+                                timeout_s=args.ep_timeout)
+    except ValueError as e:
+        raise TrainError(str(e)) from e
+    if ep is not None:
+        model.shard_experts(ep)  # built whole from the seed: each expert as in one process
+        status["expert_parallel"] = (f"{ep.size} x {ep.dp_size} (experts "
+                                     f"{ep.first_expert}..{ep.first_expert + ep.local - 1})")
+    if args.topk_ratio is not None and sync_kind != "nexussync":
+        raise TrainError("--topk-ratio needs NexusSync (loongforge mode)")
+    sync = SyncBackend(model, d, sync_kind, ep=ep, topk_ratio=args.topk_ratio)
     ckpt_dir = args.ckpt_dir if args.ckpt_every or args.resume else None
     run_id = {"mode": args.mode, "config": args.config, "set": sorted(args.set),
               "image_size": cfg.image_size, "batch_size": args.batch_size, "world_size": d.world,
@@ -467,10 +499,14 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     del batch, out
                 with trace.span("comm"):
                     sync.finish()
-                if step == start_step + args.warmup or (step + 1) % 100 == 0:
+                    sync.average_losses(acc)
+                feed = step == start_step + args.warmup or (step + 1) % 100 == 0
+                if feed:
                     sync.feed_expert_load(model)  # collective: every rank at the same step
+                # Per-expert load in the metrics: each step unless figures are read back late.
+                moe_row = moe_metrics(model) if moe and (feed or not s.sync_free) else {}
                 with trace.span("optimizer"):
-                    optimizer_step(opt, s.params, args.clip, acc)
+                    optimizer_step(opt, s.params, args.clip, acc, sync)
                     sched.step()
                 stall = 0.0
                 if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
@@ -485,7 +521,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 readback.end(acc, {
                     "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
-                    "tokens": known_tokens, "flops": flops}, clip=bool(args.clip), moe=moe,
+                    "tokens": known_tokens, "flops": flops, **moe_row}, clip=bool(args.clip),
+                    moe=moe,
                     flag=guard.flag)
                 for r in readback.ready():
                     finish_row(r)

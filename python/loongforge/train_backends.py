@@ -72,7 +72,7 @@ def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], N
 
 
 def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter], clip: float,
-                   acc: torch.Tensor) -> None:
+                   acc: torch.Tensor, sync: Optional["SyncBackend"] = None) -> None:
     """Clip (grad norm into acc[4]) and step, without host syncs.
 
     A fused AdamW skips, on the device, a step whose gradient norm is not finite (the mechanism
@@ -81,7 +81,12 @@ def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter],
     step as before."""
     fused = bool(opt.defaults.get("fused"))
     if clip:
-        gn = torch.nn.utils.clip_grad_norm_(params, clip)
+        if sync is not None and sync.ep is not None:  # experts split across ranks: global norm
+            from .moe import clip_grad_norm_
+
+            gn = clip_grad_norm_(sync.ep, params, sync.expert_params, clip)
+        else:
+            gn = torch.nn.utils.clip_grad_norm_(params, clip)
         acc[4] = gn
         if fused:
             # 0-dim like GradScaler's: the optimizer also subtracts it from its step counters.
@@ -227,14 +232,28 @@ class SyncBackend:
     """How gradients are reduced across ranks: none (world 1), DDP (baseline / --no-nexussync) or
     NexusSync. ``exposed_s`` is the time the step waited for communication after backward."""
 
-    def __init__(self, model: torch.nn.Module, d: Dist, kind: str) -> None:
+    def __init__(self, model: torch.nn.Module, d: Dist, kind: str, ep: Any = None,
+                 topk_ratio: Optional[float] = None, load_threshold: float = 0.5) -> None:
+        """ep: loongforge.moe.ExpertParallel when the experts are split across ranks; their
+        gradients then stay out of DDP / NexusSync and are reduced over the expert-data-parallel
+        group in finish() (Note [Expert gradients] in moe.py). topk_ratio: NexusSync top-k with
+        error feedback on the low-load expert group (None: every group dense); an expert is
+        low-load when its routed count is under load_threshold x the mean."""
         self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
         self.wrapped: torch.nn.Module = model
         self._nexus: Any = None
+        moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+        self.ep = ep if ep is not None and ep.size > 1 else None
+        self.expert_params: List[torch.nn.Parameter] = (model.expert_parameters()
+                                                        if self.ep is not None else [])
+        expert_ids = {id(p) for p in self.expert_params}
+        self.expert_bytes = 0  # expert-gradient bytes all-reduced (expert parallelism)
         if kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+            if self.ep is not None:
+                DDP._set_params_and_buffers_to_ignore_for_model(
+                    model, [n for n, p in model.named_parameters() if id(p) in expert_ids])
             self.wrapped = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda"
                                else None, find_unused_parameters=moe)
         elif kind == "nexussync":
@@ -242,9 +261,12 @@ class SyncBackend:
                 from .comm import NexusSync
             except ImportError as e:
                 raise _missing("NexusSync (loongforge.comm)", "nexussync", e) from e
-            moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
-            # MoE expert weights form their own bucket groups (high/low load by routing counts).
-            self._nexus = NexusSync(model, expert_param_filter=r"\.experts\." if moe else None)
+            # MoE expert weights form their own bucket groups (high/low load by routing counts);
+            # with expert parallelism they are not NexusSync's (reduced over their own group).
+            self._nexus = NexusSync(
+                model, expert_param_filter=r"\.experts\." if moe and self.ep is None else None,
+                topk_ratio=topk_ratio, load_threshold=load_threshold,
+                param_filter=(lambda n, p: id(p) not in expert_ids) if expert_ids else None)
 
     def set_micro_step(self, is_last: bool) -> None:
         """Tells NexusSync whether this microbatch's backward ends the step (it reduces then)."""
@@ -269,12 +291,14 @@ class SyncBackend:
         addresses); otherwise they are set to None (no memset)."""
         if self.kind == "nexussync":
             self._nexus.zero_grad()  # grads are views into the flat buckets: zero in place
+            for p in self.expert_params:  # not NexusSync's (expert parallelism)
+                p.grad = None
         else:
             opt.zero_grad(set_to_none=not keep)
 
     def feed_expert_load(self, model: Gr00tPolicy) -> None:
         """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
-        if self.kind != "nexussync" or not model.cfg.moe_experts:
+        if self.kind != "nexussync" or not model.cfg.moe_experts or self.ep is not None:
             return
         counts = torch.zeros(model.cfg.moe_experts, dtype=torch.float64)
         for c in model.expert_token_counts().values():
@@ -282,16 +306,34 @@ class SyncBackend:
         self._nexus.set_expert_load(counts.tolist())
 
     def stats(self) -> Dict[str, Any]:
-        return dict(self._nexus.stats()) if self._nexus is not None else {}
+        out = dict(self._nexus.stats()) if self._nexus is not None else {}
+        if self.ep is not None:
+            out["expert_parallel"] = dict(self.ep.describe(), expert_grad_bytes=self.expert_bytes)
+        return out
 
     def finish(self) -> None:
-        """Waits for this step's gradient reduction (NexusSync); DDP has finished in backward."""
+        """Waits for this step's gradient reduction (NexusSync); DDP has finished in backward.
+        Expert-parallel expert gradients are reduced here, over their own group."""
+        t = time.perf_counter()
         if self.kind == "nexussync":
-            t = time.perf_counter()
             self._nexus.finish()
-            self.exposed_s = time.perf_counter() - t
-        else:
-            self.exposed_s = 0.0
+        if self.ep is not None:
+            self.expert_bytes += self.ep.reduce_expert_grads(self.expert_params)
+        self.exposed_s = time.perf_counter() - t if self.kind == "nexussync" or self.ep else 0.0
+
+    def average_losses(self, acc: torch.Tensor) -> None:
+        """acc[:3] (loss, fm_loss, aux_loss) -> their mean over all ranks, so that rank 0's
+        metrics report the run's loss, not its own shard's."""
+        if self.d.world > 1:
+            dist.all_reduce(acc[:3])
+            acc[:3] /= self.d.world
+
+
+def moe_metrics(model: Gr00tPolicy) -> Dict[str, Any]:
+    """Per-expert assignments (summed over MoE layers) and dropped assignments of the last
+    forward, for a metrics row (one host read)."""
+    counts, dropped = model.expert_load()
+    return {"expert_tokens": counts.tolist(), "dropped_tokens": int(dropped)}
 
 
 class Checkpointer:

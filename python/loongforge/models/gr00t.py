@@ -16,7 +16,8 @@ checkpoint maps onto this tree with a few prefix rewrites, see ``GR00T_KEY_PREFI
       conventions).
 
 Configs: ``tiny`` (a step in seconds on 2 CPU cores), ``small``, ``n16`` (about 3B parameters,
-about 1.7B trainable) and ``n16-moe`` (DiT FFNs -> 16 experts, top-2, load-balancing loss).
+about 1.7B trainable), ``n16-moe`` (DiT FFNs -> 16 quarter-width experts, top-2, load-balancing
+loss; about 4.9B parameters) and ``tiny-moe`` (its CPU-sized twin). MoE: docs/moe.md.
 
 One file of about 1,050 lines on purpose: it reads top to bottom as GR00T's module tree (vision,
 language, action head, policy), so a real checkpoint's keys can be checked against it in one place.
@@ -91,6 +92,13 @@ class Gr00tConfig:
     moe_experts: int = 0
     moe_top_k: int = 2
     moe_aux_weight: float = 0.01
+    # Fine-grained experts: inner width of each expert (0 = the dense FFN's dit_dim * dit_ff_mult),
+    # shared experts of that width every token passes through (0 or more), and the capacity
+    # factor (0 = no limit; otherwise each expert takes ceil(factor * tokens * k / E) assignments
+    # per forward and the rest are dropped and counted).
+    moe_expert_hidden: int = 0
+    moe_shared_experts: int = 0
+    moe_capacity_factor: float = 0.0
     init_std: float = 0.02
 
     @property
@@ -124,7 +132,13 @@ class Gr00tConfig:
         if self.vocab_size <= 0:
             raise ValueError(f"config {self.name}: vocab_size must be positive")
         if self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts:
-            raise ValueError(f"config {self.name}: moe_top_k must be in [1, moe_experts]")
+            raise ValueError(f"config {self.name}: moe_top_k {self.moe_top_k} must be in "
+                             f"[1, moe_experts={self.moe_experts}]")
+        if self.moe_expert_hidden < 0 or self.moe_shared_experts < 0:
+            raise ValueError(f"config {self.name}: moe_expert_hidden and moe_shared_experts "
+                             f"must be >= 0")
+        if not self.moe_capacity_factor >= 0:
+            raise ValueError(f"config {self.name}: moe_capacity_factor must be >= 0")
 
 
 CONFIGS: Dict[str, Gr00tConfig] = {
@@ -141,7 +155,17 @@ CONFIGS: Dict[str, Gr00tConfig] = {
         action_hidden=512, max_state_dim=64, max_action_dim=64, num_embodiments=4,
         max_seq_len=256),
     "n16": Gr00tConfig(name="n16"),
-    "n16-moe": Gr00tConfig(name="n16-moe", moe_experts=16, moe_top_k=2),
+    # Fine-grained experts: 16 per DiT FFN, each a quarter of the dense FFN's width (1536), top-2:
+    # about half the dense FFN's compute per token, about 4.9B parameters in all (docs/moe.md).
+    "n16-moe": Gr00tConfig(name="n16-moe", moe_experts=16, moe_top_k=2, moe_expert_hidden=1536),
+    # tiny with 8 quarter-width experts and small images: trains on 2 CPU cores, and splits over
+    # 1, 2, 4 or 8 expert-parallel ranks.
+    "tiny-moe": Gr00tConfig(
+        name="tiny-moe", image_size=56, vit_dim=128, vit_layers=2, vit_heads=4, vit_mlp=512,
+        vocab_size=512, llm_dim=128, llm_heads=4, llm_kv_heads=2, llm_head_dim=32, llm_mlp=384,
+        select_layer=2, tune_top_llm_layers=1, vl_self_attn_layers=1, dit_layers=4, dit_heads=4,
+        dit_head_dim=32, action_hidden=128, max_state_dim=32, max_action_dim=32,
+        num_embodiments=1, max_seq_len=64, moe_experts=8, moe_top_k=2, moe_expert_hidden=128),
 }
 
 
@@ -447,53 +471,112 @@ class GELUProj(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """diffusers FeedForward('gelu-approximate'): net.0.proj, net.1 (dropout), net.2."""
+    """diffusers FeedForward('gelu-approximate'): net.0.proj, net.1 (dropout), net.2. ``hidden``
+    (0: dim * mult) sets the inner width (fine-grained MoE experts are narrower)."""
 
-    def __init__(self, dim: int, mult: int, device: Device = None) -> None:
+    def __init__(self, dim: int, mult: int, device: Device = None, hidden: int = 0) -> None:
         super().__init__()
-        self.net = nn.Sequential(GELUProj(dim, dim * mult, device), nn.Dropout(0.0),
-                                 nn.Linear(dim * mult, dim, device=device))
+        hidden = hidden or dim * mult
+        self.net = nn.Sequential(GELUProj(dim, hidden, device), nn.Dropout(0.0),
+                                 nn.Linear(hidden, dim, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
 class MoEFeedForward(nn.Module):
-    """Top-k routed experts with the Switch/GShard load-balancing loss.
+    """Top-k routed fine-grained experts (each a FeedForward of width ``hidden``), an optional
+    shared expert every token passes through, and the Switch/GShard load-balancing loss.
 
-    After each forward: ``last_aux_loss`` (scalar, E * sum_e f_e * P_e; 1.0 when perfectly balanced)
-    and ``last_expert_counts`` (int64 [E], tokens routed to each expert, counting each of the top-k
-    choices) — NexusSync groups expert gradient buckets by these counts."""
+    The experts run as two grouped GEMMs over the tokens sorted by expert (loongforge.moe; no
+    Python loop over experts). Each expert keeps its own parameters (``experts.<i>.net...``, the
+    diffusers FeedForward layout), so NexusSync can bucket experts by load and checkpoints name
+    experts; the forward stacks them into one [E, out, in] weight per GEMM (one copy, the size of
+    the bf16 weight copy autocast makes for a dense layer anyway).
+
+    After each forward: ``last_aux_loss`` (scalar, E * sum_e f_e * P_e; 1.0 when perfectly
+    balanced), ``last_expert_counts`` (int64 [E], assignments routed to each expert, counting each
+    of the top-k choices, before any capacity limit) and ``last_dropped`` (int64 scalar,
+    assignments past the capacity limit: they contribute nothing, and are counted).
+
+    Expert parallelism (``shard_experts``): the layer holds experts [first_expert, first_expert +
+    len(experts)) of ``num_experts``; tokens travel to them by all-to-all (loongforge.moe)."""
 
     def __init__(self, dim: int, mult: int, experts: int, top_k: int,
-                 device: Device = None) -> None:
+                 device: Device = None, hidden: int = 0, shared: int = 0,
+                 capacity_factor: float = 0.0) -> None:
         super().__init__()
         self.num_experts, self.top_k = experts, top_k
+        self.hidden = hidden or dim * mult
+        self.capacity_factor = capacity_factor
         self.router = nn.Linear(dim, experts, bias=False, device=device)
-        self.experts = nn.ModuleList(FeedForward(dim, mult, device) for _ in range(experts))
+        self.experts = nn.ModuleList(FeedForward(dim, mult, device, hidden=self.hidden)
+                                     for _ in range(experts))
+        self.shared_expert: Optional[nn.Module] = (
+            FeedForward(dim, mult, device, hidden=self.hidden * shared) if shared else None)
+        self.first_expert = 0
+        self.ep: Optional[Any] = None  # loongforge.moe.ExpertParallel when sharded
         self.last_aux_loss: Optional[torch.Tensor] = None
         self.register_buffer("last_expert_counts", torch.zeros(experts, dtype=torch.long,
                                                                device=device), persistent=False)
+        self.register_buffer("last_dropped", torch.zeros((), dtype=torch.long, device=device),
+                             persistent=False)
+
+    def keep_experts(self, first: int, count: int) -> None:
+        """Drops every expert outside [first, first + count) (expert parallelism)."""
+        self.experts = nn.ModuleList(list(self.experts)[first:first + count])
+        self.first_expert = first
+
+    def _run_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The local experts on rows sorted by (local) expert: two grouped GEMMs."""
+        from ..moe import _group_ids, grouped_mm
+
+        cdt = xs.dtype
+        if xs.is_cuda and torch.is_autocast_enabled():
+            cdt = torch.get_autocast_gpu_dtype()  # grouped GEMMs are not autocast ops
+        w1 = torch.stack([e.net[0].proj.weight for e in self.experts]).to(cdt)
+        b1 = torch.stack([e.net[0].proj.bias for e in self.experts]).to(cdt)
+        w2 = torch.stack([e.net[2].weight for e in self.experts]).to(cdt)
+        b2 = torch.stack([e.net[2].bias for e in self.experts]).to(cdt)
+        gid = _group_ids(counts, xs.shape[0])
+        h = F.gelu(grouped_mm(xs.to(cdt), w1, counts) + b1[gid], approximate="tanh")
+        return grouped_mm(h, w2, counts) + b2[gid]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..moe import capacity_of, route
+
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
+        n = flat.shape[0]
         probs = torch.softmax(self.router(flat).float(), dim=-1)  # [N, E]
         weights, idx = probs.topk(self.top_k, dim=-1)
-        weights = (weights / weights.sum(-1, keepdim=True)).to(flat.dtype)
-        out = torch.zeros_like(flat)
-        onehot = F.one_hot(idx, self.num_experts)  # [N, k, E]
-        counts = onehot.sum(dim=(0, 1))
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.nonzero(idx == e, as_tuple=True)
-            if rows.numel() == 0:
-                continue
-            y = expert(flat[rows]) * weights[rows, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-        frac = counts.float() / float(flat.shape[0] * self.top_k)
-        self.last_aux_loss = self.num_experts * torch.sum(frac * probs.mean(0))
-        self.last_expert_counts = counts.detach()
-        return out.view(shape)
+        weights = weights / weights.sum(-1, keepdim=True)
+        cap = capacity_of(n, self.top_k, self.num_experts, self.capacity_factor)
+        r = route(idx, self.num_experts, cap)
+        tok = r.order // self.top_k
+        xs = flat[tok]
+        if self.ep is not None and self.ep.size > 1:
+            ys = self.ep.dispatch_compute(xs, r.counts, self._run_experts)
+        else:
+            ys = self._run_experts(xs, r.counts)
+        gate = weights.reshape(-1)[r.order]
+        out = torch.zeros(flat.shape, dtype=torch.float32, device=flat.device)
+        out = out.index_add(0, tok, ys.float() * gate[:, None])
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(flat).float()
+        routed = r.routed.float()
+        tokens = torch.tensor(float(n), device=flat.device)
+        p_mean = probs.mean(0)
+        if self.ep is not None and self.ep.world > 1:
+            # Load fractions over the global batch: the mean over ranks of this loss is then the
+            # loss of one process holding the whole batch (expert parallelism's equivalence).
+            red = self.ep.global_sum(torch.cat([routed, tokens[None]]))
+            routed, tokens = red[:-1], red[-1]
+        frac = routed / (tokens * self.top_k)
+        self.last_aux_loss = self.num_experts * torch.sum(frac * p_mean)
+        self.last_expert_counts = r.routed.detach()
+        self.last_dropped = r.dropped.detach()
+        return out.to(flat.dtype).view(shape)
 
 
 class AdaLayerNorm(nn.Module):
@@ -521,7 +604,9 @@ class BasicTransformerBlock(nn.Module):
         self.attn1 = DiffusersAttention(dim, heads, head_dim, cross_dim, device)
         self.norm3 = nn.LayerNorm(dim, device=device, elementwise_affine=not ada)
         self.ff: nn.Module = (MoEFeedForward(dim, cfg.dit_ff_mult, cfg.moe_experts, cfg.moe_top_k,
-                                             device) if moe
+                                             device, hidden=cfg.moe_expert_hidden,
+                                             shared=cfg.moe_shared_experts,
+                                             capacity_factor=cfg.moe_capacity_factor) if moe
                               else FeedForward(dim, cfg.dit_ff_mult, device))
 
     def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None,
@@ -798,6 +883,26 @@ class Gr00tPolicy(nn.Module):
         """Tokens routed to each expert in the last forward, per MoE layer (name -> int64 [E])."""
         return {n: m.last_expert_counts for n, m in self.named_modules()
                 if isinstance(m, MoEFeedForward)}
+
+    def expert_load(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(int64 [E] assignments per expert summed over MoE layers, int64 dropped assignments)
+        of the last forward, on the model's device (no host sync)."""
+        moe = self.moe_layers()
+        counts = torch.stack([m.last_expert_counts for m in moe]).sum(0)
+        return counts, torch.stack([m.last_dropped for m in moe]).sum()
+
+    def shard_experts(self, ep: Any) -> None:
+        """Expert parallelism: keeps only this rank's experts (loongforge.moe.ExpertParallel)
+        in every MoE layer and routes their tokens through ``ep``. Build the full model with
+        the same seed on every rank first, so that every expert has the same weights as in a
+        one-process run."""
+        for m in self.moe_layers():
+            m.keep_experts(ep.first_expert, ep.local)
+            m.ep = ep
+
+    def expert_parameters(self) -> List[nn.Parameter]:
+        """The routed experts' parameters (reduced over the expert-data-parallel group)."""
+        return [p for m in self.moe_layers() for p in m.experts.parameters()]
 
     # -- forward -----------------------------------------------------------------------------
     def encode(self, batch: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

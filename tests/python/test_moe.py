@@ -1,0 +1,253 @@
+"""MoE: grouped expert GEMMs, counted drops, expert parallelism over Gloo (loongforge.moe)."""
+import datetime
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from loongforge import moe
+from loongforge.models import count_parameters, get_config, gr00t
+from loongforge.train_backends import Dist, SyncBackend, build_model, optimizer_step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gmm_case(counts, k=12, n=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.tensor(counts, dtype=torch.long)
+    x = torch.randn(int(counts.sum()), k, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(len(counts), n, k, generator=g, dtype=torch.float64, requires_grad=True)
+    return x, w, counts
+
+
+# Guards: the no-loop grouped GEMM (fallback path) equals a per-expert loop, forward and backward,
+# with empty experts (first, middle, last) and a single token.
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 1, 0], [1], [0, 4, 0], [7, 2, 0]])
+def test_grouped_mm_matches_per_expert_loop(counts):
+    x, w, c = _gmm_case(counts)
+    y = moe.grouped_mm(x, w, c)
+    gy = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), gy)
+    y_ref = moe.grouped_mm_reference(x, w, c)
+    gx_ref, gw_ref = torch.autograd.grad(y_ref, (x, w), gy)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(gx, gx_ref)
+    torch.testing.assert_close(gw, gw_ref)
+    assert moe.grouped_mm_backend(x, w) == "padded_bmm"  # CPU: the reference fallback
+
+
+# Guards: shapes that cannot be a grouped GEMM are refused with the shapes named.
+def test_grouped_mm_refuses_bad_shapes():
+    x, w, c = _gmm_case([2, 2])
+    with pytest.raises(ValueError, match="grouped_mm"):
+        moe.grouped_mm(x, w, c[:1])
+
+
+# Guards: a capacity limit drops assignments past it and counts every one (never silently).
+def test_capacity_drops_are_counted():
+    idx = torch.tensor([[0, 1], [0, 2], [0, 1], [0, 3]])  # expert 0 chosen 4 times
+    r = moe.route(idx, 4, capacity=2)
+    assert r.routed.tolist() == [4, 2, 1, 1]
+    assert r.counts.tolist() == [2, 2, 1, 1] and int(r.dropped) == 2
+    assert r.order.numel() == 6
+    kept_tokens = (r.order[:2] // 2).tolist()
+    assert kept_tokens == [0, 1]  # the earliest tokens keep their place
+    # The layer reports them; with no limit nothing drops.
+    torch.manual_seed(0)
+    ff = gr00t.MoEFeedForward(16, 2, experts=4, top_k=2, capacity_factor=0.5)
+    y = ff(torch.randn(2, 8, 16))
+    assert int(ff.last_dropped) > 0 and torch.isfinite(y).all()
+    assert int(ff.last_expert_counts.sum()) == 32  # counts are the demand, drops included
+    ff.capacity_factor = 0.0
+    ff(torch.randn(2, 8, 16))
+    assert int(ff.last_dropped) == 0
+
+
+# Guards: n16-moe is fine-grained (16 quarter-width experts, top-2) and <= 6.5B parameters,
+# counted on the meta device; the shared-expert option stays under the bound too.
+def test_n16_moe_fits_parameter_budget():
+    cfg = get_config("n16-moe")
+    assert cfg.moe_experts == 16 and cfg.moe_top_k == 2
+    assert cfg.moe_expert_hidden * 4 == cfg.dit_dim * cfg.dit_ff_mult
+    assert count_parameters(cfg)["total"] <= 6.5e9
+    assert count_parameters(get_config("n16-moe", moe_shared_experts=1))["total"] <= 6.5e9
+    assert count_parameters(cfg)["total"] > count_parameters(get_config("n16"))["total"]
+
+
+# Guards: bad MoE / expert-parallel configs are refused with the setting named.
+def test_bad_configs_refused():
+    with pytest.raises(ValueError, match="not divisible by --expert-parallel 3"):
+        moe.check_expert_parallel(8, 2, 3, 3)
+    with pytest.raises(ValueError, match="moe_top_k 9"):
+        moe.check_expert_parallel(8, 9, 1, 1)
+    with pytest.raises(ValueError, match="moe_top_k 9"):
+        get_config("tiny-moe", moe_top_k=9)
+    with pytest.raises(ValueError, match="world size 2 is not divisible"):
+        moe.check_expert_parallel(8, 2, 4, 2)
+    with pytest.raises(ValueError, match="needs torch.distributed"):
+        moe.ExpertParallel(2, 8, 2)
+
+
+def _global_batch(step: int, b: int = 8):
+    g = torch.Generator().manual_seed(100 + step)
+    cfg = get_config("tiny-moe")
+    length, horizon = 6, 8
+    batch = {"images": torch.randn(b, 1, 3, cfg.image_size, cfg.image_size, generator=g),
+             "tokens": torch.randint(1, 200, (b, length), generator=g),
+             "attention_mask": torch.ones(b, length, dtype=torch.bool),
+             "state": torch.randn(b, 6, generator=g),
+             "action": torch.randn(b, horizon, 5, generator=g),
+             "action_mask": torch.ones(b, horizon, dtype=torch.bool)}
+    noise = torch.randn(b, horizon, cfg.max_action_dim, generator=g)
+    u = torch.rand(b, generator=g)
+    return batch, noise, u
+
+
+def _ep_worker(rank: int, world: int, ep_size: int, port: int, steps: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+    model = build_model("tiny-moe", seed=0).train()
+    ep = moe.ExpertParallel(ep_size, 8, 2, timeout_s=60) if ep_size > 1 else None
+    if ep is not None:
+        model.shard_experts(ep)
+    sync = SyncBackend(model, Dist(rank, world), "ddp" if world > 1 else "none", ep=ep)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    losses = []
+    for step in range(steps):
+        batch, noise, u = _global_batch(step)
+        per = noise.shape[0] // world
+        sl = slice(rank * per, (rank + 1) * per)
+        sync.zero_grad(opt)
+        o = sync.wrapped({k: v[sl] for k, v in batch.items()}, noise=noise[sl], time_u=u[sl])
+        o["loss"].backward()
+        sync.finish()
+        acc = torch.zeros(6)
+        acc[0], acc[1], acc[2] = o["loss"].detach(), o["fm_loss"].detach(), o["aux_loss"].detach()
+        sync.average_losses(acc)
+        optimizer_step(opt, params, 1.0, acc, sync)
+        losses.append(float(acc[0]))
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(losses, f)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _run(world: int, ep_size: int, steps: int, out: str) -> list:
+    port = _free_port()
+    if world == 1:
+        _ep_worker(0, 1, 1, port, steps, out)
+    else:
+        mp.start_processes(_ep_worker, args=(world, ep_size, port, steps, out), nprocs=world,
+                           start_method="spawn")
+    with open(out) as f:
+        return json.load(f)
+
+
+# Guards: tiny-moe with --expert-parallel 4 on 4 processes (Gloo) follows one process holding the
+# global batch step for step (fp32, relative 1e-4, 6 steps): all-to-all dispatch, global aux
+# fractions, expert-gradient reduction and the global clip norm all exact.
+def test_expert_parallel_4_matches_one_process(tmp_path):
+    ref = _run(1, 1, 6, str(tmp_path / "one.json"))
+    ep4 = _run(4, 4, 6, str(tmp_path / "ep4.json"))
+    assert len(ref) == len(ep4) == 6
+    for a, b in zip(ref, ep4):
+        assert abs(a - b) <= 1e-4 * abs(a), (ref, ep4)
+    assert ref[-1] != ref[0]  # it trained
+
+
+def _a2a_worker(rank: int, world: int, port: int, die: bool, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=10))
+    ep = moe.ExpertParallel(world, 4, 2, timeout_s=3)
+    # Round trip: rows sorted by expert go out and come back exactly (identity compute).
+    g = torch.Generator().manual_seed(rank)
+    counts = torch.randint(0, 4, (4,), generator=g)
+    counts[rank] = 0  # an empty expert
+    xs = torch.randn(int(counts.sum()), 3, generator=g, requires_grad=True)
+    seen = []
+
+    def compute(rows, local_counts):
+        seen.append(int(local_counts.sum()))
+        return rows * 2.0
+
+    ys = ep.dispatch_compute(xs, counts, compute)
+    ys.sum().backward()
+    ok = torch.equal(ys, xs * 2.0) and torch.equal(xs.grad, torch.full_like(xs, 2.0))
+    result = {"round_trip": ok, "received": seen[0]}
+    if die and rank == 1:
+        os._exit(0)  # a rank that dies before the next exchange
+    if die:
+        t0 = time.monotonic()
+        try:
+            ep.dispatch_compute(xs, counts, compute)
+            result["error"] = None
+        except RuntimeError as e:
+            result["error"] = str(e)
+        result["waited_s"] = time.monotonic() - t0
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    if not die:
+        dist.destroy_process_group()
+
+
+# Guards: the expert-parallel all-to-all round trip is exact (forward and backward, an empty
+# expert), and a rank that dies makes its peer fail within the timeout with a clear error.
+def test_all_to_all_round_trip_and_dead_rank(tmp_path):
+    out = str(tmp_path / "a2a")
+    mp.start_processes(_a2a_worker, args=(2, _free_port(), False, out), nprocs=2,
+                       start_method="spawn")
+    for r in range(2):
+        with open(f"{out}.{r}") as f:
+            res = json.load(f)
+        assert res["round_trip"], res
+    ctx = mp.start_processes(_a2a_worker, args=(2, _free_port(), True, out + "d"), nprocs=2,
+                             start_method="spawn", join=False)
+    while not ctx.join(timeout=30):
+        pass
+    with open(f"{out}d.0") as f:
+        res = json.load(f)
+    assert res["error"] and "expert parallel: all-to-all" in res["error"], res
+    assert "may have died" in res["error"]
+
+
+# Guards: the trainer runs tiny-moe with NexusSync top-k on the low-load expert group, writes
+# per-expert token counts and drops into each metrics row, and refuses a bad --expert-parallel.
+def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
+    from lf_testdb import make_db
+
+    from loongforge import train
+
+    db = make_db(str(tmp_path / "db"), episodes=2, steps=6, width=64, height=48)
+    common = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
+              "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
+              "--device", "cpu", "--steps", "2", "--no-vault"]
+    rows = str(tmp_path / "m.jsonl")
+    out = str(tmp_path / "s.json")
+    assert train.main(common + ["--topk-ratio", "0.05", "--metrics-jsonl", rows,
+                                "--json-out", out]) == 0
+    with open(rows) as f:
+        lines = [json.loads(x) for x in f]
+    assert all(len(r["expert_tokens"]) == 8 and r["dropped_tokens"] == 0 for r in lines)
+    assert all(sum(r["expert_tokens"]) > 0 for r in lines)
+    with open(out) as f:
+        stats = json.load(f)["nexussync_stats"]
+    assert "expert" in json.dumps(stats)
+    assert train.main(common + ["--expert-parallel", "3"]) == 2  # 8 experts, and world 1
+    assert train.main(common + ["--set", "moe_top_k=9"]) == 2
+    assert train.main(common + ["--topk-ratio", "0.05", "--mode", "baseline"]) == 2
