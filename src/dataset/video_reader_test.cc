@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 #ifndef LF_HAVE_FFMPEG
 // Guards: a build without FFmpeg says so instead of failing obscurely.
 TEST(VideoReader, WithoutFfmpegSaysSo) {
-  auto r = VideoReader::Open(LeRobotFixture("v21") + "/videos/x.mp4");
+  auto r = VideoReader::Open(LeRobotFixture("v2.1") + "/videos/x.mp4");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("lacks FFmpeg"), std::string::npos);
 }
@@ -31,12 +31,12 @@ TEST(VideoReader, WithoutFfmpegSaysSo) {
 std::string V21(const std::string& cam, int ep) {
   char name[64];
   std::snprintf(name, sizeof(name), "episode_%06d.mp4", ep);
-  return LeRobotFixture("v21") + "/videos/chunk-000/observation.images." + cam + "/" + name;
+  return LeRobotFixture("v2.1") + "/videos/chunk-000/observation.images." + cam + "/" + name;
 }
 std::string V30(const std::string& cam) {
-  return LeRobotFixture("v30") + "/videos/observation.images." + cam + "/chunk-000/file-000.mp4";
+  return LeRobotFixture("v3.0") + "/videos/observation.images." + cam + "/chunk-000/file-000.mp4";
 }
-constexpr double kFps = 15.0;
+constexpr double kFps = 30.0;
 constexpr int kLengths[3] = {12, 16, 20};
 
 struct Decoded {
@@ -69,8 +69,8 @@ TEST_P(VideoCodecs, EveryFrameIsTheOneAskedFor) {
   for (int ep = 0; ep < 3; ++ep) {
     auto r = VideoReader::Open(V21(GetParam(), ep));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ((*r)->info().width, 96);
-    EXPECT_EQ((*r)->info().height, 72);
+    EXPECT_EQ((*r)->info().width, 128);
+    EXPECT_EQ((*r)->info().height, 96);
     Decoded d;
     ASSERT_TRUE(ReadAll(r->get(), Times(0, kLengths[ep]), &d).ok());
     for (int i = 0; i < kLengths[ep]; ++i) {
@@ -131,7 +131,7 @@ TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
   std::ifstream in(tmpl, std::ios::binary);
   std::string ref((std::istreambuf_iterator<char>(in)), {});
   fs::remove(tmpl);
-  const size_t frame_bytes = 96 * 72 * 3;
+  const size_t frame_bytes = 128 * 96 * 3;
   ASSERT_EQ(ref.size(), 48 * frame_bytes);
   auto r = VideoReader::Open(path);
   ASSERT_TRUE(r.ok());
@@ -150,9 +150,9 @@ TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, VideoCodecs, ::testing::Values("cam", "wrist"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, VideoCodecs, ::testing::Values("front", "wrist"),
                          [](const auto& info) {
-                           return std::string(info.param) == "cam" ? "Av1" : "H264";
+                           return std::string(info.param) == "front" ? "Av1" : "H264";
                          });
 
 // Guards: a missing video is NotFound naming the file.
@@ -166,7 +166,7 @@ TEST(VideoReader, MissingFileIsNamed) {
 // Guards: a truncated video is an error naming the file (at open, or as missing frames), never
 // a wrong frame or a crash.
 TEST(VideoReader, TruncatedFileIsNamed) {
-  const std::string src = V21("cam", 2);
+  const std::string src = V21("front", 2);
   std::ifstream in(src, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
   for (size_t keep : {bytes.size() / 2, bytes.size() - 200, size_t{100}}) {
@@ -208,14 +208,14 @@ TEST(VideoReader, FewerFramesThanRowsIsNamed) {
 // Guards: a timestamp between two frames (off by more than the tolerance) is NotFound naming
 // the file and the timestamp, not the nearest frame silently.
 TEST(VideoReader, TimestampWithoutFrameIsNamed) {
-  auto r = VideoReader::Open(V21("cam", 1));
+  auto r = VideoReader::Open(V21("front", 1));
   ASSERT_TRUE(r.ok());
   Decoded d;
   Status s = ReadAll(r->get(), {1 / kFps, 2.5 / kFps}, &d);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("episode_000001.mp4"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("0.166667 s"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("0.083333 s"), std::string::npos) << s.ToString();
   // Within tolerance (5e-5 s off) is accepted.
   ASSERT_TRUE(ReadAll(r->get(), {3 / kFps + 5e-5}, &d).ok());
   EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 3);
@@ -223,7 +223,7 @@ TEST(VideoReader, TimestampWithoutFrameIsNamed) {
 
 // Guards: unsorted timestamps are refused rather than decoded in a wrong order.
 TEST(VideoReader, UnsortedTimestampsAreRefused) {
-  auto r = VideoReader::Open(V21("cam", 0));
+  auto r = VideoReader::Open(V21("front", 0));
   ASSERT_TRUE(r.ok());
   Decoded d;
   Status s = ReadAll(r->get(), {2 / kFps, 1 / kFps}, &d);
