@@ -61,30 +61,58 @@ void AddDemoData(CLI::App& root) {
   app->add_flag("--quiet", *quiet, "no progress bar");
 }
 
+void PrintPacked(const PackResult& r, const std::string& out) {
+  const Schema& s = r.schema;
+  std::printf(
+      "packed %lld samples from %lld episodes (%zu cameras, %dx%d, state %d, action %d x "
+      "%d) into %s in %.2f s\n",
+      static_cast<long long>(s.num_samples), static_cast<long long>(s.num_episodes),
+      s.cameras.size(), s.image_width, s.image_height, s.state_dim, s.action_horizon, s.action_dim,
+      out.c_str(), r.seconds);
+  std::printf("%.1f MB written (JPEG %.1f MB); scan+check %.2f s, write %.2f s\n",
+              r.bytes_written / 1e6, r.jpeg_bytes / 1e6, r.scan_seconds, r.write_seconds);
+}
+
 void AddPack(CLI::App& root) {
   auto o = std::make_shared<PackOptions>();
+  // pack --from-lerobot SRC: the LeRobot import (PackLeRobot); shares --out, --horizon,
+  // --tokenizer, --threads, --max-instruction-bytes, --overwrite and --quiet with pack --src.
+  auto lr = std::make_shared<data::LeRobotPackOptions>();
+  auto size = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
   CLI::App* app = AddCommand(
-      root, "pack", "pack an episode folder into an LMDB dataset", [o, quiet]() -> Status {
+      root, "pack", "pack an episode folder (--src) or a LeRobot dataset (--from-lerobot)",
+      [o, lr, size, quiet]() -> Status {
         o->progress = !*quiet;
+        if (lr->src.empty() == o->src.empty())
+          return InvalidArgumentError("pack: give exactly one of --src DIR or --from-lerobot DIR");
+        if (o->src.empty()) {
+          lr->out = o->out;
+          lr->horizon = o->horizon;
+          lr->tokenizer = o->tokenizer;
+          lr->threads = o->threads;
+          lr->max_instruction_bytes = o->max_instruction_bytes;
+          lr->overwrite = o->overwrite;
+          lr->progress = o->progress;
+          if (!size->empty()) LF_RETURN_IF_ERROR(ParseSize(*size, &lr->width, &lr->height));
+          LF_ASSIGN_OR_RETURN(PackResult r, data::PackLeRobot(*lr));
+          PrintPacked(r, o->out);
+          std::printf("source %s, %.4g fps\n", r.schema.source_format.c_str(), r.schema.fps);
+          return Status::Ok();
+        }
         LF_ASSIGN_OR_RETURN(PackResult r, PackEpisodes(*o));
-        const Schema& s = r.schema;
-        std::printf(
-            "packed %lld samples from %lld episodes (%zu cameras, %dx%d, state %d, action %d x "
-            "%d) into %s in %.2f s\n",
-            static_cast<long long>(s.num_samples), static_cast<long long>(s.num_episodes),
-            s.cameras.size(), s.image_width, s.image_height, s.state_dim, s.action_horizon,
-            s.action_dim, o->out.c_str(), r.seconds);
-        std::printf("%.1f MB written (JPEG %.1f MB); scan+check %.2f s, write %.2f s\n",
-                    r.bytes_written / 1e6, r.jpeg_bytes / 1e6, r.scan_seconds, r.write_seconds);
+        PrintPacked(r, o->out);
         return Status::Ok();
       });
-  app->add_option("--src", o->src, "episode folder (holding episodes/)")->required();
+  app->add_option("--src", o->src, "episode folder (holding episodes/)");
+  app->add_option("--from-lerobot", lr->src,
+                  "LeRobot dataset root (v2.0/v2.1/v3.0, holding meta/info.json)");
   app->add_option("--out", o->out, "LMDB directory to create")->required();
   app->add_option("--horizon", o->horizon, "action chunk length (future steps per sample)")
       ->capture_default_str();
   app->add_option("--tokenizer", o->tokenizer, "tokenizer id")->capture_default_str();
-  app->add_option("--threads", o->threads, "JPEG read/validate threads (0 = all cores)")
+  app->add_option("--threads", o->threads,
+                  "worker threads: JPEG read/validate, or LeRobot episodes decoded (0 = all cores)")
       ->capture_default_str();
   app->add_option("--max-instruction-bytes", o->max_instruction_bytes,
                   "longest instruction accepted (bytes); longer ones are refused")
@@ -92,6 +120,20 @@ void AddPack(CLI::App& root) {
   app->add_flag("--overwrite", o->overwrite,
                 "replace an existing DB (atomically, when the new one is complete)");
   app->add_flag("--quiet", *quiet, "no progress bar");
+  // LeRobot-only options.
+  app->add_option("--episodes", lr->episodes,
+                  "LeRobot: episode indices to pack, e.g. 0,3,5-9 (default: all listed)");
+  app->add_option("--cameras", lr->cameras,
+                  "LeRobot: comma-separated video keys or camera names (default: all videos)")
+      ->delimiter(',');
+  app->add_option("--size", *size, "LeRobot: frame size WxH (default: by --shortest-edge)");
+  app->add_option("--shortest-edge", lr->shortest_edge,
+                  "LeRobot: resize so the shortest edge is this (0 = keep the video's size)")
+      ->capture_default_str();
+  app->add_option("--quality", lr->quality, "LeRobot: JPEG quality (4:2:0)")->capture_default_str();
+  app->add_option("--modality", lr->modality,
+                  "LeRobot: GR00T modality.json (default: SRC/meta/modality.json if present; "
+                  "'none' to ignore it)");
 }
 
 void AddInspect(CLI::App& root) {

@@ -44,6 +44,13 @@ struct Schema {
   std::vector<float> state_mean, state_std, action_mean, action_std;
   std::vector<float> state_min, state_max, action_min, action_max;
   std::string source;  // where it was packed from (informational)
+  // Set by `pack --from-lerobot` (empty / 0 for an episode-folder pack, and then not serialized):
+  std::string source_format;  // "lerobot v2.0", "lerobot v2.1", "lerobot v3.0"
+  double fps = 0;
+  std::vector<float> state_q01, state_q99, action_q01, action_q99;  // 1st / 99th percentiles
+  // JSON object: the import's episode table (LeRobot episode_index, first sample, length), task
+  // texts, camera -> LeRobot video key, GR00T modality slices (lerobot_import.h).
+  std::string source_meta;
 
   std::string ToJson() const;
   static StatusOr<Schema> FromJson(std::string_view json, const std::string& where);

@@ -114,6 +114,70 @@ struct PackResult {
 //   ResourceExhausted: the disk, a quota or the file-size limit is full (naming the file).
 StatusOr<PackResult> PackEpisodes(const PackOptions& options);
 
+// ---- pack --from-lerobot ------------------------------------------------------------------------
+
+// Packs a LeRobot dataset (v2.0, v2.1, v3.0; GR00T's meta/modality.json) into the record store
+// (docs/DATASET.md, "Bring your LeRobot dataset"; src/dataset/lerobot_import.cc).
+struct LeRobotPackOptions {
+  std::string src;  // the dataset root (holding meta/info.json)
+  std::string out;  // the LMDB directory to create
+  // Episodes to pack, as LeRobot episode_index values: "0,3,5-9" (ranges inclusive); empty = all
+  // episodes the metadata lists.
+  std::string episodes;
+  // Cameras: LeRobot video keys ("observation.images.top") or, with a modality file, its names
+  // ("top" for video.top); empty = every video feature. DB camera names are the last dotted part.
+  std::vector<std::string> cameras;
+  int width = 0, height = 0;  // frame size; both 0 = by shortest_edge
+  int shortest_edge = 256;    // used when width/height are 0; <= 0 keeps the video's size
+  int quality = 90;           // JPEG quality (4:2:0), 1..100
+  // GR00T modality file; empty = <src>/meta/modality.json when it exists; "none" = ignore it.
+  std::string modality;
+  int horizon = 16;  // action chunk length, 1..4096 (as PackOptions)
+  std::string tokenizer = "byte-v1";
+  int threads = 0;  // episodes decoded in parallel, 0..kMaxPackThreads; 0 = hardware concurrency
+  double tolerance_s = 1e-4;  // frame timestamp tolerance (LeRobot's tolerance_s)
+  bool overwrite = false;
+  bool progress = true;
+  int max_instruction_bytes = kDefaultMaxInstructionBytes;
+};
+
+// Validates the whole dataset and writes the DB through a RecordWriter (atomic publish as
+// PackEpisodes: nothing is visible at `out` unless every file was read and checked; on any error
+// no DB and no staging directory remain). Records per sample as PackEpisodes, plus
+// "{id}_lerobot": float64 timestamp, int64 task_index, int64 LeRobot index. Schema gains
+// source_format, fps, q01/q99 and source_meta. State and action are stored exactly (float64
+// values must be representable as float32).
+// Errors name the file and the column, row or frame:
+//   FailedPrecondition: this build lacks FFmpeg (video decoding).
+//   NotFound: meta/info.json, a data file, a video, a listed episode missing; no frame within
+//     tolerance of a row's timestamp.
+//   InvalidArgument: bad options; info.json or episodes metadata that disagree with the files
+//     (column missing, list lengths vs feature shape, row counts vs episode length, frame_index
+//     not 0..T-1, video size or fps); a modality slice out of range; unknown codebase_version.
+//   DataLoss: a truncated or corrupt parquet or video, a video with fewer frames than rows.
+//   Unimplemented: a parquet feature the reader does not support.
+StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& options);
+
+// One episode of a DB packed by PackLeRobot, raw (unnormalized).
+struct EpisodeData {
+  int64_t episode_index = 0;  // LeRobot's
+  int64_t length = 0;         // T
+  int state_dim = 0, action_dim = 0;
+  std::vector<float> state;   // T x state_dim
+  std::vector<float> action;  // T x action_dim (row t = the action of step t)
+  std::vector<double> timestamp;
+  std::vector<int64_t> frame_index, task_index;
+  std::vector<std::string> tasks;  // per row
+  std::vector<std::string> cameras;
+  int width = 0, height = 0;
+  std::vector<std::vector<uint8_t>> images;  // per camera: T x height x width x 3 RGB
+};
+
+// Reads episode `episode_index` (LeRobot numbering) from the DB at `db`. NotFound if the DB has
+// no such episode; FailedPrecondition if the DB was not packed from LeRobot; DataLoss naming the
+// record for a damaged one.
+StatusOr<EpisodeData> ReadEpisode(const std::string& db, int64_t episode_index);
+
 // ---- inspect ------------------------------------------------------------------------------------
 
 // A JSON report of the DB at `path`: "schema", "counts" (keys, samples, episodes), "modalities"

@@ -1,7 +1,9 @@
 // Python bindings of the dataset tools: demo_data, pack, inspect (see include/loongforge/pack.h).
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "dataset/video_reader.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
 
@@ -31,6 +33,15 @@ py::dict SchemaDict(const Schema& s) {
   d["action_min"] = s.action_min;
   d["action_max"] = s.action_max;
   d["source"] = s.source;
+  if (!s.source_format.empty()) {
+    d["source_format"] = s.source_format;
+    d["fps"] = s.fps;
+    d["state_q01"] = s.state_q01;
+    d["state_q99"] = s.state_q99;
+    d["action_q01"] = s.action_q01;
+    d["action_q99"] = s.action_q99;
+    d["source_meta"] = py::module_::import("json").attr("loads")(s.source_meta);
+  }
   return d;
 }
 
@@ -110,6 +121,86 @@ void RegisterPack(py::module_& m) {
       "Validates the episode folder `src` and packs it into the LMDB `out`. Bad input raises "
       "ValueError / FileNotFoundError naming the file (and line); an `out` that exists and is not "
       "a LoongForge DB raises FileExistsError even with overwrite. Returns the schema and sizes.");
+
+  m.def(
+      "pack_lerobot",
+      [](const std::string& src, const std::string& out, const std::string& episodes,
+         std::vector<std::string> cameras, int width, int height, int shortest_edge, int quality,
+         const std::string& modality, int horizon, const std::string& tokenizer, int threads,
+         bool overwrite, bool progress, int max_instruction_bytes, double tolerance_s) {
+        LeRobotPackOptions o;
+        o.src = src;
+        o.out = out;
+        o.episodes = episodes;
+        o.cameras = std::move(cameras);
+        o.width = width;
+        o.height = height;
+        o.shortest_edge = shortest_edge;
+        o.quality = quality;
+        o.modality = modality;
+        o.horizon = horizon;
+        o.tokenizer = tokenizer;
+        o.threads = threads;
+        o.overwrite = overwrite;
+        o.progress = progress;
+        o.max_instruction_bytes = max_instruction_bytes;
+        o.tolerance_s = tolerance_s;
+        StatusOr<PackResult> r = [&] {
+          py::gil_scoped_release release;
+          return PackLeRobot(o);
+        }();
+        PackResult v = ValueOrThrow(std::move(r));
+        py::dict d;
+        d["schema"] = SchemaDict(v.schema);
+        d["bytes_written"] = v.bytes_written;
+        d["jpeg_bytes"] = v.jpeg_bytes;
+        d["seconds"] = v.seconds;
+        return d;
+      },
+      py::arg("src"), py::arg("out"), py::arg("episodes") = "",
+      py::arg("cameras") = std::vector<std::string>{}, py::arg("width") = 0, py::arg("height") = 0,
+      py::arg("shortest_edge") = 256, py::arg("quality") = 90, py::arg("modality") = "",
+      py::arg("horizon") = 16, py::arg("tokenizer") = "byte-v1", py::arg("threads") = 0,
+      py::arg("overwrite") = false, py::arg("progress") = false,
+      py::arg("max_instruction_bytes") = kDefaultMaxInstructionBytes, py::arg("tolerance_s") = 1e-4,
+      "Packs the LeRobot dataset `src` (v2.0/v2.1/v3.0) into the LMDB `out` (PackLeRobot in "
+      "loongforge/pack.h). Bad input raises ValueError / FileNotFoundError naming the file; a "
+      "build without FFmpeg raises RuntimeError saying so.");
+
+  m.def("have_video_decoder", &HaveVideoDecoder,
+        "True when this build decodes video (FFmpeg), as pack_lerobot needs.");
+
+  m.def(
+      "read_episode",
+      [](const std::string& db, int64_t episode_index) {
+        StatusOr<EpisodeData> r = [&] {
+          py::gil_scoped_release release;
+          return ReadEpisode(db, episode_index);
+        }();
+        EpisodeData e = ValueOrThrow(std::move(r));
+        const py::ssize_t t = e.length;
+        py::dict d;
+        d["episode_index"] = e.episode_index;
+        d["state"] = py::array_t<float>({t, static_cast<py::ssize_t>(e.state_dim)}, e.state.data());
+        d["action"] =
+            py::array_t<float>({t, static_cast<py::ssize_t>(e.action_dim)}, e.action.data());
+        d["timestamp"] = py::array_t<double>(t, e.timestamp.data());
+        d["frame_index"] = py::array_t<int64_t>(t, e.frame_index.data());
+        d["task_index"] = py::array_t<int64_t>(t, e.task_index.data());
+        d["tasks"] = e.tasks;
+        d["task"] = e.tasks.empty() ? std::string() : e.tasks.front();
+        py::dict images;
+        for (size_t c = 0; c < e.cameras.size(); ++c)
+          images[py::str(e.cameras[c])] =
+              py::array_t<uint8_t>({t, static_cast<py::ssize_t>(e.height),
+                                    static_cast<py::ssize_t>(e.width), py::ssize_t{3}},
+                                   e.images[c].data());
+        d["images"] = images;
+        return d;
+      },
+      py::arg("db"), py::arg("episode_index"),
+      "One episode of a DB packed from LeRobot, raw: state [T,S], action [T,A], timestamp, "
+      "frame_index, task, images {camera: uint8 [T,H,W,3]}.");
 
   m.def(
       "inspect",

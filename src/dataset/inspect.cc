@@ -169,6 +169,19 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
   for (const char* k : {"state_mean", "state_std", "state_min", "state_max", "action_mean",
                         "action_std", "action_min", "action_max"})
     line("  %-12s %s\n", k, Floats(s[k], 8).c_str());
+  if (s.contains("source_format")) {  // pack --from-lerobot
+    line("  source format %s, %.4g fps", s["source_format"].get<std::string>().c_str(),
+         s["fps"].get<double>());
+    const auto& m = s["source_meta"];
+    if (m.contains("camera_keys"))
+      for (const auto& [cam, key] : m["camera_keys"].items())
+        line(", %s <- %s", cam.c_str(), key.get<std::string>().c_str());
+    o += "\n";
+    if (m.contains("stats_from"))
+      line("  statistics %s\n", m["stats_from"].get<std::string>().c_str());
+    for (const char* k : {"state_q01", "state_q99", "action_q01", "action_q99"})
+      line("  %-12s %s\n", k, Floats(s[k], 8).c_str());
+  }
   o += "modalities:\n";
   line("  %-16s %8s %12s %12s\n", "modality", "count", "total", "mean");
   for (const auto& [name, m] : j["modalities"].items())

@@ -299,6 +299,15 @@ std::string Schema::ToJson() const {
   j["action_min"] = action_min;
   j["action_max"] = action_max;
   j["source"] = source;
+  if (!source_format.empty()) {
+    j["source_format"] = source_format;
+    j["fps"] = fps;
+    j["state_q01"] = state_q01;
+    j["state_q99"] = state_q99;
+    j["action_q01"] = action_q01;
+    j["action_q99"] = action_q99;
+    j["source_meta"] = nlohmann::json::parse(source_meta.empty() ? "{}" : source_meta);
+  }
   return j.dump(2);
 }
 
@@ -325,6 +334,9 @@ StatusOr<Schema> Schema::FromJson(std::string_view json, const std::string& wher
     s.vocab_size = j.value("vocab_size", 0);
     s.max_tokens = j.value("max_tokens", 0);
     s.source = j.value("source", std::string());
+    s.source_format = j.value("source_format", std::string());
+    s.fps = j.value("fps", 0.0);
+    if (j.contains("source_meta")) s.source_meta = j.at("source_meta").dump();
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(where + ": schema record: " + e.what());
   }
@@ -336,6 +348,12 @@ StatusOr<Schema> Schema::FromJson(std::string_view json, const std::string& wher
   LF_RETURN_IF_ERROR(ReadVec(j, "action_std", &s.action_std, where));
   LF_RETURN_IF_ERROR(ReadVec(j, "action_min", &s.action_min, where));
   LF_RETURN_IF_ERROR(ReadVec(j, "action_max", &s.action_max, where));
+  if (!s.source_format.empty()) {
+    LF_RETURN_IF_ERROR(ReadVec(j, "state_q01", &s.state_q01, where));
+    LF_RETURN_IF_ERROR(ReadVec(j, "state_q99", &s.state_q99, where));
+    LF_RETURN_IF_ERROR(ReadVec(j, "action_q01", &s.action_q01, where));
+    LF_RETURN_IF_ERROR(ReadVec(j, "action_q99", &s.action_q99, where));
+  }
   if (s.num_samples < 0 || s.state_dim < 0 || s.action_dim < 0 || s.action_horizon <= 0 ||
       s.cameras.empty() || s.vocab_size < 0 || s.max_tokens < 0)
     return DataLossError(where + ": schema record has invalid dimensions");

@@ -1,0 +1,1101 @@
+// `pack --from-lerobot`: a LeRobot dataset (Note [LeRobot layouts] in lerobot_import.h) into the
+// LMDB record store, with the same records as `pack` (packer.cc) plus "{id}_lerobot".
+//
+// Episodes are read and checked, and their videos decoded and re-encoded as JPEG, on a thread pool
+// a bounded window ahead of the single writer, which puts records in episode order; every file is
+// read and checked before RecordWriter::Commit() makes the DB visible, and any error drops the
+// staging directory (RecordWriter), so no DB is left behind.
+#include "dataset/lerobot_import.h"
+
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "dataset/parquet/parquet.h"
+#include "dataset/video_reader.h"
+#include "loongforge/logging.h"
+#include "loongforge/metrics.h"
+#include "loongforge/pack.h"
+#include "loongforge/progress.h"
+#include "loongforge/thread_pool.h"
+#include "loongforge/tokenizer.h"
+
+namespace loongforge::data {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using parquet::Column;
+
+namespace lerobot {
+namespace {
+
+StatusOr<json> ReadJsonFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) return NotFoundError(path + ": not found");
+    return ErrnoToStatus(errno, "open " + path);
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
+  return j;
+}
+
+// Picture size of a video feature: names say which axis is which; else HWC or CHW by the axis
+// of size 3; else info's video.height / video.width.
+Status VideoSize(const std::string& where, Feature* f, const json& vinfo) {
+  int h = 0, w = 0;
+  if (f->shape.size() == 3) {
+    auto find = [&](const char* n) {
+      for (size_t i = 0; i < f->names.size(); ++i)
+        if (f->names[i] == n) return static_cast<int>(i);
+      return -1;
+    };
+    int hi = find("height"), wi = find("width");
+    if (hi >= 0 && wi >= 0) {
+      h = static_cast<int>(f->shape[hi]);
+      w = static_cast<int>(f->shape[wi]);
+    } else if (f->shape[2] == 3 || f->shape[2] == 1) {
+      h = static_cast<int>(f->shape[0]);
+      w = static_cast<int>(f->shape[1]);
+    } else if (f->shape[0] == 3 || f->shape[0] == 1) {
+      h = static_cast<int>(f->shape[1]);
+      w = static_cast<int>(f->shape[2]);
+    }
+  }
+  if (vinfo.is_object()) {
+    if (vinfo.contains("video.height") && vinfo["video.height"].is_number_integer())
+      h = vinfo["video.height"].get<int>();
+    if (vinfo.contains("video.width") && vinfo["video.width"].is_number_integer())
+      w = vinfo["video.width"].get<int>();
+    if (vinfo.contains("video.codec") && vinfo["video.codec"].is_string())
+      f->codec = vinfo["video.codec"].get<std::string>();
+  }
+  if (h <= 0 || w <= 0)
+    return InvalidArgumentError(where + ": features[\"" + f->key +
+                                "\"]: cannot tell the picture size from its shape (height, "
+                                "width, channels or channels, height, width) or info");
+  f->height = h;
+  f->width = w;
+  return Status::Ok();
+}
+
+// Reads an integer column as int64 values (one per row), naming file and column on a mismatch.
+StatusOr<const Column*> FindColumn(const std::vector<Column>& cols, const std::string& name,
+                                   const std::string& file) {
+  for (const auto& c : cols)
+    if (c.name == name) return &c;
+  return InvalidArgumentError(file + ": no column \"" + name + "\"");
+}
+
+Status CheckIntColumn(const Column& c, const std::string& file) {
+  if (c.kind != Column::Kind::kInt64 || c.is_list)
+    return InvalidArgumentError(file + ": column \"" + c.name + "\" is not an integer column");
+  for (size_t i = 0; i < c.valid.size(); ++i)
+    if (!c.valid[i])
+      return InvalidArgumentError(file + ": column \"" + c.name + "\" row " + std::to_string(i) +
+                                  " is null");
+  return Status::Ok();
+}
+
+int64_t JsonInt(const json& j, const char* key, int64_t dflt) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : dflt;
+}
+
+}  // namespace
+
+StatusOr<Info> ParseInfo(const std::string& path) {
+  LF_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
+  Info info;
+  info.path = path;
+  if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
+  auto str = [&](const char* k, std::string* out) -> Status {
+    auto it = j.find(k);
+    if (it == j.end() || !it->is_string())
+      return InvalidArgumentError(path + ": missing or non-string \"" + k + "\"");
+    *out = it->get<std::string>();
+    return Status::Ok();
+  };
+  LF_RETURN_IF_ERROR(str("codebase_version", &info.version));
+  if (info.version == "v2.0" || info.version == "v2.1" || info.version == "v3.0") {
+    info.major = info.version[1] - '0';
+    info.minor = info.version[3] - '0';
+  } else {
+    return InvalidArgumentError(path + ": codebase_version \"" + info.version +
+                                "\" is not supported (v2.0, v2.1, v3.0)");
+  }
+  if (!j.contains("fps") || !j["fps"].is_number() || j["fps"].get<double>() <= 0)
+    return InvalidArgumentError(path + ": missing or non-positive \"fps\"");
+  info.fps = j["fps"].get<double>();
+  info.chunks_size = JsonInt(j, "chunks_size", 1000);
+  if (info.chunks_size <= 0) return InvalidArgumentError(path + ": \"chunks_size\" must be > 0");
+  info.total_episodes = JsonInt(j, "total_episodes", -1);
+  LF_RETURN_IF_ERROR(str("data_path", &info.data_path));
+  if (j.contains("video_path") && j["video_path"].is_string())
+    info.video_path = j["video_path"].get<std::string>();
+  auto fit = j.find("features");
+  if (fit == j.end() || !fit->is_object())
+    return InvalidArgumentError(path + ": missing \"features\" object");
+  for (const auto& [key, fj] : fit->items()) {
+    if (!fj.is_object())
+      return InvalidArgumentError(path + ": features[\"" + key + "\"] is not an object");
+    Feature f;
+    f.key = key;
+    f.dtype = fj.value("dtype", std::string());
+    if (fj.contains("shape") && fj["shape"].is_array())
+      for (const auto& v : fj["shape"])
+        if (v.is_number_integer()) f.shape.push_back(v.get<int64_t>());
+    if (fj.contains("names") && fj["names"].is_array())
+      for (const auto& v : fj["names"])
+        if (v.is_string()) f.names.push_back(v.get<std::string>());
+    if (f.is_video()) {
+      // LeRobot writes "info"; some GR00T datasets "video_info".
+      const json vinfo = fj.contains("info")         ? fj["info"]
+                         : fj.contains("video_info") ? fj["video_info"]
+                                                     : json();
+      LF_RETURN_IF_ERROR(VideoSize(path, &f, vinfo));
+    }
+    info.features[key] = std::move(f);
+  }
+  bool any_video = false;
+  for (const auto& [k, f] : info.features) any_video |= f.is_video();
+  if (any_video && info.video_path.empty())
+    return InvalidArgumentError(path + ": video features but no \"video_path\"");
+  return info;
+}
+
+StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const Info& info,
+                                                const std::vector<std::string>& video_keys) {
+  std::vector<EpisodeMeta> eps;
+  if (info.major == 2) {
+    const std::string path = root + "/meta/episodes.jsonl";
+    std::ifstream in(path);
+    if (!in) return NotFoundError(path + ": not found (a v2 dataset lists its episodes there)");
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = path + ":" + std::to_string(n);
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object())
+        return InvalidArgumentError(where + ": not a JSON object");
+      EpisodeMeta e;
+      e.episode_index = JsonInt(j, "episode_index", -1);
+      e.length = JsonInt(j, "length", -1);
+      if (e.episode_index < 0 || e.length < 1)
+        return InvalidArgumentError(where +
+                                    ": needs integer \"episode_index\" >= 0 and \"length\" >= 1");
+      if (j.contains("tasks") && j["tasks"].is_array())
+        for (const auto& t : j["tasks"])
+          if (t.is_string()) e.tasks.push_back(t.get<std::string>());
+      eps.push_back(std::move(e));
+    }
+  } else {
+    const fs::path dir = fs::path(root) / "meta" / "episodes";
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".parquet") files.push_back(it->path().string());
+    if (files.empty())
+      return NotFoundError(dir.string() +
+                           ": no episode parquet files (a v3 dataset lists its episodes there)");
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) {
+      std::vector<std::string> names = {"episode_index",      "length",
+                                        "dataset_from_index", "dataset_to_index",
+                                        "data/chunk_index",   "data/file_index"};
+      for (const auto& k : video_keys)
+        for (const char* s : {"chunk_index", "file_index", "from_timestamp"})
+          names.push_back("videos/" + k + "/" + s);
+      LF_ASSIGN_OR_RETURN(std::vector<Column> cols, parquet::ReadParquet(file, names));
+      std::vector<const Column*> c(names.size());
+      for (size_t i = 0; i < names.size(); ++i) {
+        LF_ASSIGN_OR_RETURN(c[i], FindColumn(cols, names[i], file));
+        if (names[i].find("from_timestamp") == std::string::npos) {
+          LF_RETURN_IF_ERROR(CheckIntColumn(*c[i], file));
+        } else if (c[i]->kind != Column::Kind::kDouble || c[i]->is_list) {
+          return InvalidArgumentError(file + ": column \"" + names[i] + "\" is not a float column");
+        }
+      }
+      // Tasks are informational (rows carry task_index); read them when the reader can.
+      std::vector<Column> task_cols;
+      auto tc = parquet::ReadParquet(file, {"tasks"});
+      if (tc.ok()) task_cols = std::move(*tc);
+      const size_t rows = c[0]->i64.size();
+      for (size_t r = 0; r < rows; ++r) {
+        EpisodeMeta e;
+        e.episode_index = c[0]->i64[r];
+        e.length = c[1]->i64[r];
+        e.from_index = c[2]->i64[r];
+        e.to_index = c[3]->i64[r];
+        e.data_chunk = c[4]->i64[r];
+        e.data_file = c[5]->i64[r];
+        if (e.to_index - e.from_index != e.length || e.length < 1)
+          return InvalidArgumentError(
+              file + ": episode " + std::to_string(e.episode_index) + ": length " +
+              std::to_string(e.length) + " disagrees with dataset_from_index..dataset_to_index " +
+              std::to_string(e.from_index) + ".." + std::to_string(e.to_index));
+        for (size_t k = 0; k < video_keys.size(); ++k) {
+          VideoLocation v;
+          v.chunk_index = c[6 + 3 * k]->i64[r];
+          v.file_index = c[7 + 3 * k]->i64[r];
+          v.from_timestamp = c[8 + 3 * k]->f64[r];
+          e.videos[video_keys[k]] = v;
+        }
+        if (!task_cols.empty() && task_cols[0].is_list &&
+            task_cols[0].kind == Column::Kind::kString)
+          for (int64_t i = task_cols[0].offsets[r]; i < task_cols[0].offsets[r + 1]; ++i)
+            e.tasks.push_back(task_cols[0].str[i]);
+        eps.push_back(std::move(e));
+      }
+    }
+  }
+  std::sort(eps.begin(), eps.end(), [](const EpisodeMeta& a, const EpisodeMeta& b) {
+    return a.episode_index < b.episode_index;
+  });
+  for (size_t i = 1; i < eps.size(); ++i)
+    if (eps[i].episode_index == eps[i - 1].episode_index)
+      return InvalidArgumentError(root + "/meta: episode " + std::to_string(eps[i].episode_index) +
+                                  " is listed twice");
+  if (eps.empty()) return InvalidArgumentError(root + "/meta: no episodes listed");
+  return eps;
+}
+
+StatusOr<std::map<int64_t, std::string>> ReadTasks(const std::string& root, const Info& info) {
+  std::map<int64_t, std::string> tasks;
+  if (info.major == 2) {
+    const std::string path = root + "/meta/tasks.jsonl";
+    std::ifstream in(path);
+    if (!in) return NotFoundError(path + ": not found");
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("task") || !j["task"].is_string() ||
+          JsonInt(j, "task_index", -1) < 0)
+        return InvalidArgumentError(path + ":" + std::to_string(n) +
+                                    ": needs \"task_index\" and \"task\"");
+      tasks[JsonInt(j, "task_index", -1)] = j["task"].get<std::string>();
+    }
+    return tasks;
+  }
+  const std::string path = root + "/meta/tasks.parquet";
+  LF_ASSIGN_OR_RETURN(std::vector<std::string> names, parquet::ParquetColumnNames(path));
+  std::string text_col;
+  for (const char* cand : {"task", "__index_level_0__"})
+    if (std::find(names.begin(), names.end(), cand) != names.end()) {
+      text_col = cand;
+      break;
+    }
+  if (text_col.empty())
+    return InvalidArgumentError(path + ": no task text column (\"task\" or \"__index_level_0__\")");
+  LF_ASSIGN_OR_RETURN(std::vector<Column> cols,
+                      parquet::ReadParquet(path, {"task_index", text_col}));
+  LF_ASSIGN_OR_RETURN(const Column* ti, FindColumn(cols, "task_index", path));
+  LF_ASSIGN_OR_RETURN(const Column* tx, FindColumn(cols, text_col, path));
+  LF_RETURN_IF_ERROR(CheckIntColumn(*ti, path));
+  if (tx->kind != Column::Kind::kString || tx->is_list)
+    return InvalidArgumentError(path + ": column \"" + text_col + "\" is not a string column");
+  for (size_t i = 0; i < ti->i64.size(); ++i) tasks[ti->i64[i]] = tx->str[i];
+  return tasks;
+}
+
+StatusOr<std::vector<int64_t>> ParseEpisodeList(const std::string& spec) {
+  std::set<int64_t> out;
+  static const std::regex item(R"(\s*(\d{1,12})\s*(?:-\s*(\d{1,12})\s*)?)");
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string part =
+        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::smatch m;
+    if (!std::regex_match(part, m, item))
+      return InvalidArgumentError("episodes: \"" + part + "\" in \"" + spec +
+                                  "\" is not an episode index or a range a-b");
+    int64_t a = std::stoll(m[1].str()), b = m[2].matched ? std::stoll(m[2].str()) : a;
+    if (b < a) return InvalidArgumentError("episodes: empty range \"" + part + "\"");
+    if (b - a > 10'000'000)
+      return InvalidArgumentError("episodes: range \"" + part + "\" too large");
+    for (int64_t e = a; e <= b; ++e) out.insert(e);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return std::vector<int64_t>(out.begin(), out.end());
+}
+
+StatusOr<std::string> FormatTemplate(const std::string& tmpl,
+                                     const std::map<std::string, int64_t>& ints,
+                                     const std::map<std::string, std::string>& strings) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '{') {
+      out += tmpl[i];
+      continue;
+    }
+    size_t close = tmpl.find('}', i);
+    if (close == std::string::npos)
+      return InvalidArgumentError("path template \"" + tmpl + "\": unclosed '{'");
+    std::string field = tmpl.substr(i + 1, close - i - 1), spec;
+    size_t colon = field.find(':');
+    if (colon != std::string::npos) {
+      spec = field.substr(colon + 1);
+      field = field.substr(0, colon);
+    }
+    if (auto it = strings.find(field); it != strings.end() && spec.empty()) {
+      out += it->second;
+    } else if (auto jt = ints.find(field); jt != ints.end()) {
+      int width = 0;
+      if (!spec.empty()) {
+        std::smatch m;
+        static const std::regex re(R"(0?(\d{1,2})d)");
+        if (!std::regex_match(spec, m, re))
+          return InvalidArgumentError("path template \"" + tmpl + "\": format \"" + spec +
+                                      "\" is not supported (only {name} and {name:0Nd})");
+        width = std::stoi(m[1].str());
+      }
+      std::string digits = std::to_string(jt->second);
+      if (static_cast<int>(digits.size()) < width) out += std::string(width - digits.size(), '0');
+      out += digits;
+    } else {
+      return InvalidArgumentError("path template \"" + tmpl + "\": unknown field {" + field + "}");
+    }
+    i = close;
+  }
+  return out;
+}
+
+StatusOr<Modality> ParseModality(const std::string& path, int state_dim, int action_dim) {
+  LF_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
+  Modality m;
+  m.path = path;
+  m.task_column = "task_index";
+  if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
+  auto slices = [&](const char* group, int dim, std::vector<Slice>* out) -> Status {
+    if (!j.contains(group)) return Status::Ok();
+    if (!j[group].is_object())
+      return InvalidArgumentError(path + ": \"" + group + "\" is not an object");
+    for (const auto& [name, s] : j[group].items()) {
+      const std::string where = path + ": " + group + "." + name;
+      if (!s.is_object() || !s.contains("start") || !s.contains("end") ||
+          !s["start"].is_number_integer() || !s["end"].is_number_integer())
+        return InvalidArgumentError(where + ": needs integer \"start\" and \"end\"");
+      Slice sl{name, s["start"].get<int>(), s["end"].get<int>()};
+      if (sl.start < 0 || sl.end <= sl.start || sl.end > dim)
+        return InvalidArgumentError(where + ": slice [" + std::to_string(sl.start) + ", " +
+                                    std::to_string(sl.end) + ") is out of range for " + group +
+                                    " of " + std::to_string(dim) + " dims");
+      out->push_back(sl);
+    }
+    std::sort(out->begin(), out->end(),
+              [](const Slice& a, const Slice& b) { return a.start < b.start; });
+    return Status::Ok();
+  };
+  LF_RETURN_IF_ERROR(slices("state", state_dim, &m.state));
+  LF_RETURN_IF_ERROR(slices("action", action_dim, &m.action));
+  if (j.contains("video") && j["video"].is_object())
+    for (const auto& [name, v] : j["video"].items()) {
+      std::string key = v.is_object() && v.contains("original_key") && v["original_key"].is_string()
+                            ? v["original_key"].get<std::string>()
+                            : "observation.images." + name;
+      m.video.emplace_back(name, key);
+    }
+  if (j.contains("annotation") && j["annotation"].is_object())
+    for (const auto& [name, a] : j["annotation"].items())
+      if (name.find("task_description") != std::string::npos) {
+        m.task_column = a.is_object() && a.contains("original_key") && a["original_key"].is_string()
+                            ? a["original_key"].get<std::string>()
+                            : "annotation." + name;
+        break;
+      }
+  m.json = j.dump();
+  return m;
+}
+
+std::vector<float> Quantile(const std::vector<float>& rows, size_t dims, double q) {
+  const size_t n = dims ? rows.size() / dims : 0;
+  std::vector<float> out(dims, 0.f);
+  if (n == 0) return out;
+  std::vector<float> col(n);
+  for (size_t d = 0; d < dims; ++d) {
+    for (size_t i = 0; i < n; ++i) col[i] = rows[i * dims + d];
+    std::sort(col.begin(), col.end());
+    const double pos = q * static_cast<double>(n - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, n - 1);
+    const double frac = pos - static_cast<double>(lo);
+    out[d] = static_cast<float>(col[lo] + (static_cast<double>(col[hi]) - col[lo]) * frac);
+  }
+  return out;
+}
+
+}  // namespace lerobot
+
+namespace {
+using namespace lerobot;
+
+struct Camera {
+  std::string name;  // DB camera name
+  std::string key;   // LeRobot video key
+  const Feature* feature;
+};
+
+// One episode, read and checked, frames encoded: what the writer needs.
+struct EpisodeOut {
+  Status status;
+  int64_t length = 0;
+  std::vector<float> state, action;  // T x dims
+  std::vector<double> timestamp;
+  std::vector<int64_t> task_index, index;
+  std::vector<std::vector<std::string>> jpegs;  // [camera][t]
+};
+
+struct TjCompressor {
+  tjhandle h = tjInitCompress();
+  ~TjCompressor() {
+    if (h) tjDestroy(h);
+  }
+};
+
+// Reads a float list column into rows x dims floats, naming file/column/row on a mismatch.
+Status ListToFloats(const Column& c, const std::vector<size_t>& rows, int dims,
+                    const std::string& file, std::vector<float>* out) {
+  if (!c.is_list || c.kind != Column::Kind::kDouble)
+    return InvalidArgumentError(file + ": column \"" + c.name + "\" is not a list of floats");
+  out->resize(rows.size() * dims);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const size_t r = rows[k];
+    const int64_t n = c.offsets[r + 1] - c.offsets[r];
+    if (n != dims)
+      return InvalidArgumentError(file + ": column \"" + c.name + "\" row " + std::to_string(r) +
+                                  " has " + std::to_string(n) + " values, meta/info.json says " +
+                                  std::to_string(dims));
+    for (int d = 0; d < dims; ++d) {
+      const size_t v = static_cast<size_t>(c.offsets[r] + d);
+      if (!c.valid.empty() && !c.valid[v])
+        return InvalidArgumentError(file + ": column \"" + c.name + "\" row " + std::to_string(r) +
+                                    " holds a null");
+      const double x = c.f64[v];
+      if (!std::isfinite(x) || std::fabs(x) > FLT_MAX)
+        return InvalidArgumentError(file + ": column \"" + c.name + "\" row " + std::to_string(r) +
+                                    " value " + std::to_string(d) + " is not a finite float32");
+      (*out)[k * dims + d] = static_cast<float>(x);
+    }
+  }
+  return Status::Ok();
+}
+
+int FeatureDim(const Info& info, const std::string& key) {
+  auto it = info.features.find(key);
+  if (it == info.features.end() || it->second.shape.empty()) return -1;
+  int64_t n = 1;
+  for (int64_t s : it->second.shape) n *= s;
+  return static_cast<int>(n);
+}
+
+// Data files of v3 hold many episodes: each is read once and shared by its episodes' tasks.
+class DataFileCache {
+ public:
+  using Table = std::shared_ptr<const StatusOr<std::vector<Column>>>;
+  Table Get(const std::string& path, const std::vector<std::string>& cols) {
+    std::shared_future<Table> fut;
+    bool mine = false;
+    std::promise<Table> promise;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = files_.find(path);
+      if (it == files_.end()) {
+        fut = promise.get_future().share();
+        files_[path] = fut;
+        mine = true;
+      } else {
+        fut = it->second;
+      }
+    }
+    if (mine)
+      promise.set_value(
+          std::make_shared<StatusOr<std::vector<Column>>>(parquet::ReadParquet(path, cols)));
+    return fut.get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_future<Table>> files_;
+};
+
+std::string Ts(double t) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.6f", t);
+  return b;
+}
+
+}  // namespace
+
+StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
+  if (o.src.empty() || o.out.empty())
+    return InvalidArgumentError("pack --from-lerobot: source and --out are required");
+  if (o.horizon < 1 || o.horizon > 4096)
+    return InvalidArgumentError("pack: horizon must be in 1..4096, got " +
+                                std::to_string(o.horizon));
+  if (o.threads < 0 || o.threads > kMaxPackThreads)
+    return InvalidArgumentError("pack: threads must be in 0.." + std::to_string(kMaxPackThreads) +
+                                ", got " + std::to_string(o.threads));
+  if (o.quality < 1 || o.quality > 100)
+    return InvalidArgumentError("pack: quality must be in 1..100, got " +
+                                std::to_string(o.quality));
+  if ((o.width > 0) != (o.height > 0) || o.width < 0 || o.height < 0 || o.width > 8192 ||
+      o.height > 8192)
+    return InvalidArgumentError("pack: --size must be WxH with both in 1..8192");
+  if (o.shortest_edge > 8192) return InvalidArgumentError("pack: --shortest-edge must be <= 8192");
+  if (!(o.tolerance_s > 0 && o.tolerance_s < 1))
+    return InvalidArgumentError("pack: tolerance must be in (0, 1) s");
+  if (o.max_instruction_bytes < 1 || o.max_instruction_bytes > kMaxInstructionBytesLimit)
+    return InvalidArgumentError("pack: max_instruction_bytes must be in 1.." +
+                                std::to_string(kMaxInstructionBytesLimit));
+  if (!HaveVideoDecoder())
+    return FailedPreconditionError(
+        "pack --from-lerobot: this LoongForge build lacks FFmpeg, so it cannot decode LeRobot "
+        "videos (install libavformat-dev libavcodec-dev libswscale-dev libavutil-dev and "
+        "rebuild; see docs/DATASET.md)");
+  const double start = NowSeconds();
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.tokenizer));
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordWriter> writer,
+                      RecordWriter::Create(o.out, o.overwrite));
+
+  const std::string root = o.src;
+  LF_ASSIGN_OR_RETURN(Info info, ParseInfo(root + "/meta/info.json"));
+  const int state_dim = FeatureDim(info, "observation.state");
+  const int action_dim = FeatureDim(info, "action");
+  if (state_dim < 1 || action_dim < 1)
+    return InvalidArgumentError(
+        info.path + ": needs features \"observation.state\" and \"action\" with a shape");
+
+  // Modality (GR00T): on by default when meta/modality.json exists.
+  std::unique_ptr<Modality> modality;
+  {
+    std::string mpath = o.modality;
+    std::error_code ec;
+    if (mpath.empty() && fs::exists(root + "/meta/modality.json", ec))
+      mpath = root + "/meta/modality.json";
+    if (!mpath.empty() && mpath != "none") {
+      LF_ASSIGN_OR_RETURN(Modality m, ParseModality(mpath, state_dim, action_dim));
+      modality = std::make_unique<Modality>(std::move(m));
+    }
+  }
+
+  // Cameras: the modality's video entries, else every video feature (sorted by key).
+  std::vector<Camera> cams;
+  auto add_cam = [&](const std::string& name, const std::string& key) -> Status {
+    auto it = info.features.find(key);
+    if (it == info.features.end() || !it->second.is_video())
+      return InvalidArgumentError((modality ? modality->path : info.path) + ": camera \"" + name +
+                                  "\" refers to \"" + key + "\", which is not a video feature of " +
+                                  info.path);
+    cams.push_back({name, key, &it->second});
+    return Status::Ok();
+  };
+  if (modality && !modality->video.empty()) {
+    for (const auto& [name, key] : modality->video) LF_RETURN_IF_ERROR(add_cam(name, key));
+  } else {
+    for (const auto& [key, f] : info.features)
+      if (f.is_video()) LF_RETURN_IF_ERROR(add_cam(key.substr(key.rfind('.') + 1), key));
+  }
+  if (!o.cameras.empty()) {
+    std::vector<Camera> picked;
+    for (const auto& want : o.cameras) {
+      auto it = std::find_if(cams.begin(), cams.end(),
+                             [&](const Camera& c) { return c.name == want || c.key == want; });
+      if (it == cams.end()) {
+        std::string have;
+        for (const auto& c : cams) have += (have.empty() ? "" : ", ") + c.key;
+        return InvalidArgumentError("pack: --cameras: \"" + want + "\" is not a video of " + root +
+                                    " (it has: " + have + ")");
+      }
+      picked.push_back(*it);
+    }
+    cams = std::move(picked);
+  }
+  if (cams.empty()) return InvalidArgumentError(info.path + ": no video features to pack");
+  for (size_t i = 0; i < cams.size(); ++i) {
+    static const std::regex ok_name("[A-Za-z0-9_-]+");
+    if (!std::regex_match(cams[i].name, ok_name))
+      return InvalidArgumentError("pack: camera name \"" + cams[i].name + "\" (from " +
+                                  cams[i].key + ") must be [A-Za-z0-9_-]+");
+    for (size_t j = 0; j < i; ++j)
+      if (cams[j].name == cams[i].name)
+        return InvalidArgumentError("pack: cameras " + cams[j].key + " and " + cams[i].key +
+                                    " would both be named \"" + cams[i].name + "\"");
+  }
+  int out_w = 0, out_h = 0;
+  ResolveOutputSize(cams[0].feature->width, cams[0].feature->height, o.width, o.height,
+                    o.shortest_edge, &out_w, &out_h);
+  if (o.width <= 0)
+    for (const auto& c : cams) {
+      const double a0 = static_cast<double>(cams[0].feature->width) / cams[0].feature->height;
+      const double a = static_cast<double>(c.feature->width) / c.feature->height;
+      if (std::fabs(a - a0) > 0.01 * a0)
+        return InvalidArgumentError("pack: cameras " + cams[0].key + " and " + c.key +
+                                    " differ in aspect ratio; give one frame size with --size WxH");
+    }
+
+  std::vector<std::string> video_keys;
+  for (const auto& c : cams) video_keys.push_back(c.key);
+  LF_ASSIGN_OR_RETURN(std::vector<EpisodeMeta> all_eps, ReadEpisodes(root, info, video_keys));
+  LF_ASSIGN_OR_RETURN(auto tasks, ReadTasks(root, info));
+  std::vector<const EpisodeMeta*> eps;
+  if (o.episodes.empty()) {
+    for (const auto& e : all_eps) eps.push_back(&e);
+  } else {
+    LF_ASSIGN_OR_RETURN(std::vector<int64_t> want, ParseEpisodeList(o.episodes));
+    for (int64_t w : want) {
+      auto it =
+          std::lower_bound(all_eps.begin(), all_eps.end(), w,
+                           [](const EpisodeMeta& e, int64_t v) { return e.episode_index < v; });
+      if (it == all_eps.end() || it->episode_index != w)
+        return NotFoundError("pack: episode " + std::to_string(w) + " is not listed in " + root +
+                             "/meta (--episodes " + o.episodes + ")");
+      eps.push_back(&*it);
+    }
+  }
+  const std::string task_col = modality ? modality->task_column : "task_index";
+
+  // ---- per-episode work: rows, checks, frames ----
+  DataFileCache cache;
+  const std::vector<std::string> data_cols = {
+      "observation.state", "action", "timestamp", "frame_index",
+      "episode_index",     "index",  task_col};
+  const double tol = o.tolerance_s;
+  std::atomic<bool> cancel{false};
+  auto load = [&](const EpisodeMeta& em) -> EpisodeOut {
+    EpisodeOut out;
+    if (cancel.load()) {
+      out.status = CancelledError("pack cancelled");
+      return out;
+    }
+    const int64_t ep = em.episode_index;
+    std::map<std::string, int64_t> ints;
+    if (info.major == 2) {
+      ints = {{"episode_chunk", ep / info.chunks_size}, {"episode_index", ep}};
+    } else {
+      ints = {{"chunk_index", em.data_chunk}, {"file_index", em.data_file}, {"episode_index", ep}};
+    }
+    auto rel = FormatTemplate(info.data_path, ints, {});
+    if (!rel.ok()) {
+      out.status = rel.status();
+      return out;
+    }
+    const std::string file = root + "/" + *rel;
+    auto table = cache.Get(file, data_cols);
+    if (!table->ok()) {
+      out.status = table->status();
+      return out;
+    }
+    const std::vector<Column>& cols = **table;
+    auto fail = [&](Status s) {
+      out.status = std::move(s);
+      return std::move(out);
+    };
+    const Column* c[7];
+    for (int i = 0; i < 7; ++i) {
+      auto r = FindColumn(cols, data_cols[i], file);
+      if (!r.ok()) return fail(r.status());
+      c[i] = *r;
+      if (i >= 3) {
+        Status s = CheckIntColumn(*c[i], file);
+        if (!s.ok()) return fail(s);
+      }
+    }
+    if (c[2]->kind != Column::Kind::kDouble || c[2]->is_list)
+      return fail(InvalidArgumentError(file + ": column \"timestamp\" is not a float column"));
+    // This episode's rows: all of a v2 file; those with its episode_index in a v3 file.
+    std::vector<size_t> rows;
+    for (size_t r = 0; r < c[4]->i64.size(); ++r)
+      if (c[4]->i64[r] == ep) rows.push_back(r);
+    if (info.major == 2 && rows.size() != c[4]->i64.size())
+      return fail(InvalidArgumentError(
+          file + ": column \"episode_index\" holds other episodes than " + std::to_string(ep)));
+    if (static_cast<int64_t>(rows.size()) != em.length)
+      return fail(InvalidArgumentError(
+          file + ": episode " + std::to_string(ep) + " has " + std::to_string(rows.size()) +
+          " rows, the metadata says length " + std::to_string(em.length)));
+    out.length = em.length;
+    Status s = ListToFloats(*c[0], rows, state_dim, file, &out.state);
+    if (s.ok()) s = ListToFloats(*c[1], rows, action_dim, file, &out.action);
+    if (!s.ok()) return fail(s);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const size_t r = rows[k];
+      const double t = c[2]->f64[r];
+      const std::string where = file + ": row " + std::to_string(r);
+      if (c[3]->i64[r] != static_cast<int64_t>(k))
+        return fail(InvalidArgumentError(where + ": frame_index " + std::to_string(c[3]->i64[r]) +
+                                         ", expected " + std::to_string(k) +
+                                         " (rows of an episode are frames 0..T-1 in order)"));
+      if (!std::isfinite(t) || (k > 0 && t < out.timestamp.back()))
+        return fail(InvalidArgumentError(where + ": timestamp " + Ts(t) +
+                                         " is not finite or goes backwards"));
+      if (em.from_index >= 0 && c[5]->i64[r] != em.from_index + static_cast<int64_t>(k))
+        return fail(InvalidArgumentError(where + ": index " + std::to_string(c[5]->i64[r]) +
+                                         " disagrees with dataset_from_index " +
+                                         std::to_string(em.from_index) + " of episode " +
+                                         std::to_string(ep)));
+      const int64_t ti = c[6]->i64[r];
+      if (!tasks.count(ti))
+        return fail(InvalidArgumentError(where + ": column \"" + task_col +
+                                         "\" = " + std::to_string(ti) +
+                                         " is not a task listed in " + root + "/meta"));
+      out.timestamp.push_back(t);
+      out.task_index.push_back(ti);
+      out.index.push_back(c[5]->i64[r]);
+    }
+    // Frames: one reader per camera, rows in order (one sequential decode per episode).
+    thread_local TjCompressor tj;
+    out.jpegs.resize(cams.size());
+    for (size_t ci = 0; ci < cams.size(); ++ci) {
+      const Camera& cam = cams[ci];
+      double offset = 0;
+      std::map<std::string, int64_t> vints;
+      if (info.major == 2) {
+        vints = {{"episode_chunk", ep / info.chunks_size}, {"episode_index", ep}};
+      } else {
+        const VideoLocation& v = em.videos.at(cam.key);
+        vints = {
+            {"chunk_index", v.chunk_index}, {"file_index", v.file_index}, {"episode_index", ep}};
+        offset = v.from_timestamp;
+      }
+      auto vrel = FormatTemplate(info.video_path, vints, {{"video_key", cam.key}});
+      if (!vrel.ok()) return fail(vrel.status());
+      const std::string vpath = root + "/" + *vrel;
+      auto reader = VideoReader::Open(vpath);
+      if (!reader.ok()) return fail(reader.status());
+      const VideoInfo& vi = (*reader)->info();
+      if (vi.width != cam.feature->width || vi.height != cam.feature->height)
+        return fail(InvalidArgumentError(vpath + ": video is " + std::to_string(vi.width) + "x" +
+                                         std::to_string(vi.height) + ", " + info.path + " says " +
+                                         std::to_string(cam.feature->width) + "x" +
+                                         std::to_string(cam.feature->height) + " for " + cam.key));
+      if (vi.fps > 0 && std::fabs(vi.fps - info.fps) > 0.01 * info.fps)
+        return fail(InvalidArgumentError(vpath + ": video is " + std::to_string(vi.fps) + " fps, " +
+                                         info.path + " says " + std::to_string(info.fps)));
+      std::vector<double> want(out.timestamp.size());
+      for (size_t k = 0; k < want.size(); ++k) want[k] = out.timestamp[k] + offset;
+      VideoReadOptions vo;
+      vo.out_width = out_w;
+      vo.out_height = out_h;
+      vo.tolerance_s = tol;
+      auto& jp = out.jpegs[ci];
+      jp.resize(want.size());
+      Status vs = (*reader)->ReadFrames(
+          want, vo,
+          [&](size_t k, const uint8_t* rgb, int w, int h) -> Status {
+            if (cancel.load()) return CancelledError("pack cancelled");
+            unsigned char* buf = nullptr;
+            unsigned long size = 0;
+            if (!tj.h || tjCompress2(tj.h, rgb, w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420,
+                                     o.quality, TJFLAG_FASTDCT) != 0) {
+              if (buf) tjFree(buf);
+              return InternalError(vpath + ": JPEG encode failed: " + tjGetErrorStr());
+            }
+            jp[k].assign(reinterpret_cast<const char*>(buf), size);
+            tjFree(buf);
+            return Status::Ok();
+          },
+          [&](size_t k) {
+            return "episode " + std::to_string(ep) + " frame_index " + std::to_string(k) +
+                   ", row timestamp " + Ts(out.timestamp[k]) +
+                   (offset != 0 ? " + from_timestamp " + Ts(offset) : std::string());
+          });
+      if (!vs.ok()) return fail(vs);
+    }
+    return out;
+  };
+
+  Schema schema;
+  schema.num_episodes = static_cast<int64_t>(eps.size());
+  for (const auto& c : cams) schema.cameras.push_back(c.name);
+  schema.image_width = out_w;
+  schema.image_height = out_h;
+  schema.state_dim = state_dim;
+  schema.action_dim = action_dim;
+  schema.action_horizon = o.horizon;
+  schema.tokenizer = tokenizer->id();
+  schema.vocab_size = tokenizer->vocab_size();
+  std::error_code ec;
+  schema.source = fs::absolute(o.src, ec).string();
+  schema.source_format = "lerobot " + info.version;
+  schema.fps = info.fps;
+
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads, "pack-lerobot");
+  const size_t window = static_cast<size_t>(2 * threads + 1);
+  std::deque<std::future<EpisodeOut>> inflight;
+  size_t next_submit = 0;
+  auto fail_all = [&](Status s) {
+    cancel.store(true);
+    for (auto& f : inflight)
+      if (f.valid()) f.wait();
+    return s;
+  };
+  PackResult result;
+  ProgressBar bar("pack: lerobot episodes", static_cast<int64_t>(eps.size()), o.progress);
+  std::vector<float> all_state, all_action;
+  json ep_table = json::array();
+  std::vector<float> chunk(static_cast<size_t>(o.horizon) * action_dim);
+  std::vector<uint8_t> amask(o.horizon);
+  std::map<int64_t, std::vector<int32_t>> token_cache;
+  int64_t sample = 0;
+  for (size_t e = 0; e < eps.size(); ++e) {
+    while (next_submit < eps.size() && next_submit < e + window) {
+      const EpisodeMeta* em = eps[next_submit++];
+      inflight.push_back(pool.Async([em, &load] { return load(*em); }));
+      if (!inflight.back().valid()) return fail_all(CancelledError("pack: thread pool shut down"));
+    }
+    EpisodeOut ep = inflight.front().get();
+    inflight.pop_front();
+    if (!ep.status.ok()) return fail_all(ep.status);
+    const int64_t n = ep.length;
+    json row = {{"episode_index", eps[e]->episode_index}, {"first_sample", sample}, {"length", n}};
+    ep_table.push_back(row);
+    for (int64_t t = 0; t < n; ++t, ++sample) {
+      auto tok = token_cache.find(ep.task_index[t]);
+      if (tok == token_cache.end()) {
+        const std::string& text = tasks.at(ep.task_index[t]);
+        if (text.size() > static_cast<size_t>(o.max_instruction_bytes))
+          return fail_all(InvalidArgumentError(
+              root + "/meta: task " + std::to_string(ep.task_index[t]) + " has " +
+              std::to_string(text.size()) + " bytes, more than --max-instruction-bytes " +
+              std::to_string(o.max_instruction_bytes)));
+        std::vector<int32_t> ids = tokenizer->Encode(text);
+        for (int32_t id : ids)
+          if (id < 0 || id >= tokenizer->vocab_size())
+            return fail_all(InvalidArgumentError(
+                "tokenizer '" + tokenizer->id() + "' returned token id " + std::to_string(id) +
+                " outside its vocabulary for task " + std::to_string(ep.task_index[t])));
+        schema.max_tokens = std::max(schema.max_tokens, static_cast<int>(ids.size()));
+        tok = token_cache.emplace(ep.task_index[t], std::move(ids)).first;
+      }
+      for (int k = 0; k < o.horizon; ++k) {
+        const int64_t s = t + k;
+        amask[k] = s < n ? 1 : 0;
+        const float* a = ep.action.data() + std::min(s, n - 1) * action_dim;
+        std::copy(a, a + action_dim, chunk.begin() + static_cast<ptrdiff_t>(k) * action_dim);
+      }
+      const int32_t meta[2] = {static_cast<int32_t>(e), static_cast<int32_t>(t)};
+      struct {
+        double timestamp;
+        int64_t task_index, index;
+      } lr = {ep.timestamp[t], ep.task_index[t], ep.index[t]};
+      static_assert(sizeof(lr) == 24, "lerobot record layout");
+      auto bytes = [](const auto* p, size_t n_bytes) {
+        return std::string_view(reinterpret_cast<const char*>(p), n_bytes);
+      };
+      // Keys in sorted order: action, amask, cam_*, lerobot, meta, state, tokens.
+      Status st = writer->Put(SampleKey(sample, "action"), bytes(chunk.data(), chunk.size() * 4));
+      if (st.ok()) st = writer->Put(SampleKey(sample, "amask"), bytes(amask.data(), amask.size()));
+      for (size_t c = 0; c < cams.size() && st.ok(); ++c) {
+        st = writer->Put(SampleKey(sample, CameraModality(cams[c].name)), ep.jpegs[c][t]);
+        result.jpeg_bytes += static_cast<int64_t>(ep.jpegs[c][t].size());
+      }
+      if (st.ok()) st = writer->Put(SampleKey(sample, "lerobot"), bytes(&lr, sizeof(lr)));
+      if (st.ok()) st = writer->Put(SampleKey(sample, "meta"), bytes(meta, sizeof(meta)));
+      if (st.ok())
+        st = writer->Put(SampleKey(sample, "state"),
+                         bytes(ep.state.data() + t * state_dim, state_dim * sizeof(float)));
+      if (st.ok())
+        st = writer->Put(SampleKey(sample, "tokens"),
+                         bytes(tok->second.data(), tok->second.size() * sizeof(int32_t)));
+      if (!st.ok()) return fail_all(st);
+    }
+    all_state.insert(all_state.end(), ep.state.begin(), ep.state.end());
+    all_action.insert(all_action.end(), ep.action.begin(), ep.action.end());
+    bar.Add(1);
+  }
+  schema.num_samples = sample;
+
+  // Statistics of the packed rows: mean/std (population), min/max, q01/q99.
+  auto stats = [](const std::vector<float>& rows, int dims, std::vector<float>* mean,
+                  std::vector<float>* sd, std::vector<float>* mn, std::vector<float>* mx,
+                  std::vector<float>* q01, std::vector<float>* q99) {
+    const size_t n = rows.size() / dims;
+    std::vector<double> sum(dims, 0), m2(dims, 0);
+    mn->assign(dims, INFINITY);
+    mx->assign(dims, -INFINITY);
+    for (size_t i = 0; i < n; ++i)
+      for (int d = 0; d < dims; ++d) {
+        const float v = rows[i * dims + d];
+        sum[d] += v;
+        (*mn)[d] = std::min((*mn)[d], v);
+        (*mx)[d] = std::max((*mx)[d], v);
+      }
+    for (int d = 0; d < dims; ++d) sum[d] /= static_cast<double>(n);
+    for (size_t i = 0; i < n; ++i)
+      for (int d = 0; d < dims; ++d) {
+        const double x = rows[i * dims + d] - sum[d];
+        m2[d] += x * x;
+      }
+    mean->resize(dims);
+    sd->resize(dims);
+    for (int d = 0; d < dims; ++d) {
+      (*mean)[d] = static_cast<float>(sum[d]);
+      (*sd)[d] = static_cast<float>(std::sqrt(m2[d] / static_cast<double>(n)));
+    }
+    *q01 = Quantile(rows, dims, 0.01);
+    *q99 = Quantile(rows, dims, 0.99);
+  };
+  stats(all_state, state_dim, &schema.state_mean, &schema.state_std, &schema.state_min,
+        &schema.state_max, &schema.state_q01, &schema.state_q99);
+  stats(all_action, action_dim, &schema.action_mean, &schema.action_std, &schema.action_min,
+        &schema.action_max, &schema.action_q01, &schema.action_q99);
+  // The dataset's own statistics win where it has them for all of it (LeRobot and GR00T
+  // normalize with meta/stats.json); computed values fill the rest (q01/q99 most often).
+  std::string stats_from = "computed from the packed rows";
+  if (o.episodes.empty() && fs::exists(root + "/meta/stats.json", ec)) {
+    LF_ASSIGN_OR_RETURN(json sj, ReadJsonFile(root + "/meta/stats.json"));
+    auto take = [&](const char* feature, const char* stat, int dims, std::vector<float>* dst) {
+      if (!sj.contains(feature) || !sj[feature].is_object() || !sj[feature].contains(stat)) return;
+      const json& v = sj[feature][stat];
+      if (!v.is_array() || static_cast<int>(v.size()) != dims) return;
+      for (int d = 0; d < dims; ++d)
+        if (!v[d].is_number()) return;
+      for (int d = 0; d < dims; ++d) (*dst)[d] = v[d].get<float>();
+      stats_from = "meta/stats.json where present, else computed";
+    };
+    for (auto [f, dims, mean, sd, mn, mx, q01, q99] :
+         {std::make_tuple("observation.state", state_dim, &schema.state_mean, &schema.state_std,
+                          &schema.state_min, &schema.state_max, &schema.state_q01,
+                          &schema.state_q99),
+          std::make_tuple("action", action_dim, &schema.action_mean, &schema.action_std,
+                          &schema.action_min, &schema.action_max, &schema.action_q01,
+                          &schema.action_q99)}) {
+      take(f, "mean", dims, mean);
+      take(f, "std", dims, sd);
+      take(f, "min", dims, mn);
+      take(f, "max", dims, mx);
+      take(f, "q01", dims, q01);
+      take(f, "q99", dims, q99);
+    }
+  }
+
+  json meta;
+  meta["format"] = info.version;
+  meta["episodes"] = ep_table;
+  json jt = json::object();
+  for (const auto& [k, v] : tasks) jt[std::to_string(k)] = v;
+  meta["tasks"] = jt;
+  json jc = json::object();
+  for (const auto& c : cams) jc[c.name] = c.key;
+  meta["camera_keys"] = jc;
+  meta["stats_from"] = stats_from;
+  if (modality) {
+    meta["modality_file"] = modality->path;
+    meta["modality"] = json::parse(modality->json);
+  }
+  schema.source_meta = meta.dump();
+
+  LF_RETURN_IF_ERROR(writer->Commit(schema));
+  bar.Finish();
+  result.schema = schema;
+  result.bytes_written = writer->bytes_written();
+  result.seconds = NowSeconds() - start;
+  result.write_seconds = result.seconds;
+  LF_LOG(DEBUG) << "packed " << schema.num_samples << " LeRobot samples into " << o.out;
+  return result;
+}
+
+StatusOr<EpisodeData> ReadEpisode(const std::string& db, int64_t episode_index) {
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(db));
+  const Schema& s = reader->schema();
+  if (s.source_format.rfind("lerobot", 0) != 0)
+    return FailedPreconditionError(db +
+                                   ": not packed from a LeRobot dataset (pack --from-lerobot)");
+  json meta = json::parse(s.source_meta, nullptr, false);
+  if (meta.is_discarded() || !meta.contains("episodes"))
+    return DataLossError(db + ": schema source_meta is damaged");
+  EpisodeData out;
+  int64_t first = -1;
+  for (const auto& e : meta["episodes"])
+    if (e.value("episode_index", int64_t{-1}) == episode_index) {
+      first = e.value("first_sample", int64_t{-1});
+      out.length = e.value("length", int64_t{0});
+    }
+  if (first < 0) return NotFoundError(db + ": no episode " + std::to_string(episode_index));
+  out.episode_index = episode_index;
+  out.state_dim = s.state_dim;
+  out.action_dim = s.action_dim;
+  out.cameras = s.cameras;
+  out.width = s.image_width;
+  out.height = s.image_height;
+  out.images.resize(s.cameras.size());
+  for (auto& im : out.images)
+    im.resize(static_cast<size_t>(out.length) * s.image_width * s.image_height * 3);
+  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader->Begin());
+  tjhandle tj = tjInitDecompress();
+  std::unique_ptr<void, void (*)(void*)> tj_guard(tj, [](void* h) {
+    if (h) tjDestroy(h);
+  });
+  if (!tj) return InternalError("tjInitDecompress failed");
+  auto get = [&](int64_t id, const std::string& mod, size_t size) -> StatusOr<std::string_view> {
+    const std::string key = SampleKey(id, mod);
+    LF_ASSIGN_OR_RETURN(std::string_view v, txn.Get(key));
+    if (size && v.size() != size)
+      return DataLossError(db + ": record '" + key + "' has " + std::to_string(v.size()) +
+                           " bytes, expected " + std::to_string(size));
+    return v;
+  };
+  for (int64_t t = 0; t < out.length; ++t) {
+    const int64_t id = first + t;
+    LF_ASSIGN_OR_RETURN(auto st, get(id, "state", s.state_dim * 4));
+    const float* sp = reinterpret_cast<const float*>(st.data());
+    out.state.insert(out.state.end(), sp, sp + s.state_dim);
+    LF_ASSIGN_OR_RETURN(
+        auto ac, get(id, "action", static_cast<size_t>(s.action_horizon) * s.action_dim * 4));
+    const float* ap = reinterpret_cast<const float*>(ac.data());
+    out.action.insert(out.action.end(), ap, ap + s.action_dim);
+    LF_ASSIGN_OR_RETURN(auto lr, get(id, "lerobot", 24));
+    double ts;
+    int64_t ti;
+    std::memcpy(&ts, lr.data(), 8);
+    std::memcpy(&ti, lr.data() + 8, 8);
+    LF_ASSIGN_OR_RETURN(auto mt, get(id, "meta", 8));
+    int32_t m[2];
+    std::memcpy(m, mt.data(), 8);
+    out.timestamp.push_back(ts);
+    out.task_index.push_back(ti);
+    out.frame_index.push_back(m[1]);
+    const std::string key = std::to_string(ti);
+    out.tasks.push_back(meta["tasks"].contains(key) ? meta["tasks"][key].get<std::string>() : "");
+    for (size_t c = 0; c < s.cameras.size(); ++c) {
+      LF_ASSIGN_OR_RETURN(auto jpg, get(id, CameraModality(s.cameras[c]), 0));
+      uint8_t* dst =
+          out.images[c].data() + static_cast<size_t>(t) * s.image_width * s.image_height * 3;
+      if (tjDecompress2(tj, reinterpret_cast<const unsigned char*>(jpg.data()),
+                        static_cast<unsigned long>(jpg.size()), dst, s.image_width, 0,
+                        s.image_height, TJPF_RGB, 0) != 0)
+        return DataLossError(db + ": record '" + SampleKey(id, CameraModality(s.cameras[c])) +
+                             "' is not a decodable JPEG of " + std::to_string(s.image_width) + "x" +
+                             std::to_string(s.image_height));
+    }
+  }
+  return out;
+}
+
+}  // namespace loongforge::data

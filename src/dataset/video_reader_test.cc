@@ -1,0 +1,252 @@
+// Tests of VideoReader on the committed LeRobot fixture videos (tests/data/lerobot, written by
+// make_videos.sh): every frame carries its own index as a block code, so a test can tell which
+// frame was decoded. AV1 (libdav1d) and H.264 (B-frames), v2.1 per-episode files and a v3.0
+// concatenated file; PSNR against the ffmpeg CLI's own decode; bad input.
+#include "dataset/video_reader.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "dataset/video_test_util.h"
+
+namespace loongforge::data {
+namespace {
+namespace fs = std::filesystem;
+
+#ifndef LF_HAVE_FFMPEG
+// Guards: a build without FFmpeg says so instead of failing obscurely.
+TEST(VideoReader, WithoutFfmpegSaysSo) {
+  auto r = VideoReader::Open(LeRobotFixture("v2.1") + "/videos/x.mp4");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("lacks FFmpeg"), std::string::npos);
+}
+#else
+
+std::string V21(const std::string& cam, int ep) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "episode_%06d.mp4", ep);
+  return LeRobotFixture("v2.1") + "/videos/chunk-000/observation.images." + cam + "/" + name;
+}
+std::string V30(const std::string& cam) {
+  return LeRobotFixture("v3.0") + "/videos/observation.images." + cam + "/chunk-000/file-000.mp4";
+}
+constexpr double kFps = 30.0;
+constexpr int kLengths[3] = {12, 16, 20};
+
+struct Decoded {
+  std::vector<std::vector<uint8_t> > frames;
+  int w = 0, h = 0;
+};
+
+Status ReadAll(VideoReader* r, const std::vector<double>& ts, Decoded* out,
+               VideoReadOptions o = {}) {
+  out->frames.assign(ts.size(), {});
+  return r->ReadFrames(ts, o, [&](size_t i, const uint8_t* rgb, int w, int h) {
+    out->frames[i].assign(rgb, rgb + static_cast<size_t>(w) * h * 3);
+    out->w = w;
+    out->h = h;
+    return Status::Ok();
+  });
+}
+
+std::vector<double> Times(int from, int to) {
+  std::vector<double> t;
+  for (int i = from; i < to; ++i) t.push_back(i / kFps);
+  return t;
+}
+
+class VideoCodecs : public ::testing::TestWithParam<const char*> {};
+
+// Guards: the frame handed out for each timestamp is the frame at that timestamp (pts matching,
+// B-frame reordering in H.264, libdav1d for AV1), in every v2.1 episode file.
+TEST_P(VideoCodecs, EveryFrameIsTheOneAskedFor) {
+  for (int ep = 0; ep < 3; ++ep) {
+    auto r = VideoReader::Open(V21(GetParam(), ep));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ((*r)->info().width, 128);
+    EXPECT_EQ((*r)->info().height, 96);
+    Decoded d;
+    ASSERT_TRUE(ReadAll(r->get(), Times(0, kLengths[ep]), &d).ok());
+    for (int i = 0; i < kLengths[ep]; ++i) {
+      FrameCode c = DecodeFrameCode(d.frames[i].data(), d.w, d.h);
+      EXPECT_EQ(c.position, i) << "episode " << ep;
+      EXPECT_EQ(c.episode, ep);
+    }
+  }
+}
+
+// Guards: a sparse, sorted request seeks to the keyframe before the first wanted frame and
+// decodes forward; a later request behind the position seeks back. The frames are the right ones.
+TEST_P(VideoCodecs, SeeksForwardAndBack) {
+  auto r = VideoReader::Open(V30(GetParam()));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Decoded d;
+  std::vector<double> ts = {31 / kFps, 33 / kFps, 33 / kFps, 47 / kFps};
+  ASSERT_TRUE(ReadAll(r->get(), ts, &d).ok());
+  EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 31);
+  EXPECT_EQ(DecodeFrameCode(d.frames[1].data(), d.w, d.h).position, 33);
+  EXPECT_EQ(DecodeFrameCode(d.frames[2].data(), d.w, d.h).position, 33);
+  EXPECT_EQ(DecodeFrameCode(d.frames[3].data(), d.w, d.h).position, 47);
+  EXPECT_EQ(DecodeFrameCode(d.frames[3].data(), d.w, d.h).episode, 2);
+  // Decode only what is needed: not the 31 frames before the first wanted one.
+  EXPECT_LT((*r)->frames_decoded(), 31);
+  ASSERT_TRUE(ReadAll(r->get(), {2 / kFps, 13 / kFps}, &d).ok());
+  EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 2);
+  EXPECT_EQ(DecodeFrameCode(d.frames[1].data(), d.w, d.h).position, 13);
+  EXPECT_EQ(DecodeFrameCode(d.frames[1].data(), d.w, d.h).episode, 1);
+}
+
+// Guards: resizing through libswscale keeps the content (codes still readable at 64x48).
+TEST_P(VideoCodecs, ResizesToTheAskedSize) {
+  auto r = VideoReader::Open(V21(GetParam(), 1));
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  VideoReadOptions o;
+  o.out_width = 64;
+  o.out_height = 48;
+  ASSERT_TRUE(ReadAll(r->get(), Times(0, 16), &d, o).ok());
+  EXPECT_EQ(d.w, 64);
+  EXPECT_EQ(d.h, 48);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(DecodeFrameCode(d.frames[i].data(), d.w, d.h).position, i);
+}
+
+// Guards: our decode matches FFmpeg's reference decode (YUV->RGB conversion, frame order):
+// PSNR >= 40 dB against `ffmpeg -pix_fmt rgb24`. Skipped where the ffmpeg CLI is absent.
+TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
+  if (std::system("ffmpeg -version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no ffmpeg CLI";
+  const std::string path = V30(GetParam());
+  char tmpl[] = "/tmp/lf_video_ref_XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string cmd =
+      "ffmpeg -nostdin -v error -y -i " + path + " -f rawvideo -pix_fmt rgb24 " + tmpl;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in(tmpl, std::ios::binary);
+  std::string ref((std::istreambuf_iterator<char>(in)), {});
+  fs::remove(tmpl);
+  const size_t frame_bytes = 128 * 96 * 3;
+  ASSERT_EQ(ref.size(), 48 * frame_bytes);
+  auto r = VideoReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  ASSERT_TRUE(ReadAll(r->get(), Times(0, 48), &d).ok());
+  for (int i = 0; i < 48; ++i) {
+    double se = 0;
+    for (size_t k = 0; k < frame_bytes; ++k) {
+      double diff =
+          static_cast<double>(d.frames[i][k]) - static_cast<uint8_t>(ref[i * frame_bytes + k]);
+      se += diff * diff;
+    }
+    const double mse = se / frame_bytes;
+    const double psnr = mse == 0 ? 99.0 : 10 * std::log10(255.0 * 255.0 / mse);
+    EXPECT_GE(psnr, 40.0) << "frame " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, VideoCodecs, ::testing::Values("front", "wrist"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "front" ? "Av1" : "H264";
+                         });
+
+// Guards: a missing video is NotFound naming the file.
+TEST(VideoReader, MissingFileIsNamed) {
+  auto r = VideoReader::Open("/nonexistent/episode_000000.mp4");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("episode_000000.mp4"), std::string::npos);
+}
+
+// Guards: a truncated video is an error naming the file (at open, or as missing frames), never
+// a wrong frame or a crash.
+TEST(VideoReader, TruncatedFileIsNamed) {
+  const std::string src = V21("front", 2);
+  std::ifstream in(src, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  for (size_t keep : {bytes.size() / 2, bytes.size() - 200, size_t{100}}) {
+    const std::string path =
+        (fs::temp_directory_path() / ("lf_trunc_" + std::to_string(::getpid()) + ".mp4")).string();
+    {
+      std::ofstream out(path, std::ios::binary);
+      out.write(bytes.data(), static_cast<std::streamsize>(keep));
+    }
+    auto r = VideoReader::Open(path);
+    Status s = r.ok() ? [&] {
+      Decoded d;
+      return ReadAll(r->get(), Times(0, 20), &d);
+    }()
+                      : r.status();
+    fs::remove(path);
+    ASSERT_FALSE(s.ok()) << "kept " << keep << " bytes";
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
+  }
+}
+
+// Guards: rows past the last frame (fewer frames than rows) are DataLoss naming the file, the
+// timestamp and the row.
+TEST(VideoReader, FewerFramesThanRowsIsNamed) {
+  auto r = VideoReader::Open(V21("wrist", 0));
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  std::vector<double> ts = Times(0, 14);  // the file has 12 frames
+  Status s = (*r)->ReadFrames(
+      ts, {}, [](size_t, const uint8_t*, int, int) { return Status::Ok(); },
+      [](size_t i) { return "row " + std::to_string(i); });
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("episode_000000.mp4"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("row 12"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("fewer frames than rows"), std::string::npos) << s.ToString();
+}
+
+// Guards: a timestamp between two frames (off by more than the tolerance) is NotFound naming
+// the file and the timestamp, not the nearest frame silently.
+TEST(VideoReader, TimestampWithoutFrameIsNamed) {
+  auto r = VideoReader::Open(V21("front", 1));
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  Status s = ReadAll(r->get(), {1 / kFps, 2.5 / kFps}, &d);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("episode_000001.mp4"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("0.083333 s"), std::string::npos) << s.ToString();
+  // Within tolerance (5e-5 s off) is accepted.
+  ASSERT_TRUE(ReadAll(r->get(), {3 / kFps + 5e-5}, &d).ok());
+  EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 3);
+}
+
+// Guards: unsorted timestamps are refused rather than decoded in a wrong order.
+TEST(VideoReader, UnsortedTimestampsAreRefused) {
+  auto r = VideoReader::Open(V21("front", 0));
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  Status s = ReadAll(r->get(), {2 / kFps, 1 / kFps}, &d);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+#endif  // LF_HAVE_FFMPEG
+
+// Guards: the default output size keeps the aspect ratio with the shortest edge 256, even sizes.
+TEST(VideoReader, ResolveOutputSize) {
+  int w = 0, h = 0;
+  ResolveOutputSize(640, 480, 0, 0, 256, &w, &h);
+  EXPECT_EQ(w, 342);
+  EXPECT_EQ(h, 256);
+  ResolveOutputSize(480, 640, 0, 0, 256, &w, &h);
+  EXPECT_EQ(w, 256);
+  EXPECT_EQ(h, 342);
+  ResolveOutputSize(640, 480, 224, 224, 256, &w, &h);
+  EXPECT_EQ(w, 224);
+  EXPECT_EQ(h, 224);
+  ResolveOutputSize(96, 72, 0, 0, 0, &w, &h);
+  EXPECT_EQ(w, 96);
+  EXPECT_EQ(h, 72);
+}
+
+}  // namespace
+}  // namespace loongforge::data
