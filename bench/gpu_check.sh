@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Quick GPU check (one device call): configure + build build-gpu, ctest, then the given pytest
-# files. A shorter `bench/gpu_suite.sh test` for checking a change; the suite stays the reference.
+# Quick GPU check (one device call): configure + build build-gpu, then ctest and the given pytest
+# files side by side (the GPU has room for both), then the tests that read the device's free
+# memory, alone. A shorter `bench/gpu_suite.sh test` for checking a change in one device call.
 #   bash bench/gpu_check.sh [PYTEST_FILES...]
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}
@@ -15,14 +16,21 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON
 grep -E "LoongForge:" "$OUT/cfg.log"
 cmake --build build-gpu -j16 >"$OUT/build.log" 2>&1 || { grep -B2 -A12 "error" "$OUT/build.log" | head -80; exit 1; }
 echo "build $(($(date +%s) - t0)) s"
+pid=
+if [ $# -gt 0 ]; then
+  timeout "${PYTEST_T:-330}" python3 -m pytest -q -p no:cacheprovider -rfs "$@" >"$OUT/pytest.log" 2>&1 &
+  pid=$!
+fi
 # Tests that read the device's free memory run alone (others' allocations would read as growth).
 serial='NoDeviceMemoryGrowth|DeviceMemoryFlat'
-(cd build-gpu && timeout 300 ctest -j 4 --timeout 240 --output-on-failure -E "$serial"
-  ctest --timeout 240 --output-on-failure -R "$serial") >"$OUT/ctest.log" 2>&1
+(cd build-gpu && timeout 300 ctest -j 4 --timeout 240 --output-on-failure -E "$serial") >"$OUT/ctest.log" 2>&1
 grep -E "tests passed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -30
 echo "ctest $(($(date +%s) - t0)) s"
-if [ $# -gt 0 ]; then
-  timeout "${PYTEST_T:-300}" python3 -m pytest -q -p no:cacheprovider -rfs "$@" >"$OUT/pytest.log" 2>&1
+if [ -n "$pid" ]; then
+  wait "$pid"
   grep -E "passed|failed|FAILED|Error" "$OUT/pytest.log" | tail -25
   echo "pytest $(($(date +%s) - t0)) s"
 fi
+(cd build-gpu && ctest --timeout 240 --output-on-failure -R "$serial") >"$OUT/ctest_serial.log" 2>&1
+grep -E "tests passed|\(Failed\)" "$OUT/ctest_serial.log"
+echo "total $(($(date +%s) - t0)) s"

@@ -120,7 +120,8 @@ def features(video_info_key, version):
             "dtype": "video", "shape": [VIDEO_SIZE[0], VIDEO_SIZE[1], 3],
             "names": ["height", "width", "channels"],
             video_info_key: {"video.height": VIDEO_SIZE[0], "video.width": VIDEO_SIZE[1],
-                             "video.codec": "av1", "video.pix_fmt": "yuv420p",
+                             "video.codec": "h264" if cam.endswith("wrist") else "av1",
+                             "video.pix_fmt": "yuv420p",
                              "video.is_depth_map": False, "video.fps": FPS, "video.channels": 3,
                              "has_audio": False},
         }
