@@ -145,8 +145,17 @@ def count_step_flops(cfg: Gr00tConfig, batch: int, cameras: int, text_len: int,
 
     def ffn(rows: int) -> None:
         if cfg.moe_experts:
+            # Model FLOPs: each token through its top_k experts (padding that a grouped-GEMM
+            # fallback adds is implementation work, not counted), plus the shared expert.
+            hidden = cfg.moe_expert_hidden or ff
             c.linear(ah, rows, d, cfg.moe_experts, True)  # router
+            if cfg.moe_shared_experts:
+                c.linear(ah, rows, d, hidden * cfg.moe_shared_experts, True)
+                c.linear(ah, rows, hidden * cfg.moe_shared_experts, d, True)
             rows *= cfg.moe_top_k
+            c.linear(ah, rows, d, hidden, True)
+            c.linear(ah, rows, hidden, d, True)
+            return
         c.linear(ah, rows, d, ff, True)
         c.linear(ah, rows, ff, d, True)
 

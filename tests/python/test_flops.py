@@ -136,7 +136,7 @@ HAS_FLOP_COUNTER = hasattr(torch.utils, "flop_counter") or (
 # mm/bmm/conv the autograd graph runs), dense and MoE. Needs torch >= 2.1 (FlopCounterMode).
 @pytest.mark.skipif(not HAS_FLOP_COUNTER, reason="torch.utils.flop_counter needs torch >= 2.1")
 @pytest.mark.parametrize("moe", [0, 4])
-def test_matches_torch_flop_counter(moe):
+def test_matches_torch_flop_counter(moe, monkeypatch):
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = get_config("tiny", **MICRO, moe_experts=moe)
@@ -146,6 +146,12 @@ def test_matches_torch_flop_counter(moe):
              "attention_mask": torch.ones(B, L, dtype=torch.bool), "state": torch.randn(B, 4),
              "action": torch.randn(B, T, 4), "action_mask": torch.ones(B, T, dtype=torch.bool)}
     set_manual_attention(True)  # plain matmuls: every torch version counts them
+    if moe:
+        # Model FLOPs count each token once per chosen expert. The grouped GEMM's CPU fallback
+        # pads every expert's rows to the largest group (work FlopCounterMode counts too, seen as
+        # 471,232 against 434,368 on the H200's torch): count through the per-expert definition.
+        from loongforge import moe as moe_mod
+        monkeypatch.setattr(moe_mod, "grouped_mm", moe_mod.grouped_mm_reference)
     try:
         with FlopCounterMode(display=False) as counter:
             model(batch)["loss"].backward()

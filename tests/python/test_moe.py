@@ -229,11 +229,13 @@ def test_all_to_all_round_trip_and_dead_rank(tmp_path):
 # Guards: the trainer runs tiny-moe with NexusSync top-k on the low-load expert group, writes
 # per-expert token counts and drops into each metrics row, and refuses a bad --expert-parallel.
 def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
-    from lf_testdb import make_db
+    from loongforge import packing, train
 
-    from loongforge import train
-
-    db = make_db(str(tmp_path / "db"), episodes=2, steps=6, width=64, height=48)
+    # Packed by loongforge itself (the GPU machine has no python3-lmdb for lf_testdb).
+    packing.demo_data(str(tmp_path / "raw"), episodes=2, cameras=2, width=64, height=48,
+                      steps_min=6, steps_max=8, state_dim=8, action_dim=7)
+    db = str(tmp_path / "db")
+    packing.pack(str(tmp_path / "raw"), db)
     common = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
               "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
               "--device", "cpu", "--steps", "2", "--no-vault"]

@@ -42,8 +42,20 @@ def _same(a, b):
         and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
 
 
+def _read(path, columns):
+    """_C.read_parquet, skipping the test when this build lacks the file's codec library (the GPU
+    machine's build may have no libsnappy): that is a build's choice, not a reader error."""
+    try:
+        return _C.read_parquet(path, columns)
+    except RuntimeError as e:
+        if "this build has no lib" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
 def _check_against_expected(path, exp):
-    got = _C.read_parquet(path, list(exp["columns"]))
+    # No supported column: nothing to read (an empty list would ask for every column).
+    got = _read(path, list(exp["columns"])) if exp["columns"] else {}
     assert _C.parquet_num_rows(path) == exp["num_rows"]
     for name, want in exp["columns"].items():
         have = _py(got[name])

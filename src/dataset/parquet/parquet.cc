@@ -1156,8 +1156,14 @@ class ChunkReader {
   void Push(bool is_valid, Values* vals, size_t* next) {
     Column& c = *out_;
     const size_t slot = c.NumValues();
-    if (!is_valid && c.valid.empty()) c.valid.assign(slot, 1);
-    if (!c.valid.empty()) c.valid.push_back(is_valid ? 1 : 0);
+    // `valid` stays empty (all valid) until the first null, then holds one flag per slot. (The
+    // first null may be slot 0, where the backfill adds nothing: push its flag explicitly.)
+    if (!c.valid.empty()) {
+      c.valid.push_back(is_valid ? 1 : 0);
+    } else if (!is_valid) {
+      c.valid.assign(slot, 1);
+      c.valid.push_back(0);
+    }
     switch (c.kind) {
       case Column::Kind::kInt64:
         c.i64.push_back(is_valid ? vals->i64[(*next)++] : 0);
