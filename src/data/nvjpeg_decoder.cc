@@ -269,13 +269,13 @@ Status NvJpegBatchDecoder::Impl::Ensure(NvJpegLane& L, size_t i, size_t bytes) {
 
 // Note [Pinned bitstreams]
 // nvjpegDecodeBatched copies each JPEG's bytes to the device with cudaMemcpyAsync. From pageable
-// memory (the record store's map) such a copy is synchronous for the calling thread, and it was
-// measured to wait behind a whole CUDA-graph replay of the trainer (n16, batch 64, H200: copies
-// and launches of the decode lanes took up to 185 ms; the trainer's cudaGraphLaunch blocked as
-// long, and the loader finished about one batch per replay). The lane first copies the batch's
-// bitstreams into its own pinned buffer (about 1 ms for 128 JPEGs of 90 KB), so the copies are
-// asynchronous DMA on the lane's stream. A buffer is rewritten only by the lane's next job, which
-// starts after its `released` event, so after the device read the previous bytes.
+// memory (the record store's map) such a copy is synchronous for the calling thread; from pinned
+// memory it is DMA queued on the lane's stream. The lane first copies the batch's bitstreams into
+// its own pinned buffer (about 1 ms for 128 JPEGs of 90 KB). A buffer is rewritten only by the
+// lane's next job, which starts after its `released` event, so after the device read the previous
+// bytes. Measured at n16 batch 64 on an H200 (bench/e2e/diag_stall.sh): alone it did not change
+// the trainer's data wait (28.9%); with 32 hardware queues (Note [Hardware queues], python/
+// loongforge/_cuda_env.py) the wait fell to 0.05%. That pair is what was measured and is kept.
 Status NvJpegBatchDecoder::Impl::EnsurePinned(PinnedBuffer& b, size_t bytes) {
   if (b.capacity >= bytes) return Status::Ok();
   // Grows only: after the first batches nothing is allocated.
