@@ -166,10 +166,13 @@ struct VaultOptions {
 struct SaveStats {
   int64_t step = -1;
   double blocking_s = 0;          // time Save() blocked the caller (back-pressure + snapshot)
+  double wait_s = 0;              // back-pressure part of blocking_s: waiting for the writer to
+                                  // commit an earlier save (max_inflight saves were pending)
   double snapshot_s = 0;          // hash + copy part of blocking_s
   double hash_s = 0;              //   hashing every chunk (CPU workers / device kernels)
   double copy_s = 0;              //   copying changed chunks to staging (0 when fused with hashing)
   double write_s = 0;             // background: compress + write + fsync + commit
+  double durable_s = 0;           // Save() call to the commit of its manifest (0 until committed)
   int64_t bytes_total = 0;        // raw bytes of the state
   int64_t bytes_copied = 0;       // raw bytes copied into staging by the snapshot
   int64_t staging_allocated = 0;  // staging bytes newly allocated (0: a recycled arena sufficed)
@@ -238,6 +241,20 @@ class CheckpointVault {
   // are pending. `step` must be greater than every step saved before. Returns a pending writer
   // error first (the save is then not queued).
   Status Save(int64_t step, const std::vector<TensorRef>& tensors);
+  // Save() that never waits for the writer (Note [When the writer is busy] in
+  // src/ckpt/snapshot.cc): when max_inflight saves are pending it snapshots nothing, queues
+  // nothing and returns false at once (the caller skips this checkpoint; the step is not
+  // consumed, so a later Save of it is allowed). True when the save was queued, as by Save().
+  // Returns a pending writer error first.
+  StatusOr<bool> TrySave(int64_t step, const std::vector<TensorRef>& tensors);
+  // True while max_inflight saves are snapshotted but not committed: Save() would wait now.
+  // Only the writer ends this state, so a caller that serializes its Save calls and sees false
+  // knows its next Save will not wait.
+  bool Busy() const;
+  // Figures of the saves committed since the previous call, oldest first (durable_s and the
+  // writer's figures filled in). At most kMaxCommittedStats are kept; older ones are dropped.
+  static constexpr size_t kMaxCommittedStats = 256;
+  std::vector<SaveStats> TakeCommittedStats();
   // Waits until every queued save is committed; returns the first writer error since the last call.
   Status Wait();
   // Wait() and stop the writer thread. Idempotent.

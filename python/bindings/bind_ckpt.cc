@@ -16,6 +16,8 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   py::dict d;
   d["step"] = s.step;
   d["blocking_s"] = s.blocking_s;
+  d["wait_s"] = s.wait_s;
+  d["durable_s"] = s.durable_s;
   d["snapshot_s"] = s.snapshot_s;
   d["hash_s"] = s.hash_s;
   d["copy_s"] = s.copy_s;
@@ -40,6 +42,21 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["bytes_cufile"] = s.bytes_cufile;
   d["cufile_s"] = s.cufile_s;
   return d;
+}
+
+// (name, tensor) pairs as TensorRefs; `held` keeps each tensor's memory alive.
+std::vector<ckpt::TensorRef> ToRefs(const py::list& tensors, std::vector<PyTensor>* held) {
+  std::vector<ckpt::TensorRef> refs;
+  held->reserve(tensors.size());
+  refs.reserve(tensors.size());
+  for (const auto& item : tensors) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 2) throw py::value_error("save: each tensor is (name, tensor)");
+    std::string name = t[0].cast<std::string>();
+    held->push_back(ToTensorViewOrThrow(t[1], name));
+    refs.push_back({std::move(name), held->back().view});
+  }
+  return refs;
 }
 
 void BindCkpt(py::module_& m) {
@@ -81,16 +98,7 @@ void BindCkpt(py::module_& m) {
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {
             std::vector<PyTensor> held;  // keeps each tensor's memory alive through Save()
-            std::vector<ckpt::TensorRef> refs;
-            held.reserve(tensors.size());
-            refs.reserve(tensors.size());
-            for (const auto& item : tensors) {
-              auto t = item.cast<py::tuple>();
-              if (t.size() != 2) throw py::value_error("save: each tensor is (name, tensor)");
-              std::string name = t[0].cast<std::string>();
-              held.push_back(ToTensorViewOrThrow(t[1], name));
-              refs.push_back({std::move(name), held.back().view});
-            }
+            std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
             Status s;
             {
               py::gil_scoped_release nogil;
@@ -102,6 +110,30 @@ void BindCkpt(py::module_& m) {
           "Snapshots the (name, tensor) pairs (contiguous; host or CUDA memory) and queues the "
           "write. A CUDA tensor's snapshot is ordered after the work queued so far on torch's "
           "current stream of its device.")
+      .def(
+          "try_save",
+          [](CheckpointVault& v, int64_t step, const py::list& tensors) {
+            std::vector<PyTensor> held;
+            std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
+            StatusOr<bool> r = [&] {
+              py::gil_scoped_release nogil;
+              return v.TrySave(step, refs);
+            }();
+            return ValueOrThrow(std::move(r));
+          },
+          py::arg("step"), py::arg("tensors"),
+          "save() that never waits for the writer: False (nothing snapshotted) while "
+          "max_inflight saves are pending.")
+      .def("busy", &CheckpointVault::Busy,
+           "True while max_inflight saves are pending (save() would wait).")
+      .def(
+          "take_committed_stats",
+          [](CheckpointVault& v) {
+            py::list out;
+            for (const auto& s : v.TakeCommittedStats()) out.append(StatsDict(s));
+            return out;
+          },
+          "Stats of the saves committed since the previous call, oldest first.")
       .def("wait",
            [](CheckpointVault& v) {
              Status s;

@@ -147,8 +147,30 @@ class CheckpointVault:
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:
         """Snapshots `state` and returns; the write happens in the background. `step` is an
-        integer >= 0 (int, numpy or torch integer), greater than every step saved before."""
+        integer >= 0 (int, numpy or torch integer), greater than every step saved before. Waits
+        first while max_inflight earlier saves are not committed (stats()["wait_s"])."""
+        self._v.save(_as_step(step), self._tensors(state))
+
+    def try_save(self, step: int, state: Any) -> bool:
+        """save() that never waits for the writer: while max_inflight saves are pending it
+        returns False at once, having flattened and snapshotted nothing (the caller skips this
+        checkpoint; `step` may still be saved later). True when the save was queued."""
         step = _as_step(step)
+        if self._v.busy():
+            return False
+        return bool(self._v.try_save(step, self._tensors(state)))
+
+    def busy(self) -> bool:
+        """True while max_inflight saves are snapshotted but not committed (save() would wait)."""
+        return bool(self._v.busy())
+
+    def committed_stats(self) -> List[Dict[str, Any]]:
+        """stats() of each save committed since the previous call, oldest first: bytes_written,
+        durable_s (save() call to commit), write_s, ... (docs/ckpt.md, "When the writer is
+        busy")."""
+        return list(self._v.take_committed_stats())
+
+    def _tensors(self, state: Any) -> List[Tuple[str, torch.Tensor]]:
         pairs: List[Tuple[str, torch.Tensor]] = []
         skeleton = _flatten(state, "", pairs, set())
         meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
@@ -164,8 +186,7 @@ class CheckpointVault:
             # stream of its device (no host synchronization); with device staging, later work on
             # that stream waits (on the GPU) for the copy.
             tensors.append((name, t))
-        self._v.save(step, tensors)
-        del tensors  # the C++ snapshot holds its own copy now
+        return tensors
 
     def wait(self) -> None:
         """Blocks until every queued save is committed; raises the writer's error, if any."""
@@ -248,7 +269,9 @@ class CheckpointVault:
         self._v.export_safetensors(_as_step(step), str(path))
 
     def stats(self) -> Dict[str, Any]:
-        """Figures of the last save: blocking_s, bytes_written, bytes_total, chunks_written, ..."""
+        """Figures of the last save: blocking_s (wait_s of it: back-pressure), bytes_total,
+        snapshot_path, ...; the writer's figures (bytes_written, write_s, durable_s) once it is
+        committed."""
         return dict(self._v.stats())
 
     def __enter__(self) -> "CheckpointVault":

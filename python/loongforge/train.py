@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timings")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--ckpt-when-busy", choices=Checkpointer.WHEN_BUSY, default="skip",
+                   help="a checkpoint due while the previous one is still being written: skip "
+                        "it (logged, counted in the summary) or wait for the writer (stalls)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
     p.add_argument("--stop-after", type=int, default=0,
                    help="stop after this many steps of the --steps schedule (simulates a preemption)")
@@ -318,7 +321,7 @@ def build(args: argparse.Namespace) -> Session:
               "image_size": cfg.image_size, "batch_size": args.batch_size, "world_size": d.world,
               "seed": args.seed}
     ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned" else "torch"),
-                        ckpt_dir, d, run_id)
+                        ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log)
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
                                                              else "off")
 
@@ -521,7 +524,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 readback.end(acc, {
                     "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
-                    "tokens": known_tokens, "flops": flops, **moe_row}, clip=bool(args.clip),
+                    "tokens": known_tokens, "flops": flops, **moe_row, **ckpt.row_fields()},
+                    clip=bool(args.clip),
                     moe=moe,
                     flag=guard.flag)
                 for r in readback.ready():

@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -345,15 +345,29 @@ class Checkpointer:
     SHARED = ("step", "model", "optimizer", "scheduler", "config")
     RUN_FILE = "run.json"  # which run wrote this directory (Note [Checkpoint directory identity])
 
+    WHEN_BUSY = ("skip", "wait")
+
     def __init__(self, kind: str, directory: Optional[str], d: Dist,
-                 run_id: Optional[Dict[str, Any]] = None) -> None:
+                 run_id: Optional[Dict[str, Any]] = None, when_busy: str = "skip",
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        if when_busy not in self.WHEN_BUSY:
+            raise TrainError(f"--ckpt-when-busy must be skip or wait, got {when_busy!r}")
         self.kind, self.dir, self.d = kind, directory, d
+        self.when_busy = when_busy
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.vault: Any = None
         self.pending: Any = None  # async save in flight (tuned mode)
         self.async_impl = ""
         self.stall_s = 0.0
         self.drain_s = 0.0
         self.bytes_written = 0
+        # Per committed save: step, bytes_written, durable_s (save() call to commit), blocking_s,
+        # wait_s, snapshot_path (Note [When the disk cannot keep up]).
+        self.saves: List[Dict[str, Any]] = []
+        self.skipped: List[int] = []
+        self._queued: Optional[Tuple[int, float]] = None  # (step, time) of the newest vault save
+        self._blocking: Dict[int, Dict[str, Any]] = {}  # step -> Save()'s own figures
+        self._row: Dict[str, Any] = {}
         self.run_id = dict(run_id or {}, checkpoint=kind)
         if directory:
             self._claim(directory)
@@ -422,29 +436,116 @@ class Checkpointer:
     def _rank_path(self, step: int) -> str:
         return os.path.join(self.dir, "rank_state", f"rank{self.d.rank:05d}_step_{step:08d}.pt")
 
+    # Note [When the disk cannot keep up]
+    # A save blocks the step for (Note [When the writer is busy] in src/ckpt/snapshot.cc): the
+    # caller's state_dict() calls and this method's small per-rank torch.save; the vault's
+    # flattening in Python; waiting for the previous save's write (back-pressure, max_inflight
+    # 1: every chunk of a training state changes, so each save writes the whole state, 26 GB for
+    # n16 + AdamW, longer at disk speed than 100 steps); and the snapshot itself (device staging:
+    # a device-to-device copy; the first save also allocates the arena). The back-pressure is
+    # the only part that grows with the cadence, and it is a choice (--ckpt-when-busy):
+    #   skip (default): a save requested while the previous one is still being written is not
+    #     taken (nothing flattened, no per-rank file on rank 0); the log names the step and how
+    #     far behind the writer is, and the summary counts it. The committed checkpoints and the
+    #     save in flight are untouched, so a kill loses at most the steps since the newest commit.
+    #   wait: today's back-pressure; every requested step is saved, the step stalls meanwhile.
+    # Ranks > 0 cannot see rank 0's writer without a collective, so they write their per-rank
+    # file on every requested step; resume reads only the files of the committed step.
+    # Per save the summary and the metrics rows report bytes written and durable time (save()
+    # call to the manifest commit), from the vault's committed stats.
     def save(self, step: int, state: Dict[str, Any], model: torch.nn.Module,
              optimizer: torch.optim.Optimizer) -> float:
         """Writes `state` (its SHARED keys on rank 0, the rest on every rank). `model` and
-        `optimizer` are the live objects, which DCP's async_save reads (tuned mode)."""
+        `optimizer` are the live objects, which DCP's async_save reads (tuned mode). Returns the
+        time it blocked."""
         if not self.dir:
             return 0.0
         t = time.perf_counter()
+        if (self.vault is not None and self.when_busy == "skip" and self.vault.busy()):
+            self._skip(step, t)
+            dt = time.perf_counter() - t
+            self.stall_s += dt
+            return dt
         shared = {k: v for k, v in state.items() if k in self.SHARED}
         mine = {k: v for k, v in state.items() if k not in self.SHARED}
         torch.save(mine, self._rank_path(step))  # small: loader position and RNG
         if self.d.is_main:
             if self.kind == "vault":
-                self.vault.save(step, shared)  # blocks only for the snapshot
+                # Blocks only for the snapshot, plus (wait) the previous write. Not busy was
+                # checked above and only the writer changes it back, so skip never waits here.
+                if self.when_busy == "skip" and not self.vault.try_save(step, shared):
+                    self._skip(step, t)
+                else:
+                    if self.when_busy == "wait":
+                        self.vault.save(step, shared)
+                    self._queued = (step, t)
+                    st = self.vault.stats()
+                    self._blocking[step] = {k: st.get(k) for k in (
+                        "blocking_s", "wait_s", "snapshot_s", "staging_allocated",
+                        "snapshot_path", "snapshot_reason")}
             elif self.kind == "async":
                 self._save_async(step, shared, model, optimizer)
             else:
                 path = os.path.join(self.dir, f"step_{step:08d}.pt")
                 torch.save(shared, path + ".tmp")
                 os.replace(path + ".tmp", path)
-                self.bytes_written += os.path.getsize(path)
+                size = os.path.getsize(path)
+                self.bytes_written += size
+                self._committed({"step": step, "bytes_written": size,
+                                 "durable_s": time.perf_counter() - t})
         dt = time.perf_counter() - t
         self.stall_s += dt
         return dt
+
+    def _skip(self, step: int, t: float) -> None:
+        self.skipped.append(step)
+        self._row["ckpt_skipped"] = 1
+        q = self._queued
+        behind = (f"the writer is still writing step {q[0]} ({step - q[0]} steps, "
+                  f"{t - q[1]:.1f} s ago)" if q else "the writer is still busy")
+        self.log(f"[ckpt] step {step}: checkpoint skipped, {behind}; the newest committed "
+                 f"checkpoint stays the latest (--ckpt-when-busy wait would stall instead)")
+
+    def _committed(self, rec: Dict[str, Any]) -> None:
+        self.saves.append(rec)
+        self._row.update({"ckpt_committed_step": rec["step"],
+                          "ckpt_bytes_written": rec["bytes_written"],
+                          "ckpt_durable_s": rec["durable_s"]})
+
+    def _poll(self) -> None:
+        """Collects the vault saves committed since the last call (cheap: one locked copy)."""
+        if self.vault is None:
+            return
+        for st in self.vault.committed_stats():
+            step = int(st["step"])
+            rec = {"step": step, "bytes_written": int(st["bytes_written"]),
+                   "durable_s": float(st["durable_s"]), "write_s": float(st["write_s"])}
+            rec.update(self._blocking.pop(step, {}))
+            self.bytes_written += rec["bytes_written"]
+            self._committed(rec)
+
+    def row_fields(self) -> Dict[str, Any]:
+        """Checkpoint fields of this step's metrics row: ckpt_skipped (a requested save was
+        skipped), and, in the row of the step that saw a save commit, ckpt_committed_step,
+        ckpt_bytes_written and ckpt_durable_s."""
+        self._poll()
+        row, self._row = self._row, {}
+        return row
+
+    def figures(self) -> Dict[str, Any]:
+        """Summary figures: per committed save (bytes written, durable time), skipped saves."""
+        dur = [s["durable_s"] for s in self.saves]
+        nbytes = [s["bytes_written"] for s in self.saves]
+        paths = sorted({str(s["snapshot_path"]) for s in self.saves if s.get("snapshot_path")})
+        return {"ckpt_when_busy": self.when_busy,
+                "ckpt_saves_committed": len(self.saves),
+                "ckpt_saves_skipped": len(self.skipped),
+                "ckpt_skipped_steps": list(self.skipped),
+                "ckpt_durable_s_mean": sum(dur) / len(dur) if dur else float("nan"),
+                "ckpt_durable_s_max": max(dur) if dur else float("nan"),
+                "ckpt_bytes_per_save_mean": sum(nbytes) / len(nbytes) if nbytes else float("nan"),
+                "ckpt_snapshot_path": ",".join(paths),
+                "ckpt_per_save": list(self.saves)}
 
     def _save_async(self, step: int, shared: Dict[str, Any], model: torch.nn.Module,
                     opt: torch.optim.Optimizer) -> None:
@@ -520,11 +621,9 @@ class Checkpointer:
             t = time.perf_counter()
             self.vault.close()  # drains the background writer
             self.drain_s = time.perf_counter() - t
-            try:
-                self.bytes_written = int(self.vault.stats().get("bytes_written_total",
-                                         self.vault.stats().get("bytes_written", 0)))
-            except Exception:  # informational
-                pass
+            # The saves the drain committed (bytes_written: the sum over committed saves; it was
+            # the last save's figure only).
+            self._poll()
 
 
 def _to_cpu(obj: Any) -> Any:

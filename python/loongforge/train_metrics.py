@@ -193,7 +193,8 @@ def mfu_figures(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
 def save_figures(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Blocking time of each checkpoint save in the timed steps (the step's checkpoint stall)."""
     every = getattr(args, "ckpt_every", 0)
-    saves = [r["ckpt_stall_s"] for r in rows if every and r["step"] % every == 0]
+    saves = [r["ckpt_stall_s"] for r in rows
+             if every and r["step"] % every == 0 and not r.get("ckpt_skipped")]
     return {"ckpt_saves": len(saves),
             "ckpt_block_s_mean": sum(saves) / len(saves) if saves else float("nan"),
             "ckpt_block_s_max": max(saves) if saves else float("nan")}
@@ -221,6 +222,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "memory": peak_memory(d.device),
     }
     fig.update(save_figures(args, rows))
+    fig.update(ckpt.figures())  # per save: bytes written, durable time; skipped saves
     fig.update(mfu_figures(args, d, rows, tot))
     return {
         "mode": args.mode, "config": args.config, "image_size": args.image_size,
@@ -284,7 +286,11 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"   tokens/GPU/s {f['tokens_per_gpu_per_s']:.1f} | samples/s {f['samples_per_s']:.2f} | "
         f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms",
         f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
-        f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)",
+        f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)"
+        + (f" | ckpt {f['ckpt_saves_committed']} committed, "
+           f"{f['ckpt_saves_skipped']} skipped (writer busy), durable "
+           f"{f['ckpt_durable_s_mean']:.2f} s mean, {f['ckpt_bytes_per_save_mean'] / 1e6:.1f} MB "
+           "a save" if f.get("ckpt_saves_committed") or f.get("ckpt_saves_skipped") else ""),
         f"   model FLOPs/step {f['flops_per_step'] / 1e12:.3f} TFLOP | MFU "
         + (f"{f['mfu']:.1%} of {f['peak_flops_per_s'] / 1e12:.1f} TFLOP/s ({f['peak_source']})"
            if f["mfu"] == f["mfu"] else f"n/a (no dense bf16 peak known for {f['peak_source']}; "

@@ -48,6 +48,36 @@
 // on that stream starts only after the snapshot copy finished, a few milliseconds of GPU time.
 // Work the caller queues on other streams is not ordered by this (documented in ckpt.h).
 //
+// Note [When the writer is busy]
+// What can hold Save() (and so the training step) for long, from the trainer down:
+//   1. Python, before the call: the caller builds the state (model/optimizer state_dict: views,
+//      no copies); CheckpointVault.save flattens it (one pass over the dict, pickles the small
+//      non-tensor skeleton) and makes non-contiguous tensors contiguous (parameters and AdamW
+//      moments are contiguous: no copy). A CUDA tensor is copied to the host in Python only in a
+//      build without CUDA. The trainer's per-rank state (loader position, RNG) is a small
+//      torch.save; reading CUDA RNG state or a GPU loader's position may wait for the queued
+//      step (one step at most).
+//   2. Back-pressure (SaveStats::wait_s): Save() waits while max_inflight (default 1) earlier
+//      saves are not committed. Every chunk of a training state changes between checkpoints, so
+//      each save writes the whole state: 26 GB at ~2 GB/s is ~13 s of writing, longer than 100
+//      steps of 109 ms. A cadence faster than the disk makes every save wait for the previous
+//      write: this, not the snapshot, is the stall measured in the trainer (13 s per save at
+//      --ckpt-every 10).
+//   3. Device arenas (snapshot_s, staging_allocated): the first save, and a save whose state
+//      grew, cudaMalloc's an arena of the whole device state (after cudaFree of the smaller one,
+//      which synchronizes the device). With device_staging=auto, an arena that would leave less
+//      than max(1 GiB, 10% of the device) free sends the save to host staging instead
+//      (snapshot_reason says so): then Save() waits for the device hashes, copies every changed
+//      chunk over PCIe into pinned memory, and the first such save cudaHostAlloc's the whole
+//      state (seconds for tens of GB).
+//   4. Host tensors (snapshot_s): hashed (and copied when changed) on io_threads workers.
+// The remedy for 2 is a choice the caller makes (issue: wait, or skip and say so): Save() is
+// today's back-pressure; TrySave() returns false at once while the writer is busy, so a
+// trainer can skip that checkpoint and log it. Skipping never touches the committed
+// checkpoints or the save in flight, and a skipped step may be saved later. Busy() answers the
+// same question without a state to snapshot. TakeCommittedStats() gives each committed save's
+// bytes_written and durable_s (Save() call to manifest commit).
+
 // Note [Change detection]
 // Save() hashes every chunk on the caller's thread and copies only chunks whose hash the previous
 // snapshot did not contain (the first save after Open compares with the latest committed manifest).
@@ -137,24 +167,32 @@ struct SnapshotPlan {
 }  // namespace internal
 using internal::SnapshotPlan;
 
-Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& tensors) {
+Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& tensors,
+                                   bool wait_for_slot, bool* queued) {
   std::lock_guard<std::mutex> api(api_mu_);
   const double t0 = NowSeconds();
+  if (queued) *queued = false;
   if (opts_.read_only) return FailedPreconditionError("vault " + dir_ + " is open read-only");
   if (closed_) return FailedPreconditionError("vault " + dir_ + " is closed");
-  // Back-pressure: wait for a free in-flight slot.
+  // Back-pressure: wait for a free in-flight slot (Note [When the writer is busy]); TrySave
+  // returns instead, after reporting a pending writer error.
+  double wait_s = 0;
   {
     std::unique_lock<std::mutex> l(mu_);
-    if (!cv_.wait_for(l, std::chrono::milliseconds(opts_.wait_timeout_ms),
-                      [&] { return inflight_ < opts_.max_inflight; }))
-      return DeadlineExceededError("checkpoint save: writer did not free a slot within " +
-                                   std::to_string(opts_.wait_timeout_ms) + " ms");
-    if (!error_.ok()) {
+    auto collect_error = [&] {
       Status e = error_;
       error_ = Status::Ok();
       known_.clear();  // Note [Change detection]: the next save is full
       return e;
-    }
+    };
+    if (!wait_for_slot && inflight_ >= opts_.max_inflight)
+      return error_.ok() ? Status::Ok() : collect_error();
+    if (!cv_.wait_for(l, std::chrono::milliseconds(opts_.wait_timeout_ms),
+                      [&] { return inflight_ < opts_.max_inflight; }))
+      return DeadlineExceededError("checkpoint save: writer did not free a slot within " +
+                                   std::to_string(opts_.wait_timeout_ms) + " ms");
+    wait_s = NowSeconds() - t0;
+    if (!error_.ok()) return collect_error();
   }
   if (step < 0)
     return InvalidArgumentError("checkpoint step must be >= 0, got " + std::to_string(step));
@@ -163,6 +201,8 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
                                 " is not greater than the last step " + std::to_string(last_step_));
   auto job = std::make_unique<Job>();
   job->step = step;
+  job->t_save = t0;
+  job->stats.wait_s = wait_s;
   LF_RETURN_IF_ERROR(CheckTensors(tensors, job.get()));
   // Snapshot: Note [Snapshot].
   SnapshotPlan p(tensors, std::move(job), opts_.chunk_bytes);
@@ -188,7 +228,21 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
   known_ = std::move(p.now);
   last_step_ = step;
   st.snapshot_s = NowSeconds() - ts0;
-  return Enqueue(std::move(p.job), t0);
+  LF_RETURN_IF_ERROR(Enqueue(std::move(p.job), t0));
+  if (queued) *queued = true;
+  return Status::Ok();
+}
+
+bool CheckpointVault::Impl::Busy() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return inflight_ >= opts_.max_inflight;
+}
+
+std::vector<SaveStats> CheckpointVault::Impl::TakeCommittedStats() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<SaveStats> out(committed_.begin(), committed_.end());
+  committed_.clear();
+  return out;
 }
 
 // Validates `tensors` (names unique and non-empty; views valid, contiguous, on the host or on a

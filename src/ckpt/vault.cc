@@ -418,6 +418,13 @@ StatusOr<std::unique_ptr<CheckpointVault>> CheckpointVault::Open(const std::stri
 Status CheckpointVault::Save(int64_t step, const std::vector<TensorRef>& t) {
   return impl_->Save(step, t);
 }
+StatusOr<bool> CheckpointVault::TrySave(int64_t step, const std::vector<TensorRef>& t) {
+  bool queued = false;
+  LF_RETURN_IF_ERROR(impl_->Save(step, t, /*wait_for_slot=*/false, &queued));
+  return queued;
+}
+bool CheckpointVault::Busy() const { return impl_->Busy(); }
+std::vector<SaveStats> CheckpointVault::TakeCommittedStats() { return impl_->TakeCommittedStats(); }
 Status CheckpointVault::Wait() { return impl_->Wait(); }
 Status CheckpointVault::Close() { return impl_->Close(); }
 StatusOr<std::vector<int64_t>> CheckpointVault::List() const { return impl_->List(); }

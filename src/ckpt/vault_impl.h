@@ -23,6 +23,7 @@
 #include <zstd.h>
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -88,6 +89,7 @@ struct Job {
   std::unique_ptr<StagingArena> arena;
   std::vector<std::unique_ptr<DeviceArena>> dev_arenas;  // Note [Device staging]
   SaveStats stats;
+  double t_save = 0;  // NowSeconds() when Save() was called (SaveStats::durable_s)
 };
 // A chunk of a job: tensor index, chunk index.
 struct Slot {
@@ -110,7 +112,11 @@ class CheckpointVault::Impl {
   Status Init();
 
   // snapshot.cc
-  Status Save(int64_t step, const std::vector<TensorRef>& tensors);
+  // `wait_for_slot` false: TrySave (returns with *queued false when max_inflight are pending).
+  Status Save(int64_t step, const std::vector<TensorRef>& tensors, bool wait_for_slot = true,
+              bool* queued = nullptr);
+  bool Busy() const;
+  std::vector<SaveStats> TakeCommittedStats();
 
   // vault.cc
   Status Wait();
@@ -197,11 +203,12 @@ class CheckpointVault::Impl {
   int io_threads_ = 1;  // workers of read passes and snapshots (opts_.io_threads resolved)
 
   std::mutex api_mu_;      // serializes Save / Wait / Close / Merge / Gc
-  mutable std::mutex mu_;  // inflight_, error_, last_stats_, free_arenas_
+  mutable std::mutex mu_;  // inflight_, error_, last_stats_, committed_, free_arenas_
   std::condition_variable cv_;
   int inflight_ = 0;
   Status error_;
   SaveStats last_stats_;
+  std::deque<SaveStats> committed_;  // committed since the last TakeCommittedStats (bounded)
   std::vector<std::unique_ptr<internal::StagingArena>> free_arenas_;
   // Device staging arenas not held by a queued save, per device (Note [Device staging]).
   std::map<int, std::vector<std::unique_ptr<internal::DeviceArena>>> free_dev_arenas_;

@@ -308,6 +308,79 @@ TEST(CkptVault, InjectedEnospcKeepsOlderCheckpoints) {
   ExpectRestores(v->get(), 3, s);
 }
 
+// Holds every segment fsync until Release(): a writer that cannot keep up, without timing.
+class GatedSyncEnv : public Env {
+ public:
+  class File : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> f, GatedSyncEnv* env) : f_(std::move(f)), env_(env) {}
+    Status Append(const void* d, size_t n) override { return f_->Append(d, n); }
+    Status Sync() override {
+      env_->gate_.wait();
+      return f_->Sync();
+    }
+    Status Close() override { return f_->Close(); }
+    std::unique_ptr<WritableFile> f_;
+    GatedSyncEnv* env_;
+  };
+  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    LF_ASSIGN_OR_RETURN(auto f, Env::Posix()->NewWritableFile(p));
+    return std::unique_ptr<WritableFile>(new File(std::move(f), this));
+  }
+  Status Rename(const std::string& a, const std::string& b) override {
+    return Env::Posix()->Rename(a, b);
+  }
+  Status SyncDir(const std::string& d) override { return Env::Posix()->SyncDir(d); }
+  Status Remove(const std::string& p) override { return Env::Posix()->Remove(p); }
+  void Release() { open_.set_value(); }
+
+ private:
+  std::promise<void> open_;
+  std::shared_future<void> gate_ = open_.get_future().share();
+};
+
+// Guards --ckpt-when-busy skip: TrySave while the writer is still writing returns false at once
+// (no wait, nothing queued, the committed checkpoint untouched), the skipped step can be saved
+// later, and each committed save reports its bytes and durable time.
+TEST(CkptVault, TrySaveSkipsWhileWriterBusyAndKeepsLastCommitted) {
+  std::string dir = TempDir("trysave");
+  auto env = std::make_shared<GatedSyncEnv>();
+  VaultOptions o = SmallOpts();
+  o.env = env;
+  State s;
+  s.Add("w", "f32", {8192}, 1);
+  auto v = CheckpointVault::Open(dir, o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE((*v)->Busy());
+  auto first = (*v)->TrySave(1, s.Refs());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(*first);
+  EXPECT_TRUE((*v)->Busy());  // the writer is held in fsync: step 1 cannot commit yet
+  State saved = s;
+  for (auto& b : s.ts[0].bytes) b ^= 0x5a;
+  auto second = (*v)->TrySave(2, s.Refs());  // would wait forever if it waited
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(*second);
+  EXPECT_TRUE((*v)->TakeCommittedStats().empty());
+  env->Release();
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_FALSE((*v)->Busy());
+  EXPECT_EQ((*v)->Latest(), std::optional<int64_t>(1));  // step 2 was never queued
+  ExpectRestores(v->get(), 1, saved);
+  std::vector<SaveStats> done = (*v)->TakeCommittedStats();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].step, 1);
+  EXPECT_EQ(done[0].bytes_written, 8192 * 4);
+  EXPECT_GT(done[0].durable_s, 0);
+  EXPECT_GE(done[0].durable_s, done[0].write_s);
+  auto again = (*v)->TrySave(2, s.Refs());  // the skipped step is still free
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestores(v->get(), 2, s);
+  EXPECT_EQ((*v)->TakeCommittedStats().size(), 1u);
+}
+
 // Guards the error path on a real full filesystem (a 1 MiB tmpfs; skipped if mount is denied).
 TEST(CkptVault, RealFullTmpfs) {
   std::string dir = TempDir("tmpfs");

@@ -49,8 +49,11 @@ void CheckpointVault::Impl::WriterLoop() {
     if (!w.ok()) {
       LF_LOG(ERROR) << "checkpoint " << job->step << " failed: " << w;
       if (error_.ok()) error_ = w;
-    } else if (last_stats_.step == job->stats.step) {
-      last_stats_ = job->stats;
+    } else {
+      job->stats.durable_s = NowSeconds() - job->t_save;
+      if (last_stats_.step == job->stats.step) last_stats_ = job->stats;
+      committed_.push_back(job->stats);
+      if (committed_.size() > CheckpointVault::kMaxCommittedStats) committed_.pop_front();
     }
     --inflight_;
     cv_.notify_all();

@@ -377,3 +377,73 @@ def test_damaged_newest_manifest_falls_back_with_warning(tmp_path, capfd):
         v.load(2)
     assert v.steps() == [1, 2]
     v.close()
+
+
+# Guards --ckpt-when-busy skip: try_save while the previous save is still being written returns
+# False without waiting or queuing, the newest committed checkpoint stays loadable and exact, and
+# every committed save reports its bytes and durable time.
+def test_try_save_skips_while_writer_busy_and_keeps_last_commit(tmp_path):
+    v = CheckpointVault(str(tmp_path), chunk_bytes=1 << 20, fsync=True)
+    queued, skipped = [], []
+    step = 0
+    for _ in range(20):  # a round skips when the writer is still busy right after a save
+        step += 1
+        g = torch.Generator().manual_seed(step)
+        state = {"w": torch.randn(4 << 20, generator=g), "step": step}  # 16 MB, fsync'ed
+        assert v.try_save(step, state)
+        queued.append(step)
+        step += 1
+        if v.try_save(step, {"w": torch.zeros(4 << 20), "step": step}):
+            queued.append(step)
+        else:
+            skipped.append(step)
+            assert v.busy()
+            break
+        v.wait()
+    assert skipped, "the writer never was busy right after a 16 MB save"
+    v.wait()
+    assert not v.busy()
+    assert v.steps() == queued and v.latest() == queued[-1]
+    g = torch.Generator().manual_seed(queued[-1])
+    got = v.load()
+    assert got["step"] == queued[-1] and torch.equal(got["w"], torch.randn(4 << 20, generator=g))
+    done = v.committed_stats()
+    assert [s["step"] for s in done] == queued
+    assert all(s["bytes_written"] > 0 and s["durable_s"] >= s["write_s"] > 0 for s in done)
+    assert v.committed_stats() == []  # taken once
+    assert v.try_save(skipped[0], {"step": skipped[0]})  # a skipped step may be saved later
+    v.close()
+
+
+# Guards issue 15 (trainer checkpoints on the slow path): the trainer's Checkpointer saves a CUDA
+# model plus AdamW state larger than one staging buffer (d2h_buffer_bytes, 64 MiB) through device
+# staging, and the saved state restores exactly.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trainer_checkpoint_takes_device_staging(tmp_path):
+    if not _C.build_info().get("cuda", False):
+        pytest.skip("loongforge built without CUDA")
+    from loongforge.train_backends import Checkpointer, Dist
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 1024)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 4096, device=dev)).sum().backward()
+    opt.step()
+    ck = Checkpointer("vault", str(tmp_path / "ck"), Dist(device=dev), {"mode": "test"},
+                      when_busy="wait")
+    state = {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "loader": {"pos": 1}, "rng": {"torch": torch.get_rng_state()}}
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
+    assert nbytes > 64 << 20
+    ck.save(1, state, model, opt)
+    st = ck.vault.stats()
+    assert st["snapshot_path"] == "device", st["snapshot_reason"]
+    want = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    got = ck.latest()  # waits for the commit
+    ck.close()
+    fig = ck.figures()
+    assert fig["ckpt_saves_committed"] == 1 and fig["ckpt_snapshot_path"] == "device"
+    assert fig["ckpt_per_save"][0]["bytes_written"] >= nbytes
+    assert got["step"] == 1
+    for k, t in want.items():
+        assert torch.equal(got["model"][k].cpu(), t), k
