@@ -73,6 +73,11 @@ enum class ImageLayout { kNCHW, kNHWC };  // images [n, cams, 3, H, W] or [n, ca
 // madvise(MADV_POPULATE_READ) per record (Linux >= 5.14; falls back to kTouch where the kernel
 // refuses it); kTouch: one read per page; kOff: nvJPEG takes the faults.
 enum class PrefaultMode { kOff, kTouch, kPopulate };
+// How state and action are normalized by the schema's statistics, per dimension (Note [State
+// normalization] in src/data/loader.cc): kMeanStd (x - mean) / std; kMinMax 2 (x - min) /
+// (max - min) - 1; kQ01Q99 as kMinMax on [q01, q99], clipped to [-1, 1] (GR00T's "q99" mode);
+// kNone: raw values.
+enum class StateNormalization { kNone, kMeanStd, kMinMax, kQ01Q99 };
 
 struct LoaderOptions {
   std::string db_path;
@@ -84,7 +89,10 @@ struct LoaderOptions {
   std::array<float, 3> mean = {0.5f, 0.5f, 0.5f};
   std::array<float, 3> std = {0.5f, 0.5f, 0.5f};
   bool dct_scaling = true;      // let libjpeg-turbo downscale in the DCT domain when it can
-  bool normalize_state = true;  // (x - mean) / std with the schema's statistics
+  bool normalize_state = true;  // false: raw state/action whatever `normalize` says
+  // Create refuses with InvalidArgument, naming the DB and the statistic, a mode whose
+  // statistics the schema lacks (q01/q99: packs made by `pack --from-lerobot`).
+  StateNormalization normalize = StateNormalization::kMeanStd;
   uint64_t seed = 0;
   int rank = 0, world_size = 1;
   bool shuffle = true, drop_last = true;

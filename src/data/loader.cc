@@ -42,9 +42,11 @@
 // Note [Epoch continuation] is at FetchLoop; the GPU stage's pipeline is Note [GPU loader] in
 // loader_gpu_stage.cc.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "loader_pipeline.h"
 #include "loongforge/loader.h"
@@ -393,6 +395,7 @@ Stage3Dims Pipeline::Dims(const Stage3Plan& p) const {
   d.rows = p.rows;
   d.len = p.len;
   d.normalize = normalize;
+  d.clip = clip_norm;
   return d;
 }
 
@@ -469,6 +472,84 @@ bool DataLoader::GpuSupport(int device_id, std::string* reason) {
   return internal::GpuStageSupport(device_id, reason);
 }
 
+// Note [State normalization]
+// ---------------------------
+// Stage 3 computes y = (x - centre) / scale per dimension, clamped to [-1, 1] for q01_q99
+// (Stage3Dims). The modes follow Isaac-GR00T's Normalizer (gr00t/data/transform/state_action.py)
+// through that one formula:
+//   mean_std: centre = mean, scale = std; a std <= 1e-6 becomes 1 (the dimension is only centred;
+//     GR00T keeps it raw: LoongForge kept its own rule, which batches already depend on).
+//   min_max:  centre = (min + max) / 2, scale = (max - min) / 2, i.e. 2 (x - min) / (max - min)
+//     - 1; max == min gives 0, as GR00T does (scale = +inf).
+//   q01_q99:  as min_max on [q01, q99], then clamped to [-1, 1]; q99 == q01 keeps x (centre 0,
+//     scale 1) and clamps it, as GR00T does.
+// Centre and scale are computed in double and rounded once to float; the result differs from
+// GR00T's two-division form by float rounding only.
+namespace {
+
+Status StageNormalization(const LoaderOptions& o, const Schema& sc, bool* normalize, bool* clip,
+                          std::vector<float>* staged) {
+  *normalize = false;
+  *clip = false;
+  staged->clear();
+  if (!o.normalize_state || o.normalize == StateNormalization::kNone) return Status::Ok();
+  const char* lo_name = "mean";
+  const char* hi_name = "std";
+  const std::vector<float>* ls = &sc.state_mean;  // state low/centre, state high/scale, ...
+  const std::vector<float>* hs = &sc.state_std;
+  const std::vector<float>* la = &sc.action_mean;
+  const std::vector<float>* ha = &sc.action_std;
+  const char* mode = "mean_std";
+  if (o.normalize == StateNormalization::kMinMax) {
+    mode = "min_max", lo_name = "min", hi_name = "max";
+    ls = &sc.state_min, hs = &sc.state_max, la = &sc.action_min, ha = &sc.action_max;
+  } else if (o.normalize == StateNormalization::kQ01Q99) {
+    mode = "q01_q99", lo_name = "q01", hi_name = "q99";
+    ls = &sc.state_q01, hs = &sc.state_q99, la = &sc.action_q01, ha = &sc.action_q99;
+  }
+  for (auto [what, v, dim] :
+       {std::make_tuple("state", ls, sc.state_dim), std::make_tuple("state", hs, sc.state_dim),
+        std::make_tuple("action", la, sc.action_dim), std::make_tuple("action", ha, sc.action_dim)})
+    if (v->size() != static_cast<size_t>(dim))
+      return InvalidArgumentError(o.db_path + ": normalize=\"" + mode + "\" needs the schema's " +
+                                  what + "_" + (v == ls || v == la ? lo_name : hi_name) + " (" +
+                                  std::to_string(dim) + " values), which this DB " +
+                                  (v->empty()
+                                       ? std::string("lacks")
+                                       : "has with " + std::to_string(v->size()) + " values") +
+                                  (o.normalize == StateNormalization::kQ01Q99
+                                       ? " (q01/q99 are stored by pack --from-lerobot)"
+                                       : "") +
+                                  "; pass normalize=\"none\" or another mode");
+  auto stage = [&](const std::vector<float>& lo, const std::vector<float>& hi) {
+    std::vector<float> centre, scale;
+    for (size_t k = 0; k < lo.size(); ++k) {
+      if (o.normalize == StateNormalization::kMeanStd) {
+        centre.push_back(lo[k]);
+        scale.push_back(hi[k] > 1e-6f ? hi[k] : 1.f);
+      } else if (hi[k] != lo[k]) {
+        centre.push_back(static_cast<float>((double{lo[k]} + double{hi[k]}) / 2));
+        scale.push_back(static_cast<float>((double{hi[k]} - double{lo[k]}) / 2));
+      } else if (o.normalize == StateNormalization::kMinMax) {
+        centre.push_back(lo[k]);
+        scale.push_back(INFINITY);
+      } else {
+        centre.push_back(0.f);
+        scale.push_back(1.f);
+      }
+    }
+    staged->insert(staged->end(), centre.begin(), centre.end());
+    staged->insert(staged->end(), scale.begin(), scale.end());
+  };
+  stage(*ls, *hs);
+  stage(*la, *ha);
+  *normalize = true;
+  *clip = o.normalize == StateNormalization::kQ01Q99;
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
   if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
   if (o.image_size <= 0 || o.image_size > 4096)
@@ -534,19 +615,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
         std::to_string(impl->max_tokens) + " is shorter than the longest instruction in " +
         o.db_path + " (" + std::to_string(sc.max_tokens) +
         " tokens): add a longer bucket or set truncate_tokens");
-  // State/action statistics, staged with every batch (std ~0: leave the dimension centred).
-  impl->normalize = o.normalize_state && sc.state_mean.size() == size_t(sc.state_dim) &&
-                    sc.state_std.size() == size_t(sc.state_dim) &&
-                    sc.action_mean.size() == size_t(sc.action_dim) &&
-                    sc.action_std.size() == size_t(sc.action_dim);
-  if (impl->normalize) {
-    auto& ns = impl->norm_stats;
-    auto eff = [](float s) { return s > 1e-6f ? s : 1.f; };
-    ns.insert(ns.end(), sc.state_mean.begin(), sc.state_mean.end());
-    for (float s : sc.state_std) ns.push_back(eff(s));
-    ns.insert(ns.end(), sc.action_mean.begin(), sc.action_mean.end());
-    for (float s : sc.action_std) ns.push_back(eff(s));
-  }
+  LF_RETURN_IF_ERROR(
+      StageNormalization(o, sc, &impl->normalize, &impl->clip_norm, &impl->norm_stats));
   impl->s3 = internal::Stage3Layout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
                                           sc.action_dim, sc.action_horizon);
   for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));

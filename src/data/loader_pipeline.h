@@ -212,8 +212,9 @@ struct Pipeline {
   std::vector<int> buckets;  // Note [Static batches]
   bool static_shapes = false;
   bool truncate_ok = false;       // longer instructions are cut to max_tokens
-  bool normalize = false;         // state/action normalized (option on and statistics present)
-  std::vector<float> norm_stats;  // staged with every batch: mean_s, std_s, mean_a, std_a
+  bool normalize = false;         // state/action normalized (Note [State normalization])
+  bool clip_norm = false;         // ... and clamped to [-1, 1] (q01_q99)
+  std::vector<float> norm_stats;  // staged with every batch: centre_s, scale_s, centre_a, scale_a
   Stage3Layout s3;
   std::vector<std::string> camera_modality;
   std::shared_ptr<SlotPool> pool;

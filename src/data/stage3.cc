@@ -2,6 +2,7 @@
 #include "stage3.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -65,6 +66,12 @@ void Stage3Reference(const Stage3Layout& L, const uint8_t* raw, const Stage3Dims
   const auto* ids = reinterpret_cast<const int32_t*>(raw + L.off_tokens);
   const int S = L.state_dim, A = L.action_dim, H = L.horizon;
   const float *smean = norm, *sstd = norm + S, *amean = norm + 2 * S, *astd = norm + 2 * S + A;
+  // Kept as two IEEE operations (and a clamp), as the kernel does (no contraction on x86-64
+  // without -mfma; the kernel uses the _rn intrinsics).
+  auto norm_one = [&d](float x, float centre, float scale) {
+    const float y = (x - centre) / scale;
+    return d.clip ? std::fmin(std::fmax(y, -1.f), 1.f) : y;
+  };
   for (int o = 0; o < d.rows; ++o) {
     int64_t* tok = out.tokens + static_cast<size_t>(o) * d.len;
     uint8_t* am = out.attention_mask + static_cast<size_t>(o) * d.len;
@@ -90,9 +97,9 @@ void Stage3Reference(const Stage3Layout& L, const uint8_t* raw, const Stage3Dims
     }
     const float* rs = state + static_cast<size_t>(i) * S;
     const float* ra = action + static_cast<size_t>(i) * H * A;
-    for (int k = 0; k < S; ++k) st[k] = d.normalize ? (rs[k] - smean[k]) / sstd[k] : rs[k];
+    for (int k = 0; k < S; ++k) st[k] = d.normalize ? norm_one(rs[k], smean[k], sstd[k]) : rs[k];
     for (int k = 0; k < H * A; ++k)
-      ac[k] = d.normalize ? (ra[k] - amean[k % A]) / astd[k % A] : ra[k];
+      ac[k] = d.normalize ? norm_one(ra[k], amean[k % A], astd[k % A]) : ra[k];
     std::memcpy(amk, amask + static_cast<size_t>(i) * H, H);
     out.sample_index[o] = sample[i];
   }

@@ -39,7 +39,8 @@ struct Stage3Layout {
   size_t off_state = 0;         // float [capacity_rows, state_dim], raw
   size_t off_action = 0;        // float [capacity_rows, horizon, action_dim], raw
   size_t off_amask = 0;         // uint8 [capacity_rows, horizon]
-  size_t off_norm = 0;    // float [2 * state_dim + 2 * action_dim]: mean_s, std_s, mean_a, std_a
+  // float [2 * state_dim + 2 * action_dim]: centre_s, scale_s, centre_a, scale_a (Stage3Dims)
+  size_t off_norm = 0;
   size_t off_tokens = 0;  // int32 [capacity_rows * max_tokens]
   size_t capacity_bytes = 0;
 
@@ -53,11 +54,14 @@ struct Stage3Layout {
 
 // One launch: `n` output rows carry data (src_row[0..n)), rows n..rows-1 are padding (zeros, masks
 // off, sample_index -1). Tokens are padded with 0 to `len`; a row longer than `len` is cut.
-// normalize: state/action become (x - mean) / std with the staged statistics (std already made
-// 1 where the dataset's std is ~0).
+// normalize: state/action become (x - centre) / scale with the staged per-dimension parameters,
+// then, with clip, are clamped to [-1, 1] (fmin/fmax). The loader stages the parameters of its
+// mode (Note [State normalization] in src/data/loader.cc): mean_std (mean, std), min_max and
+// q01_q99 ((lo + hi) / 2, (hi - lo) / 2; q01_q99 clips, as GR00T's "q99" mode does).
 struct Stage3Dims {
   int n = 0, rows = 0, len = 1;
   bool normalize = false;
+  bool clip = false;  // only with normalize
 };
 
 // Output arrays (host for the twin, device for the kernel), dense with `rows` rows:

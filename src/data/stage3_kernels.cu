@@ -26,8 +26,15 @@ struct Parts {
   const int32_t* ids;
 };
 
+// (x - centre) / scale in IEEE float, then the clamp to [-1, 1] when d.clip: Stage3Reference's
+// norm_one (fminf/fmaxf are IEEE minNum/maxNum, as std::fmin/std::fmax).
+__device__ __forceinline__ float NormOne(float x, float centre, float scale, bool clip) {
+  const float y = __fdiv_rn(__fsub_rn(x, centre), scale);
+  return clip ? fminf(fmaxf(y, -1.f), 1.f) : y;
+}
+
 // One block per output row (grid-stride over rows); threads stride over each array of the row.
-// Arithmetic as Stage3Reference: (x - mean) / std in IEEE float (nvcc's default -prec-div=true).
+// Arithmetic as Stage3Reference (NormOne).
 __global__ void Stage3Kernel(Parts p, int S, int A, int H, Stage3Dims d, Stage3Out out) {
   for (int o = blockIdx.x; o < d.rows; o += gridDim.x) {
     int64_t* tok = out.tokens + static_cast<int64_t>(o) * d.len;
@@ -55,9 +62,9 @@ __global__ void Stage3Kernel(Parts p, int S, int A, int H, Stage3Dims d, Stage3O
     const float *smean = p.norm, *sstd = p.norm + S, *amean = p.norm + 2 * S,
                 *astd = p.norm + 2 * S + A;
     for (int k = threadIdx.x; k < S; k += blockDim.x)
-      st[k] = d.normalize ? __fdiv_rn(__fsub_rn(rs[k], smean[k]), sstd[k]) : rs[k];
+      st[k] = d.normalize ? NormOne(rs[k], smean[k], sstd[k], d.clip) : rs[k];
     for (int k = threadIdx.x; k < H * A; k += blockDim.x)
-      ac[k] = d.normalize ? __fdiv_rn(__fsub_rn(ra[k], amean[k % A]), astd[k % A]) : ra[k];
+      ac[k] = d.normalize ? NormOne(ra[k], amean[k % A], astd[k % A], d.clip) : ra[k];
     for (int k = threadIdx.x; k < H; k += blockDim.x)
       amk[k] = p.amask[static_cast<int64_t>(i) * H + k];
     if (threadIdx.x == 0) out.sample_index[o] = p.sample[i];

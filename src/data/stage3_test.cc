@@ -129,6 +129,37 @@ TEST(Stage3, ReferenceValues) {
   EXPECT_EQ(internal::ValidateStage3(st.L, d).code(), StatusCode::kInvalidArgument);
 }
 
+// Guards the q01_q99 clamp (Stage3Dims::clip): values mapped outside [-1, 1] are clamped, those
+// inside are the plain (x - centre) / scale; without clip nothing is clamped.
+TEST(Stage3, ClipClampsToUnitRange) {
+  const int S = 4, A = 3, H = 3;
+  Staged st(4, 4, S, A, H, 4, 5);
+  auto* norm = reinterpret_cast<float*>(st.raw.data() + st.L.off_norm);
+  for (int k = 0; k < 2 * (S + A); ++k) norm[k] = k % 2 ? 0.5f : 0.1f;  // values in [-3, 3] spill
+  st.SetSrc({0, 1, 2, 3});
+  Stage3Dims d;
+  d.n = d.rows = 4;
+  d.normalize = true;
+  HostOut plain(st.L, d.rows, d.len), clipped(st.L, d.rows, d.len);
+  internal::Stage3Reference(st.L, st.raw.data(), d, plain.Ptrs());
+  d.clip = true;
+  internal::Stage3Reference(st.L, st.raw.data(), d, clipped.Ptrs());
+  int inside = 0, outside = 0;
+  auto check = [&](float p, float c) {
+    if (p > 1.f || p < -1.f) {
+      ++outside;
+      EXPECT_EQ(c, p > 0 ? 1.f : -1.f);
+    } else {
+      ++inside;
+      EXPECT_EQ(c, p);
+    }
+  };
+  for (size_t i = 0; i < plain.state.size(); ++i) check(plain.state[i], clipped.state[i]);
+  for (size_t i = 0; i < plain.action.size(); ++i) check(plain.action[i], clipped.action[i]);
+  EXPECT_GT(inside, 0);
+  EXPECT_GT(outside, 0);
+}
+
 #ifdef LOONGFORGE_WITH_CUDA
 bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
@@ -150,10 +181,11 @@ TEST(Stage3Kernel, RejectsBadDims) {
 }
 
 // Guards the kernel against its CPU twin, bit for bit, on random batches: with and without
-// normalization, cut and padded tokens, dropped rows and static-shape padding rows.
+// normalization (and its q01_q99 clamp), cut and padded tokens, dropped rows and static-shape
+// padding rows.
 TEST(Stage3Kernel, MatchesReference) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  for (int trial = 0; trial < 6; ++trial) {
+  for (int trial = 0; trial < 8; ++trial) {
     const int cap = 37 + trial * 50, S = 5 + trial, A = 3 + trial, H = 2 + trial % 3;
     const int max_tokens = 16 + 8 * trial;
     Staged st(cap, max_tokens, S, A, H, cap, 100 + trial);
@@ -166,7 +198,13 @@ TEST(Stage3Kernel, MatchesReference) {
     d.n = static_cast<int>(src.size());
     d.rows = trial % 2 ? cap : d.n;
     d.len = trial % 3 == 0 ? max_tokens / 2 : max_tokens;  // some rows cut at len
-    d.normalize = trial % 2 == 0;
+    d.normalize = trial % 2 == 0 || trial >= 6;
+    d.clip = trial >= 6;  // trials 6, 7: scales small enough that many values clamp
+    if (d.clip) {
+      auto* norm = reinterpret_cast<float*>(st.raw.data() + st.L.off_norm);
+      for (int k = S; k < 2 * S; ++k) norm[k] = 0.4f;
+      for (int k = 2 * S + A; k < 2 * S + 2 * A; ++k) norm[k] = 0.4f;
+    }
     HostOut ref(st.L, d.rows, d.len), got(st.L, d.rows, d.len);
     internal::Stage3Reference(st.L, st.raw.data(), d, ref.Ptrs());
     const auto* off = reinterpret_cast<const int32_t*>(st.raw.data() + st.L.off_token_offset);

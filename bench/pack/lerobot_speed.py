@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Decode speed of `loongforge pack --from-lerobot` on 640x480 AV1 at 30 fps (issue 19 target:
+at least 400 frames/s on 2 cores, one pass over each video). Method: docs/bench_pack.md.
+
+Builds a LeRobot v2.1 dataset in a scratch folder from the committed fixture
+(tests/data/lerobot/v2.1): its meta and parquet files as they are (no parquet writer is needed),
+and for every episode and camera a new 640x480 AV1 video (Debian's ffmpeg, libsvtav1, yuv420p,
+GOP 2 as LeRobot's encoder default, 30 fps) with exactly as many frames as the episode has rows;
+info.json is rewritten to say 640x480 AV1. Then it times, best of --runs:
+  pack   `loongforge pack --from-lerobot` end to end (decode, resize to shortest edge 256, JPEG,
+         LMDB write and fsync): frames/s = rows x cameras / wall seconds;
+  dav1d  the same videos decoded by ffmpeg's own libdav1d with one thread and no output, as the
+         library's reference rate;
+  long   a 10 s (300 frame) 640x480 AV1 video decoded by ffmpeg's libdav1d, one thread, one
+         pass: the rate a long episode reaches once per-file setup is spread out.
+Prints one JSON object (and writes it to --json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FIXTURE = os.path.join(REPO, "tests", "data", "lerobot", "v2.1")
+
+
+def encode(out: str, frames: int, width: int, height: int, fps: int) -> None:
+    """An AV1 video as LeRobot encodes it (libsvtav1, yuv420p, GOP 2), moving test pattern."""
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                    f"testsrc2=size={width}x{height}:rate={fps}", "-frames:v", str(frames),
+                    "-c:v", "libsvtav1", "-pix_fmt", "yuv420p", "-g", "2", "-crf", "30",
+                    "-preset", "12", out], check=True, capture_output=True)
+
+
+def make_dataset(root: str, width: int, height: int) -> tuple:
+    """The fixture's meta and parquet with new width x height AV1 videos: (rows, cameras)."""
+    shutil.copytree(os.path.join(FIXTURE, "meta"), os.path.join(root, "meta"))
+    shutil.copytree(os.path.join(FIXTURE, "data"), os.path.join(root, "data"))
+    info_path = os.path.join(root, "meta", "info.json")
+    with open(info_path) as fh:
+        info = json.load(fh)
+    cams = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    for k in cams:
+        f = info["features"][k]
+        names = f.get("names") or []
+        f["shape"] = ([3, height, width] if names and names[0] == "channels"
+                      else [height, width, 3])
+        vi = f.setdefault("info", {})
+        vi.update({"video.height": height, "video.width": width, "video.codec": "av1",
+                   "video.pix_fmt": "yuv420p", "video.fps": info["fps"]})
+    with open(info_path, "w") as fh:
+        json.dump(info, fh, indent=4)
+    rows = 0
+    with open(os.path.join(root, "meta", "episodes.jsonl")) as fh:
+        episodes = [json.loads(line) for line in fh if line.strip()]
+    for ep in episodes:
+        e, n = ep["episode_index"], ep["length"]
+        rows += n
+        for k in cams:
+            d = os.path.join(root, "videos", f"chunk-{e // info['chunks_size']:03d}", k)
+            os.makedirs(d, exist_ok=True)
+            encode(os.path.join(d, f"episode_{e:06d}.mp4"), n, width, height, int(info["fps"]))
+    return rows, len(cams)
+
+
+def dav1d_seconds(paths: list) -> float:
+    """Wall seconds for ffmpeg's libdav1d (one thread) to decode `paths`, no output."""
+    t = time.perf_counter()
+    for p in paths:
+        subprocess.run(["ffmpeg", "-v", "error", "-threads", "1", "-c:v", "libdav1d",
+                        "-i", p, "-f", "null", "-"], check=True)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cli", default=os.path.join(REPO, "build", "loongforge"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--height", type=int, default=480)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="lf_lerobot_speed_")
+    try:
+        src = os.path.join(work, "src")
+        rows, cams = make_dataset(src, args.width, args.height)
+        videos = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(src, "videos"))
+                  for f in fs]
+        pack_s = []
+        for r in range(args.runs):
+            out = os.path.join(work, f"db{r}")
+            t = time.perf_counter()
+            subprocess.run([args.cli, "pack", "--from-lerobot", src, "--out", out,
+                            "--threads", str(args.threads), "--quiet"], check=True)
+            pack_s.append(time.perf_counter() - t)
+            shutil.rmtree(out)
+        dav1d_s = min(dav1d_seconds(videos) for _ in range(args.runs))
+        long_mp4 = os.path.join(work, "long.mp4")
+        encode(long_mp4, 300, args.width, args.height, 30)
+        long_s = min(dav1d_seconds([long_mp4]) for _ in range(args.runs))
+        frames = rows * cams
+        res = {
+            "video": f"{args.width}x{args.height} AV1 (libsvtav1, GOP 2, yuv420p) 30 fps",
+            "episodes_rows": rows, "cameras": cams, "frames": frames, "threads": args.threads,
+            "pack_best_s": round(min(pack_s), 4),
+            "pack_frames_per_s": round(frames / min(pack_s), 1),
+            "dav1d_1thread_frames_per_s": round(frames / dav1d_s, 1),
+            "dav1d_1thread_long_300_frames_per_s": round(300 / long_s, 1),
+            "target_frames_per_s": 400,
+        }
+        res["target_met"] = res["pack_frames_per_s"] >= 400
+        print(json.dumps(res, indent=2))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(res, fh, indent=2)
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
