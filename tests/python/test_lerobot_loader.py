@@ -139,7 +139,7 @@ def test_normalize_refuses_missing_statistics(tmp_path):
     packing.demo_data(str(tmp_path / "src"), episodes=1, cameras=1, width=64, height=48,
                       steps_min=4, steps_max=4, state_dim=3, action_dim=2)
     out = str(tmp_path / "db")
-    packing.pack(str(tmp_path / "src" / "episodes"), out, horizon=2)
+    packing.pack(str(tmp_path / "src"), out, horizon=2)
     with pytest.raises(ValueError, match="state_q01"):
         DataFusionLoader(out, 2, normalize="q01_q99")
     with pytest.raises(ValueError, match="normalize"):
