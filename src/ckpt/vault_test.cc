@@ -920,6 +920,51 @@ TensorRef DeviceRef(std::string name, int64_t n, void* data, cudaStream_t stream
   return r;
 }
 
+// Device tensors g0.. of `n` random bytes each with their host copies, produced on a non-blocking
+// `producer` stream; freed (and the stream destroyed) on destruction.
+struct DeviceTensors {
+  int64_t n = 0;
+  cudaStream_t producer = nullptr;
+  std::vector<void*> dev;
+  std::vector<std::vector<uint8_t>> host;
+
+  // `count` tensors of `bytes` bytes, tensor i filled from seed `seed + i`. Fails the test on a
+  // CUDA error (call under ASSERT_NO_FATAL_FAILURE).
+  void Init(int count, int64_t bytes, uint64_t seed) {
+    n = bytes;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    dev.assign(count, nullptr);
+    host.resize(count);
+    for (int i = 0; i < count; ++i) {
+      host[i] = RandomBytes(static_cast<size_t>(n), seed + i);
+      ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~DeviceTensors() {
+    for (void* p : dev) cudaFree(p);
+    if (producer) cudaStreamDestroy(producer);
+  }
+  // `cpu`'s tensors, then g0.. on the producer stream.
+  std::vector<TensorRef> Refs(const State& cpu) const {
+    std::vector<TensorRef> r = cpu.Refs();
+    for (size_t i = 0; i < dev.size(); ++i)
+      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
+    return r;
+  }
+};
+
+// Restores `step` and checks that it holds `cpu`'s one tensor, then `want[i]` as tensor g<i>.
+void ExpectRestoresMixed(const CheckpointVault& v, int64_t step, const State& cpu,
+                         const std::vector<std::vector<uint8_t>>& want) {
+  auto r = v.Restore(step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), want.size() + 1);
+  EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
+}
+
 // Guards the CUDA hash kernel: same bytes, same XXH3-128 as the CPU, on random data and odd sizes.
 TEST(CkptCuda, DeviceHashMatchesCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
@@ -974,15 +1019,11 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   std::string dir = TempDir("cudabatch");
   const int kTensors = 10;
   const int64_t n = 64 * 4096 + 100;  // 65 chunks, the last one a 100-byte short tail
-  cudaStream_t producer;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  std::vector<void*> dev(kTensors, nullptr);
-  std::vector<std::vector<uint8_t>> host(kTensors);
-  for (int i = 0; i < kTensors; ++i) {
-    host[i] = RandomBytes(static_cast<size_t>(n), 100 + i);
-    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  }
+  DeviceTensors t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(kTensors, n, 100));
+  cudaStream_t producer = t.producer;
+  std::vector<void*>& dev = t.dev;
+  std::vector<std::vector<uint8_t>>& host = t.host;
   State cpu;
   cpu.Add("cpu.w", "f32", {5000}, 7);
   // Keep the producer stream busy, then queue the final contents of tensor 0 behind it.
@@ -998,12 +1039,7 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
     ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
               cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(dev[0], pinned, n, cudaMemcpyHostToDevice, producer), cudaSuccess);
-  auto refs = [&] {
-    std::vector<TensorRef> r = cpu.Refs();
-    for (int i = 0; i < kTensors; ++i)
-      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
-    return r;
-  };
+  auto refs = [&] { return t.Refs(cpu); };
   VaultOptions o = SmallOpts();
   o.max_inflight = 2;
   o.device_staging = DeviceStaging::kOff;  // this test covers the host-staging device path
@@ -1030,16 +1066,8 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   // Tensor 1: 64 chunks of 0xab are one distinct chunk + the tail; tensors 2..7: one chunk each.
   EXPECT_EQ(st.bytes_copied, 4096 + 100 + 6 * 4096);
   ASSERT_TRUE((*v)->Wait().ok());
-  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
-    auto r = (*v)->Restore(step);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
-    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
-    for (int i = 0; i < kTensors; ++i)
-      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
-  };
-  check(1, expect1);
-  check(2, host);
+  ExpectRestoresMixed(**v, 1, cpu, expect1);
+  ExpectRestoresMixed(**v, 2, cpu, host);
   // Restore straight into device memory.
   void* back_d = nullptr;
   ASSERT_EQ(cudaMalloc(&back_d, n), cudaSuccess);
@@ -1047,10 +1075,8 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   std::vector<uint8_t> back(n);
   ASSERT_EQ(cudaMemcpy(back.data(), back_d, n, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_TRUE(back == host[4]);
-  for (void* p : dev) cudaFree(p);
   cudaFree(back_d);
   cudaFreeHost(pinned);
-  cudaStreamDestroy(producer);
 }
 
 // Guards device staging (Notes [Device staging], [Caller stream waits]): Save() returns while the
@@ -1062,23 +1088,14 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   std::string dir = TempDir("cudastage");
   const int kTensors = 8;
   const int64_t n = 32 * 4096 + 100;  // 33 chunks, the last one a 100-byte short tail
-  cudaStream_t producer;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  std::vector<void*> dev(kTensors, nullptr);
-  std::vector<std::vector<uint8_t>> host(kTensors);
-  for (int i = 0; i < kTensors; ++i) {
-    host[i] = RandomBytes(static_cast<size_t>(n), 300 + i);
-    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  }
+  DeviceTensors t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(kTensors, n, 300));
+  cudaStream_t producer = t.producer;
+  std::vector<void*>& dev = t.dev;
+  std::vector<std::vector<uint8_t>>& host = t.host;
   State cpu;
   cpu.Add("cpu.w", "f32", {3000}, 8);
-  auto refs = [&] {
-    std::vector<TensorRef> r = cpu.Refs();
-    for (int i = 0; i < kTensors; ++i)
-      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
-    return r;
-  };
+  auto refs = [&] { return t.Refs(cpu); };
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   o.d2h_buffer_bytes = 3 * 4096;  // several double-buffer rounds per save
@@ -1116,15 +1133,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   release.Open();
   ASSERT_TRUE((*v)->Wait().ok());
   ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
-  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
-    auto r = (*v)->Restore(step);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
-    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
-    for (int i = 0; i < kTensors; ++i)
-      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
-  };
-  check(1, host);
+  ExpectRestoresMixed(**v, 1, cpu, host);
   // Step 2: restore the original bytes, then change one chunk in 3 of 8 tensors.
   for (int i = 0; i < kTensors; ++i) {
     if (i < 3) host[i][5 * 4096 + 9] ^= 0xff;
@@ -1138,9 +1147,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   EXPECT_EQ(st2.chunks_written, 3);
   EXPECT_EQ(st2.bytes_written, 3 * 4096);
   EXPECT_EQ(st2.bytes_d2h, 3 * 4096);
-  check(2, host);
-  for (void* p : dev) cudaFree(p);
-  cudaStreamDestroy(producer);
+  ExpectRestoresMixed(**v, 2, cpu, host);
 }
 
 // Guards the fallback: with the arena above device_staging_max_bytes, auto stages on the host and

@@ -78,6 +78,24 @@ std::vector<T> AsVec(std::string_view v) {
   return out;
 }
 
+// Demo-data options for one episode of two 16x16 steps written under `out`, quietly.
+DemoDataOptions TinyDemoOpts(const fs::path& out) {
+  DemoDataOptions o;
+  o.out_dir = out.string();
+  o.episodes = 1;
+  o.width = o.height = 16;
+  o.steps_min = o.steps_max = 2;
+  o.progress = false;
+  return o;
+}
+
+// The schema of the DB at `db`; a default Schema, with a test failure, when it does not open.
+Schema DbSchema(const fs::path& db) {
+  auto reader = RecordReader::Open(db.string());
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  return reader.ok() ? (*reader)->schema() : Schema{};
+}
+
 PackOptions Opts(const fs::path& src, const fs::path& out, int horizon = 3) {
   PackOptions o;
   o.src = src.string();
@@ -498,9 +516,7 @@ TEST(PackRejects, FailedOverwriteKeepsOldDb) {
   o.overwrite = true;
   EXPECT_EQ(PackEpisodes(o).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(tmp / "db.partial"));
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().num_samples, 5);
+  EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
 // Guards issue 21 #1: pack --overwrite onto a user's folder is refused and the folder is left as
@@ -529,9 +545,7 @@ TEST(PackRejects, OverwriteKeepsAUserFolder) {
   o.out = (tmp / "db").string();
   o.horizon = 2;
   ASSERT_TRUE(PackEpisodes(o).ok());
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().action_horizon, 2);
+  EXPECT_EQ(DbSchema(tmp / "db").action_horizon, 2);
 }
 
 // Guards issue 21 #1: a user's folder named "<out>.partial" survives a pack (it used to be taken
@@ -636,12 +650,7 @@ TEST(Inspect, OutOfVocabularyTokenIsDataLoss) {
 // frames claimed were written) and negative thread counts are refused.
 TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
   TempDir tmp;
-  DemoDataOptions o;
-  o.out_dir = (tmp / "d").string();
-  o.episodes = 1;
-  o.width = o.height = 16;
-  o.steps_min = o.steps_max = 2;
-  o.progress = false;
+  DemoDataOptions o = TinyDemoOpts(tmp / "d");
   o.cameras = 2;
   o.camera_names = {"a", "a"};
   auto r = GenerateDemoData(o);
@@ -657,12 +666,7 @@ TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
 // folder of recorded episodes, and a user's "episodes.partial" folder is left alone.
 TEST(DemoData, OverwriteReplacesOnlyDemoData) {
   TempDir tmp;
-  DemoDataOptions o;
-  o.out_dir = (tmp / "d").string();
-  o.episodes = 1;
-  o.width = o.height = 16;
-  o.steps_min = o.steps_max = 2;
-  o.progress = false;
+  DemoDataOptions o = TinyDemoOpts(tmp / "d");
   o.overwrite = true;
   WriteFile(tmp / "d" / "episodes" / "rec1" / "steps.jsonl", "recorded");
   WriteFile(tmp / "d" / "episodes.partial" / "notes", "mine");
@@ -818,9 +822,7 @@ TEST(PackCli, ConcurrentPacksToOneOutput) {
   EXPECT_TRUE(failed.find("is being written by another pack") != std::string::npos ||
               failed.find("already exists") != std::string::npos)
       << failed;
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().num_samples, 5);
+  EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
 // Guards issue 21 #9 at the CLI: --threads -3 and --camera-names a,a exit 2 with one line.
