@@ -4,18 +4,8 @@
 # memory, alone. A shorter `bench/gpu_suite.sh test` for checking a change in one device call.
 #   bash bench/gpu_check.sh [PYTEST_FILES...]
 set -uo pipefail
-export OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null
-export PATH=/usr/local/cuda/bin:$PATH PYTHONPATH=$PWD/python
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v python3)" \
-  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$OUT/cfg.log" 2>&1 || { tail -30 "$OUT/cfg.log"; exit 1; }
-grep -E "LoongForge:" "$OUT/cfg.log"
-cmake --build build-gpu -j16 >"$OUT/build.log" 2>&1 || { grep -B2 -A12 "error" "$OUT/build.log" | head -80; exit 1; }
-echo "build $(($(date +%s) - t0)) s"
+source bench/gpu_env.sh
+gpu_build
 pid=
 if [ $# -gt 0 ]; then
   timeout "${PYTEST_T:-330}" python3 -m pytest -q -p no:cacheprovider -rfs "$@" >"$OUT/pytest.log" 2>&1 &

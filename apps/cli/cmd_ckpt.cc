@@ -52,6 +52,14 @@ StatusOr<int64_t> PickStep(const Args& a, const CheckpointVault& v) {
   return *l;
 }
 
+// The vault's progress callback (cumulative bytes done) advancing `bar`, which must outlive it.
+ckpt::ProgressFn AdvanceBar(ProgressBar& bar) {
+  return [&bar, last = int64_t{0}](int64_t done) mutable {
+    bar.Add(done - last);
+    last = done;
+  };
+}
+
 StatusOr<int64_t> TotalBytes(const CheckpointVault& v, int64_t step) {
   LF_ASSIGN_OR_RETURN(auto s, v.Summary(step));
   return s.bytes_total;
@@ -105,11 +113,7 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     for (int64_t s : steps) {
       LF_ASSIGN_OR_RETURN(int64_t total, TotalBytes(*v, s));
       ProgressBar bar("verify " + std::to_string(s), total);
-      int64_t last = 0;
-      LF_RETURN_IF_ERROR(v->Verify(s, [&](int64_t done) {
-        bar.Add(done - last);
-        last = done;
-      }));
+      LF_RETURN_IF_ERROR(v->Verify(s, AdvanceBar(bar)));
       bar.Finish();
       std::printf("checkpoint %lld: OK (%s)\n", static_cast<long long>(s), Human(total).c_str());
     }
@@ -119,11 +123,7 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     LF_ASSIGN_OR_RETURN(int64_t step, PickStep(a, *v));
     LF_ASSIGN_OR_RETURN(int64_t total, TotalBytes(*v, step));
     ProgressBar bar(sub + " " + std::to_string(step), total);
-    int64_t last = 0;
-    auto progress = [&](int64_t done) {
-      bar.Add(done - last);
-      last = done;
-    };
+    const ckpt::ProgressFn progress = AdvanceBar(bar);
     if (sub == "export") {
       LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, progress));
       bar.Finish();
@@ -141,11 +141,7 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     LF_ASSIGN_OR_RETURN(int64_t step, PickStep(a, *v));
     LF_ASSIGN_OR_RETURN(int64_t total, TotalBytes(*v, step));
     ProgressBar bar("merge " + std::to_string(step), total);
-    int64_t last = 0;
-    LF_RETURN_IF_ERROR(v->Merge(step, [&](int64_t done) {
-      bar.Add(done - last);
-      last = done;
-    }));
+    LF_RETURN_IF_ERROR(v->Merge(step, AdvanceBar(bar)));
     bar.Finish();
     std::printf("checkpoint %lld is self-contained\n", static_cast<long long>(step));
     return Status::Ok();

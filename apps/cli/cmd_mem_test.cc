@@ -21,6 +21,14 @@ namespace fs = std::filesystem;
 using testing::CliResult;
 using testing::RunCli;
 
+Trace MakeTrace();
+
+// The JSON that the command printed; null, with a test failure, when it failed.
+nlohmann::json JsonOf(const CliResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();
+}
+
 class MemCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,6 +42,8 @@ class MemCli : public ::testing::Test {
     std::ofstream(p) << text;
     return p.string();
   }
+  // MakeTrace() written as text; its path.
+  std::string WriteTrace() { return Write("t.trace", MakeTrace().ToText()); }
   fs::path dir_;
 };
 
@@ -65,10 +75,7 @@ Trace MakeTrace() {
 // Guards `mem plan --json`: one entry per step with the planner's own figures (peak reaches the
 // lower bound on these simple steps) and the largest step's summary.
 TEST_F(MemCli, PlanJson) {
-  std::string path = Write("t.trace", MakeTrace().ToText());
-  CliResult r = RunCli("mem plan " + path + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto j = nlohmann::json::parse(r.output);
+  auto j = JsonOf(RunCli("mem plan " + WriteTrace() + " --json"));
   ASSERT_EQ(j["steps"].size(), 3u);
   EXPECT_EQ(j["steps"][0]["signature"], "a");
   EXPECT_EQ(j["steps"][2]["signature"], "b");
@@ -84,8 +91,7 @@ TEST_F(MemCli, PlanJson) {
 
 // Guards the table form of `mem plan`: it names the algorithm and the overhead per step.
 TEST_F(MemCli, PlanTable) {
-  std::string path = Write("t.trace", MakeTrace().ToText());
-  CliResult r = RunCli("mem plan " + path);
+  CliResult r = RunCli("mem plan " + WriteTrace());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("3 steps"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("greedy_by_"), std::string::npos) << r.output;
@@ -97,10 +103,8 @@ TEST_F(MemCli, PlanTable) {
 // from the pool, every planned allocation when planned from the whole trace, and all but each
 // signature's first step on first sight.
 TEST_F(MemCli, ReplayModes) {
-  std::string path = Write("t.trace", MakeTrace().ToText());
-  CliResult r = RunCli("mem replay " + path + " --json --segment-mb 4");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto j = nlohmann::json::parse(r.output);
+  std::string path = WriteTrace();
+  auto j = JsonOf(RunCli("mem replay " + path + " --json --segment-mb 4"));
   ASSERT_EQ(j["results"].size(), 4u);
   std::map<std::string, nlohmann::json> by;
   for (const auto& e : j["results"]) by[e["mode"]] = e;
@@ -116,9 +120,7 @@ TEST_F(MemCli, ReplayModes) {
   EXPECT_GE(by["caching"]["peak_reserved_bytes"], by["caching"]["peak_allocated_bytes"]);
   EXPECT_EQ(by["caching"]["alloc_latency_ns"]["count"], 8);
   // One mode only.
-  r = RunCli("mem replay " + path + " --json --mode pool");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(nlohmann::json::parse(r.output)["results"].size(), 1u);
+  EXPECT_EQ(JsonOf(RunCli("mem replay " + path + " --json --mode pool"))["results"].size(), 1u);
 }
 
 // Guards zstd-compressed traces (bench/traces/*.trace.zst): the CLI reads them like plain text,
@@ -159,7 +161,7 @@ TEST_F(MemCli, ErrorsNameTheInput) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("trace line 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
-  std::string good = Write("t.trace", MakeTrace().ToText());
+  std::string good = WriteTrace();
   r = RunCli("mem replay " + good + " --mode fastest");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("fastest"), std::string::npos) << r.output;

@@ -28,6 +28,26 @@ import torch.nn as nn
 from loongforge import comm
 
 
+def topk_variants(g, res, k, vals, idx):
+    """The three compared top-k sequences as (name, fn): ours (error feedback fused), torch.topk
+    alone, and torch's error-feedback sequence. Shared by the CPU and the GPU bench."""
+
+    def ours():
+        comm.topk_error_feedback(g, res, k, values=vals, indices=idx)
+
+    def torch_topk():
+        torch.topk(res.abs(), k, sorted=False)
+
+    def torch_ef():
+        res.add_(g)
+        i = torch.topk(res.abs(), k, sorted=False).indices
+        v = res[i]
+        res[i] = 0
+        return v
+
+    return (("loongforge", ours), ("torch.topk", torch_topk), ("torch_ef", torch_ef))
+
+
 def bench_kernels(sizes, ratio, repeats=5):
     rows = []
     torch.set_num_threads(os.cpu_count() or 1)
@@ -38,21 +58,8 @@ def bench_kernels(sizes, ratio, repeats=5):
         vals = torch.empty(k)
         idx = torch.empty(k, dtype=torch.int32)
 
-        def ours():
-            comm.topk_error_feedback(g, res, k, values=vals, indices=idx)
-
-        def torch_topk():
-            torch.topk(res.abs(), k, sorted=False)
-
-        def torch_ef():
-            res.add_(g)
-            i = torch.topk(res.abs(), k, sorted=False).indices
-            v = res[i]
-            res[i] = 0
-            return v
-
         row = {"n": n, "k": k}
-        for name, fn in (("loongforge", ours), ("torch.topk", torch_topk), ("torch_ef", torch_ef)):
+        for name, fn in topk_variants(g, res, k, vals, idx):
             fn()
             ts = []
             for _ in range(repeats):

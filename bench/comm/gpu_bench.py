@@ -23,7 +23,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loongforge import comm  # noqa: E402
-from bench_comm import Model  # noqa: E402
+from bench_comm import Model, topk_variants  # noqa: E402
 
 
 def cuda_time(fn, repeats=10):
@@ -57,21 +57,8 @@ def kernels(sizes, ratio):
         vals = torch.empty(k, device="cuda")
         idx = torch.empty(k, dtype=torch.int32, device="cuda")
 
-        def ours():
-            comm.topk_error_feedback(g, res, k, values=vals, indices=idx)
-
-        def torch_topk():
-            torch.topk(res.abs(), k, sorted=False)
-
-        def torch_ef():
-            res.add_(g)
-            i = torch.topk(res.abs(), k, sorted=False).indices
-            v = res[i]
-            res[i] = 0
-            return v
-
         row = {"n": n, "k": k}
-        for name, fn in (("loongforge", ours), ("torch.topk", torch_topk), ("torch_ef", torch_ef)):
+        for name, fn in topk_variants(g, res, k, vals, idx):
             ms = cuda_time(fn)
             row[name + "_ms"] = ms
             row[name + "_GBps"] = n * 4 / (ms / 1e3) / 1e9

@@ -3,17 +3,9 @@
 # CheckpointVault CUDA tests, then n16 loongforge runs at batch 64 under bench/e2e/stall_probe.py
 # (torch profiler over 4 steps) and summarizes the trace. Results under $OUT.
 set -uo pipefail
-export OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-eval "$(bash tools/gpu-deps.sh unpack)" >/dev/null
-export PATH=/usr/local/cuda/bin:$PATH PYTHONPATH=$PWD/python
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOONGFORGE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v python3)" \
-  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$OUT/cfg.log" 2>&1 || { tail -20 "$OUT/cfg.log"; exit 1; }
-cmake --build build-gpu -j16 ${DIAG_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -B2 -A10 error "$OUT/build.log" | head -60; exit 1; }
-echo "build $(($(date +%s) - t0)) s"
+source bench/gpu_env.sh
+# shellcheck disable=SC2086  # DIAG_TARGETS is a list of targets
+gpu_build ${DIAG_TARGETS:-}
 if [ "${DIAG_CTEST:-CkptCuda}" != none ]; then
   (cd build-gpu && timeout 120 ctest -R "${DIAG_CTEST:-CkptCuda}" --output-on-failure) >/tmp/ctest.log 2>&1
   grep -E "tests passed|Failed|FAILED|Expected|Which is|rror|\.cc:[0-9]+" /tmp/ctest.log | head -40 >/tmp/ctest_sum.txt

@@ -48,7 +48,7 @@ import traceback
 from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gr00t_workload import PYDIR, REPO, Gr00tWork, MoEWork, load_by_path  # noqa: E402
+from gr00t_workload import PYDIR, REPO, Gr00tWork, MoEWork, build_work, load_by_path  # noqa: E402
 
 
 def _snapshot_module():
@@ -94,13 +94,7 @@ def run_child(args) -> Dict[str, Any]:
     torch.cuda.set_device(dev)
     cls = Gr00tWork if args.workload == "gr00t" else MoEWork
     t_build = time.perf_counter()
-    if ms is not None:
-        with ms.persistent():
-            work = cls(args, torch, dev)
-            work.init_optimizer_state()
-    else:
-        work = cls(args, torch, dev)
-        work.init_optimizer_state()
+    work = build_work(cls, args, torch, dev, ms)
     torch.cuda.synchronize()
     build_s = time.perf_counter() - t_build
     sched = work.schedule(args.warmup + args.steps)

@@ -38,7 +38,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gr00t_workload import PYDIR, Gr00tWork  # noqa: E402
+from gr00t_workload import PYDIR, Gr00tWork, build_work  # noqa: E402
 
 MODES = ("torch", "expandable", "memsculptor")
 
@@ -63,13 +63,7 @@ def _setup(args, cap: bool):
     if cap and ms is None:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, (args.cap_gib << 30) / total), 0)
-    if ms is not None:
-        with ms.persistent():
-            work = Gr00tWork(args, torch, dev)
-            work.init_optimizer_state()
-    else:
-        work = Gr00tWork(args, torch, dev)
-        work.init_optimizer_state()
+    work = build_work(Gr00tWork, args, torch, dev, ms)
     torch.cuda.synchronize()
     return torch, ms, work
 

@@ -150,3 +150,16 @@ class MoEWork:
         counts = self.layer.last_expert_counts.tolist()
         del x, y, loss
         return {"tokens": tokens, "tokens_per_expert": counts}
+
+
+def build_work(cls, args, torch, dev, ms=None):
+    """Builds the workload `cls` and its optimizer state; with a MemSculptor `ms`, inside its
+    persistent region, so that weights and optimizer state stay out of the planned step pool."""
+    if ms is None:
+        work = cls(args, torch, dev)
+        work.init_optimizer_state()
+        return work
+    with ms.persistent():
+        work = cls(args, torch, dev)
+        work.init_optimizer_state()
+    return work

@@ -166,6 +166,25 @@ void RunOps(const std::vector<Op>& ops, const AllocFn& alloc, const FreeFn& free
   std::exit(1);
 }
 
+// m.Allocate(n, 0) as RunOps' AllocFn; an error ends the bench.
+template <typename Allocator>
+AllocFn AllocateOrDie(Allocator& m) {
+  return [&m](size_t n) {
+    auto p = m.Allocate(n, 0);
+    if (!p.ok()) Die(p.status());
+    return *p;
+  };
+}
+
+// m.Free(p, free_args...) as RunOps' FreeFn; an error ends the bench.
+template <typename Allocator, typename... Args>
+FreeFn FreeOrDie(Allocator& m, Args... free_args) {
+  return [&m, free_args...](void* p) {
+    Status s = m.Free(p, free_args...);
+    if (!s.ok()) Die(s);
+  };
+}
+
 }  // namespace
 }  // namespace mem
 }  // namespace loongforge
@@ -225,15 +244,8 @@ int main(int argc, char** argv) {
     loongforge::mem::internal::CachingAllocatorModel m(CreateHostBackend(kCapacity));
     Result r{"torch caching allocator (model)"};
     Histogram lat(size_t{1} << 22);
-    auto alloc = [&](size_t n) {
-      auto p = m.Allocate(n, 0);
-      if (!p.ok()) Die(p.status());
-      return *p;
-    };
-    auto fr = [&](void* p) {
-      Status s = m.Free(p);
-      if (!s.ok()) Die(s);
-    };
+    const AllocFn alloc = AllocateOrDie(m);
+    const FreeFn fr = FreeOrDie(m);
     int64_t dummy = 0;
     for (int i = 0; i < warmup; ++i) RunOps(step_ops[schedule[i]], alloc, fr, nullptr, &dummy);
     m.ResetPeaks();
@@ -252,15 +264,8 @@ int main(int argc, char** argv) {
     MemAllocator m(o, CreateHostBackend(kCapacity), std::make_unique<CpuFence>());
     Result r{planned ? "MemSculptor planned + pool" : "MemSculptor pool only"};
     Histogram lat(size_t{1} << 22);
-    auto alloc = [&](size_t n) {
-      auto p = m.Allocate(n, 0);
-      if (!p.ok()) Die(p.status());
-      return *p;
-    };
-    auto fr = [&](void* p) {
-      Status s = m.Free(p, 0);
-      if (!s.ok()) Die(s);
-    };
+    const AllocFn alloc = AllocateOrDie(m);
+    const FreeFn fr = FreeOrDie(m, StreamId{0});
     auto sig = [](int t) { return "text" + std::to_string(t); };
     int64_t dummy = 0;
     if (planned) m.StartRecording();

@@ -45,6 +45,16 @@ py::dict SchemaDict(const Schema& s) {
   return d;
 }
 
+// What pack and pack_lerobot return: the schema, the bytes written and the time taken.
+py::dict PackResultDict(const PackResult& v) {
+  py::dict d;
+  d["schema"] = SchemaDict(v.schema);
+  d["bytes_written"] = v.bytes_written;
+  d["jpeg_bytes"] = v.jpeg_bytes;
+  d["seconds"] = v.seconds;
+  return d;
+}
+
 void RegisterPack(py::module_& m) {
   m.def(
       "demo_data",
@@ -67,11 +77,7 @@ void RegisterPack(py::module_& m) {
         o.threads = threads;
         o.overwrite = overwrite;
         o.progress = progress;
-        StatusOr<DemoDataResult> r = [&] {
-          py::gil_scoped_release release;
-          return GenerateDemoData(o);
-        }();
-        DemoDataResult v = ValueOrThrow(std::move(r));
+        DemoDataResult v = ValueOrThrowWithoutGil([&] { return GenerateDemoData(o); });
         py::dict d;
         d["episodes"] = v.episodes;
         d["steps"] = v.steps;
@@ -101,16 +107,8 @@ void RegisterPack(py::module_& m) {
         o.threads = threads;
         o.progress = progress;
         o.max_instruction_bytes = max_instruction_bytes;
-        StatusOr<PackResult> r = [&] {
-          py::gil_scoped_release release;
-          return PackEpisodes(o);
-        }();
-        PackResult v = ValueOrThrow(std::move(r));
-        py::dict d;
-        d["schema"] = SchemaDict(v.schema);
-        d["bytes_written"] = v.bytes_written;
-        d["jpeg_bytes"] = v.jpeg_bytes;
-        d["seconds"] = v.seconds;
+        PackResult v = ValueOrThrowWithoutGil([&] { return PackEpisodes(o); });
+        py::dict d = PackResultDict(v);
         d["scan_seconds"] = v.scan_seconds;
         d["write_seconds"] = v.write_seconds;
         return d;
@@ -145,16 +143,8 @@ void RegisterPack(py::module_& m) {
         o.progress = progress;
         o.max_instruction_bytes = max_instruction_bytes;
         o.tolerance_s = tolerance_s;
-        StatusOr<PackResult> r = [&] {
-          py::gil_scoped_release release;
-          return PackLeRobot(o);
-        }();
-        PackResult v = ValueOrThrow(std::move(r));
-        py::dict d;
-        d["schema"] = SchemaDict(v.schema);
-        d["bytes_written"] = v.bytes_written;
-        d["jpeg_bytes"] = v.jpeg_bytes;
-        d["seconds"] = v.seconds;
+        PackResult v = ValueOrThrowWithoutGil([&] { return PackLeRobot(o); });
+        py::dict d = PackResultDict(v);
         return d;
       },
       py::arg("src"), py::arg("out"), py::arg("episodes") = "",
@@ -173,11 +163,7 @@ void RegisterPack(py::module_& m) {
   m.def(
       "read_episode",
       [](const std::string& db, int64_t episode_index) {
-        StatusOr<EpisodeData> r = [&] {
-          py::gil_scoped_release release;
-          return ReadEpisode(db, episode_index);
-        }();
-        EpisodeData e = ValueOrThrow(std::move(r));
+        EpisodeData e = ValueOrThrowWithoutGil([&] { return ReadEpisode(db, episode_index); });
         const py::ssize_t t = e.length;
         py::dict d;
         d["episode_index"] = e.episode_index;
@@ -205,11 +191,7 @@ void RegisterPack(py::module_& m) {
   m.def(
       "inspect",
       [](const std::string& db, int64_t sample) {
-        StatusOr<std::string> r = [&] {
-          py::gil_scoped_release release;
-          return InspectJson(db, sample);
-        }();
-        std::string js = ValueOrThrow(std::move(r));
+        std::string js = ValueOrThrowWithoutGil([&] { return InspectJson(db, sample); });
         return py::module_::import("json").attr("loads")(js);
       },
       py::arg("db"), py::arg("sample") = 0,

@@ -64,11 +64,8 @@ void RegisterParquet(py::module_& m) {
   m.def(
       "read_parquet",
       [](const std::string& path, const std::vector<std::string>& columns) {
-        StatusOr<std::vector<Column>> r = [&] {
-          py::gil_scoped_release release;
-          return ReadParquet(path, columns);
-        }();
-        std::vector<Column> cols = ValueOrThrow(std::move(r));
+        std::vector<Column> cols =
+            ValueOrThrowWithoutGil([&] { return ReadParquet(path, columns); });
         py::dict d;
         for (const Column& c : cols) {
           if (!c.is_list) {

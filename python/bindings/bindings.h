@@ -39,6 +39,17 @@ T ValueOrThrow(StatusOr<T>&& v) {
   return std::move(v).value();
 }
 
+// Calls f() with the GIL released (a long C++ call that touches no Python object) and returns
+// its StatusOr's value, throwing its error as the Python exception above once the GIL is back.
+template <typename F>
+auto ValueOrThrowWithoutGil(F&& f) {
+  auto r = [&] {
+    py::gil_scoped_release release;
+    return f();
+  }();
+  return ValueOrThrow(std::move(r));
+}
+
 }  // namespace loongforge
 
 #define LF_REGISTER_BINDINGS(name, fn) \

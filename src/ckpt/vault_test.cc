@@ -17,6 +17,7 @@
 #include "ckpt/device.h"
 #include "ckpt/xxh3_lanes.h"
 #include "loongforge/ckpt.h"
+#include "test_dataset.h"
 
 #ifdef LOONGFORGE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -27,13 +28,8 @@ namespace ckpt {
 namespace {
 namespace fs = std::filesystem;
 
-std::string TempDir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("lf_ckpt_" + name + "_" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+// A fresh empty directory for this test process.
+std::string TempDir(const std::string& name) { return testing::TempDir("ckpt_" + name); }
 
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -993,6 +989,70 @@ TensorRef DeviceRef(std::string name, int64_t n, void* data, cudaStream_t stream
   return r;
 }
 
+// A mixed state: one CPU tensor "cpu.w" and device tensors g0.. of `n` random bytes each (with
+// their host copies) produced on a non-blocking `producer` stream; the device memory is freed and
+// the stream destroyed on destruction.
+struct MixedState {
+  State cpu;
+  int64_t n = 0;
+  cudaStream_t producer = nullptr;
+  std::vector<void*> dev;
+  std::vector<std::vector<uint8_t>> host;
+
+  // "cpu.w" of `cpu_floats` floats (seed `cpu_seed`), then `count` device tensors of `bytes`
+  // bytes, tensor i filled from seed `seed + i`. Fails the test on a CUDA error (call under
+  // ASSERT_NO_FATAL_FAILURE).
+  void Init(int64_t cpu_floats, uint64_t cpu_seed, int count, int64_t bytes, uint64_t seed) {
+    cpu.Add("cpu.w", "f32", {cpu_floats}, cpu_seed);
+    n = bytes;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    dev.assign(count, nullptr);
+    host.resize(count);
+    for (int i = 0; i < count; ++i) {
+      host[i] = RandomBytes(static_cast<size_t>(n), seed + i);
+      ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~MixedState() {
+    for (void* p : dev) cudaFree(p);
+    if (producer) cudaStreamDestroy(producer);
+  }
+  // "cpu.w", then g0.. on the producer stream.
+  std::vector<TensorRef> Refs() const {
+    std::vector<TensorRef> r = cpu.Refs();
+    for (size_t i = 0; i < dev.size(); ++i)
+      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
+    return r;
+  }
+};
+
+// Restores tensor `name` of `step` straight into device memory and checks it holds `want`.
+void ExpectRestoresIntoDevice(const CheckpointVault& v, int64_t step, const std::string& name,
+                              const std::vector<uint8_t>& want) {
+  const int64_t n = static_cast<int64_t>(want.size());
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
+  Status s = v.RestoreInto(step, {{name, {d, n, 0}}});
+  std::vector<uint8_t> back(want.size());
+  cudaError_t copied = cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(copied, cudaSuccess);
+  EXPECT_TRUE(back == want);
+}
+
+// Restores `step` and checks that it holds `s`'s CPU tensor, then `want[i]` as tensor g<i>.
+void ExpectRestoresMixed(const CheckpointVault& v, int64_t step, const MixedState& s,
+                         const std::vector<std::vector<uint8_t>>& want) {
+  auto r = v.Restore(step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), want.size() + 1);
+  EXPECT_TRUE((*r)[0].data == s.cpu.ts[0].bytes);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
+}
+
 // Guards the CUDA hash kernel: same bytes, same XXH3-128 as the CPU, on random data and odd sizes.
 TEST(CkptCuda, DeviceHashMatchesCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
@@ -1023,19 +1083,14 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
   std::string dir = TempDir("cuda");
   const int64_t n = 3 * 4096 + 100;
   auto host = RandomBytes(n, 3);
-  void *d = nullptr, *d2 = nullptr;
+  void* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d2, n), cudaSuccess);
   cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice);
   auto v = CheckpointVault::Open(dir, SmallOpts());
   ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
-  ASSERT_TRUE((*v)->RestoreInto(1, {{"g", {d2, n, 0}}}).ok());
-  std::vector<uint8_t> back(n);
-  cudaMemcpy(back.data(), d2, n, cudaMemcpyDeviceToHost);
-  EXPECT_TRUE(back == host);
+  ExpectRestoresIntoDevice(**v, 1, "g", host);
   cudaFree(d);
-  cudaFree(d2);
 }
 
 // Guards the batched asynchronous device snapshot: it orders after work still queued on the
@@ -1044,20 +1099,10 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
 // CPU, and a second save copies only the chunks that changed (60% of the tensors).
 TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  std::string dir = TempDir("cudabatch");
   const int kTensors = 10;
   const int64_t n = 64 * 4096 + 100;  // 65 chunks, the last one a 100-byte short tail
-  cudaStream_t producer;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  std::vector<void*> dev(kTensors, nullptr);
-  std::vector<std::vector<uint8_t>> host(kTensors);
-  for (int i = 0; i < kTensors; ++i) {
-    host[i] = RandomBytes(static_cast<size_t>(n), 100 + i);
-    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  State cpu;
-  cpu.Add("cpu.w", "f32", {5000}, 7);
+  MixedState t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(5000, 7, kTensors, n, 100));
   // Keep the producer stream busy, then queue the final contents of tensor 0 behind it.
   const size_t kBusyBytes = size_t{256} << 20;
   void *busy_a = nullptr, *busy_b = nullptr;
@@ -1065,37 +1110,32 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   ASSERT_EQ(cudaMalloc(&busy_b, kBusyBytes), cudaSuccess);
   uint8_t* pinned = nullptr;
   ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), n), cudaSuccess);
-  host[0] = RandomBytes(static_cast<size_t>(n), 999);
-  std::memcpy(pinned, host[0].data(), n);
+  t.host[0] = RandomBytes(static_cast<size_t>(n), 999);
+  std::memcpy(pinned, t.host[0].data(), n);
   for (int r = 0; r < 8; ++r)
-    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, producer),
+    ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, t.producer),
               cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(dev[0], pinned, n, cudaMemcpyHostToDevice, producer), cudaSuccess);
-  auto refs = [&] {
-    std::vector<TensorRef> r = cpu.Refs();
-    for (int i = 0; i < kTensors; ++i)
-      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
-    return r;
-  };
+  ASSERT_EQ(cudaMemcpyAsync(t.dev[0], pinned, n, cudaMemcpyHostToDevice, t.producer), cudaSuccess);
+  auto refs = [&] { return t.Refs(); };
   VaultOptions o = SmallOpts();
   o.max_inflight = 2;
   o.device_staging = DeviceStaging::kOff;  // this test covers the host-staging device path
-  auto v = CheckpointVault::Open(dir, o);
+  auto v = CheckpointVault::Open(TempDir("cudabatch"), o);
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_TRUE((*v)->Save(1, refs()).ok());
   EXPECT_EQ((*v)->last_stats().snapshot_path, "host");
   EXPECT_EQ((*v)->last_stats().snapshot_reason, "device_staging=off");
   // Overwrite right after Save() returned: must not reach checkpoint 1.
-  ASSERT_EQ(cudaMemsetAsync(dev[1], 0xab, n, producer), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
-  std::vector<std::vector<uint8_t>> expect1 = host;
-  host[1].assign(static_cast<size_t>(n), 0xab);
-  ASSERT_EQ(cudaMemcpy(dev[1], host[1].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(t.dev[1], 0xab, n, t.producer), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(t.producer), cudaSuccess);
+  std::vector<std::vector<uint8_t>> expect1 = t.host;
+  t.host[1].assign(static_cast<size_t>(n), 0xab);
+  ASSERT_EQ(cudaMemcpy(t.dev[1], t.host[1].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
   // Step 2: 6 of 10 tensors change in one chunk (chunk 3), plus tensor 1 changed in full above.
   for (int i = 2; i < 8; ++i) {
-    host[i][3 * 4096 + 17] ^= 0xff;
-    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(dev[i]) + 3 * 4096, host[i].data() + 3 * 4096, 4096,
-                         cudaMemcpyHostToDevice),
+    t.host[i][3 * 4096 + 17] ^= 0xff;
+    ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(t.dev[i]) + 3 * 4096, t.host[i].data() + 3 * 4096,
+                         4096, cudaMemcpyHostToDevice),
               cudaSuccess);
   }
   ASSERT_TRUE((*v)->Save(2, refs()).ok());
@@ -1103,27 +1143,10 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   // Tensor 1: 64 chunks of 0xab are one distinct chunk + the tail; tensors 2..7: one chunk each.
   EXPECT_EQ(st.bytes_copied, 4096 + 100 + 6 * 4096);
   ASSERT_TRUE((*v)->Wait().ok());
-  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
-    auto r = (*v)->Restore(step);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
-    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
-    for (int i = 0; i < kTensors; ++i)
-      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
-  };
-  check(1, expect1);
-  check(2, host);
-  // Restore straight into device memory.
-  void* back_d = nullptr;
-  ASSERT_EQ(cudaMalloc(&back_d, n), cudaSuccess);
-  ASSERT_TRUE((*v)->RestoreInto(2, {{"g4", {back_d, n, 0}}}).ok());
-  std::vector<uint8_t> back(n);
-  ASSERT_EQ(cudaMemcpy(back.data(), back_d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_TRUE(back == host[4]);
-  for (void* p : dev) cudaFree(p);
-  cudaFree(back_d);
+  ExpectRestoresMixed(**v, 1, t, expect1);
+  ExpectRestoresMixed(**v, 2, t, t.host);
+  ExpectRestoresIntoDevice(**v, 2, "g4", t.host[4]);  // straight into device memory
   cudaFreeHost(pinned);
-  cudaStreamDestroy(producer);
 }
 
 // Guards device staging (Notes [Device staging], [Caller stream waits]): Save() returns while the
@@ -1132,30 +1155,15 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
 // save recycles the arena (nothing allocated) and writes only the changed chunks.
 TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  std::string dir = TempDir("cudastage");
   const int kTensors = 8;
   const int64_t n = 32 * 4096 + 100;  // 33 chunks, the last one a 100-byte short tail
-  cudaStream_t producer;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  std::vector<void*> dev(kTensors, nullptr);
-  std::vector<std::vector<uint8_t>> host(kTensors);
-  for (int i = 0; i < kTensors; ++i) {
-    host[i] = RandomBytes(static_cast<size_t>(n), 300 + i);
-    ASSERT_EQ(cudaMalloc(&dev[i], n), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  State cpu;
-  cpu.Add("cpu.w", "f32", {3000}, 8);
-  auto refs = [&] {
-    std::vector<TensorRef> r = cpu.Refs();
-    for (int i = 0; i < kTensors; ++i)
-      r.push_back(DeviceRef("g" + std::to_string(i), n, dev[i], producer));
-    return r;
-  };
+  MixedState t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(3000, 8, kTensors, n, 300));
+  auto refs = [&] { return t.Refs(); };
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   o.d2h_buffer_bytes = 3 * 4096;  // several double-buffer rounds per save
-  auto v = CheckpointVault::Open(dir, o);
+  auto v = CheckpointVault::Open(TempDir("cudastage"), o);
   ASSERT_TRUE(v.ok()) << v.status();
   // The producer stream is held by a host function until the test opens the gate, so "Save()
   // returned while the stream was busy" does not depend on how fast Save() runs (a stream kept
@@ -1166,7 +1174,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   } gate;
   ASSERT_EQ(
       cudaLaunchHostFunc(
-          producer,
+          t.producer,
           [](void* p) { static_cast<Gate*>(p)->opened.wait_for(std::chrono::seconds(60)); }, &gate),
       cudaSuccess);
   struct OpenOnExit {  // an ASSERT that returns early must not leave the stream held
@@ -1179,29 +1187,21 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
     ~OpenOnExit() { Open(); }
   } release{&gate};
   ASSERT_TRUE((*v)->Save(1, refs()).ok());
-  EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "Save() waited for the GPU";
+  EXPECT_EQ(cudaStreamQuery(t.producer), cudaErrorNotReady) << "Save() waited for the GPU";
   // The caller overwrites right after Save() on its stream: must not reach checkpoint 1.
   for (int i = 0; i < kTensors; ++i)
-    ASSERT_EQ(cudaMemsetAsync(dev[i], 0x5a, n, producer), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(t.dev[i], 0x5a, n, t.producer), cudaSuccess);
   SaveStats st1 = (*v)->last_stats();
   EXPECT_EQ(st1.snapshot_path, "device");
   EXPECT_GT(st1.staging_allocated, kTensors * n);
   release.Open();
   ASSERT_TRUE((*v)->Wait().ok());
-  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
-  auto check = [&](int64_t step, const std::vector<std::vector<uint8_t>>& want) {
-    auto r = (*v)->Restore(step);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->size(), static_cast<size_t>(kTensors + 1));
-    EXPECT_TRUE((*r)[0].data == cpu.ts[0].bytes);
-    for (int i = 0; i < kTensors; ++i)
-      EXPECT_TRUE((*r)[i + 1].data == want[i]) << "step " << step << " tensor g" << i;
-  };
-  check(1, host);
+  ASSERT_EQ(cudaStreamSynchronize(t.producer), cudaSuccess);
+  ExpectRestoresMixed(**v, 1, t, t.host);
   // Step 2: restore the original bytes, then change one chunk in 3 of 8 tensors.
   for (int i = 0; i < kTensors; ++i) {
-    if (i < 3) host[i][5 * 4096 + 9] ^= 0xff;
-    ASSERT_EQ(cudaMemcpy(dev[i], host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    if (i < 3) t.host[i][5 * 4096 + 9] ^= 0xff;
+    ASSERT_EQ(cudaMemcpy(t.dev[i], t.host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
   }
   ASSERT_TRUE((*v)->Save(2, refs()).ok());
   ASSERT_TRUE((*v)->Wait().ok());
@@ -1211,9 +1211,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   EXPECT_EQ(st2.chunks_written, 3);
   EXPECT_EQ(st2.bytes_written, 3 * 4096);
   EXPECT_EQ(st2.bytes_d2h, 3 * 4096);
-  check(2, host);
-  for (void* p : dev) cudaFree(p);
-  cudaStreamDestroy(producer);
+  ExpectRestoresMixed(**v, 2, t, t.host);
 }
 
 // Guards the fallback: with the arena above device_staging_max_bytes, auto stages on the host and

@@ -78,6 +78,28 @@ std::vector<T> AsVec(std::string_view v) {
   return out;
 }
 
+// Demo-data options: `episodes` episodes of `steps_min`..`steps_max` steps of `width`x`height`
+// frames written under `out`, quietly.
+DemoDataOptions DemoOpts(const fs::path& out, int episodes, int width, int height, int steps_min,
+                         int steps_max) {
+  DemoDataOptions o;
+  o.out_dir = out.string();
+  o.episodes = episodes;
+  o.width = width;
+  o.height = height;
+  o.steps_min = steps_min;
+  o.steps_max = steps_max;
+  o.progress = false;
+  return o;
+}
+
+// The schema of the DB at `db`; a default Schema, with a test failure, when it does not open.
+Schema DbSchema(const fs::path& db) {
+  auto reader = RecordReader::Open(db.string());
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  return reader.ok() ? (*reader)->schema() : Schema{};
+}
+
 PackOptions Opts(const fs::path& src, const fs::path& out, int horizon = 3) {
   PackOptions o;
   o.src = src.string();
@@ -110,15 +132,8 @@ TEST(DemoData, FrameJpegSizeIsRealistic) {
 // Guards determinism: the generated dataset does not depend on the thread count.
 TEST(DemoData, DeterministicAcrossThreads) {
   TempDir tmp;
-  DemoDataOptions o;
-  o.episodes = 3;
-  o.width = 48;
-  o.height = 32;
-  o.steps_min = 2;
-  o.steps_max = 4;
-  o.progress = false;
+  DemoDataOptions o = DemoOpts(tmp / "a", 3, 48, 32, 2, 4);
   o.seed = 5;
-  o.out_dir = (tmp / "a").string();
   o.threads = 1;
   ASSERT_TRUE(GenerateDemoData(o).ok());
   o.out_dir = (tmp / "b").string();
@@ -142,17 +157,10 @@ TEST(DemoData, DeterministicAcrossThreads) {
 // action chunk built from the next `horizon` steps (last action repeated, amask 0 past the end).
 TEST(Pack, DemoDataRoundTrip) {
   TempDir tmp;
-  DemoDataOptions d;
-  d.out_dir = (tmp / "src").string();
-  d.episodes = 3;
+  DemoDataOptions d = DemoOpts(tmp / "src", 3, 64, 48, 3, 7);
   d.cameras = 2;
-  d.width = 64;
-  d.height = 48;
-  d.steps_min = 3;
-  d.steps_max = 7;
   d.state_dim = 5;
   d.action_dim = 7;
-  d.progress = false;
   auto gen = GenerateDemoData(d);
   ASSERT_TRUE(gen.ok()) << gen.status();
   const int horizon = 4;
@@ -498,9 +506,7 @@ TEST(PackRejects, FailedOverwriteKeepsOldDb) {
   o.overwrite = true;
   EXPECT_EQ(PackEpisodes(o).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(tmp / "db.partial"));
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().num_samples, 5);
+  EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
 // Guards issue 21 #1: pack --overwrite onto a user's folder is refused and the folder is left as
@@ -529,9 +535,7 @@ TEST(PackRejects, OverwriteKeepsAUserFolder) {
   o.out = (tmp / "db").string();
   o.horizon = 2;
   ASSERT_TRUE(PackEpisodes(o).ok());
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().action_horizon, 2);
+  EXPECT_EQ(DbSchema(tmp / "db").action_horizon, 2);
 }
 
 // Guards issue 21 #1: a user's folder named "<out>.partial" survives a pack (it used to be taken
@@ -636,12 +640,7 @@ TEST(Inspect, OutOfVocabularyTokenIsDataLoss) {
 // frames claimed were written) and negative thread counts are refused.
 TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
   TempDir tmp;
-  DemoDataOptions o;
-  o.out_dir = (tmp / "d").string();
-  o.episodes = 1;
-  o.width = o.height = 16;
-  o.steps_min = o.steps_max = 2;
-  o.progress = false;
+  DemoDataOptions o = DemoOpts(tmp / "d", 1, 16, 16, 2, 2);
   o.cameras = 2;
   o.camera_names = {"a", "a"};
   auto r = GenerateDemoData(o);
@@ -657,12 +656,7 @@ TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
 // folder of recorded episodes, and a user's "episodes.partial" folder is left alone.
 TEST(DemoData, OverwriteReplacesOnlyDemoData) {
   TempDir tmp;
-  DemoDataOptions o;
-  o.out_dir = (tmp / "d").string();
-  o.episodes = 1;
-  o.width = o.height = 16;
-  o.steps_min = o.steps_max = 2;
-  o.progress = false;
+  DemoDataOptions o = DemoOpts(tmp / "d", 1, 16, 16, 2, 2);
   o.overwrite = true;
   WriteFile(tmp / "d" / "episodes" / "rec1" / "steps.jsonl", "recorded");
   WriteFile(tmp / "d" / "episodes.partial" / "notes", "mine");
@@ -773,13 +767,7 @@ TEST(PackCli, DamagedDataFileIsOneLine) {
 // file-size limit (ulimit -f, SIGXFSZ ignored) makes the same short write as a full disk.
 TEST(PackCli, FullDiskIsResourceExhausted) {
   TempDir tmp;
-  DemoDataOptions d;
-  d.out_dir = (tmp / "src").string();
-  d.episodes = 2;
-  d.width = 64;
-  d.height = 48;
-  d.steps_min = d.steps_max = 20;
-  d.progress = false;
+  DemoDataOptions d = DemoOpts(tmp / "src", 2, 64, 48, 20, 20);
   ASSERT_TRUE(GenerateDemoData(d).ok());
   const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 200; exec " + std::string(LF_TEST_CLI) +
                           " pack --quiet --src " + (tmp / "src").string() + " --out " +
@@ -818,9 +806,7 @@ TEST(PackCli, ConcurrentPacksToOneOutput) {
   EXPECT_TRUE(failed.find("is being written by another pack") != std::string::npos ||
               failed.find("already exists") != std::string::npos)
       << failed;
-  auto reader = RecordReader::Open((tmp / "db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ((*reader)->schema().num_samples, 5);
+  EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
 // Guards issue 21 #9 at the CLI: --threads -3 and --camera-names a,a exit 2 with one line.

@@ -446,6 +446,14 @@ std::unique_ptr<MemAllocator> MakeAllocatorWith(MemAllocator::Options o, size_t 
                                         std::make_unique<CpuFence>());
 }
 
+// An allocator with 8 MiB segments that caches at most two plans (the plan-cache bound tests).
+std::unique_ptr<MemAllocator> MakeTwoPlanAllocator(size_t capacity) {
+  MemAllocator::Options o;
+  o.segment_bytes = 8 * kMiB;
+  o.max_plans = 2;
+  return MakeAllocatorWith(o, capacity);
+}
+
 int64_t CountAllocs(const std::vector<StepOp>& ops) {
   int64_t n = 0;
   for (const auto& op : ops) n += op.alloc;
@@ -578,10 +586,7 @@ TEST(MemAllocator, NoEarlyArenaWhileAStepTensorIsLive) {
 
 // Guards the LRU bound: the least recently used plan is evicted, a recently used one is kept.
 TEST(MemAllocator, PlanCacheIsLruBounded) {
-  MemAllocator::Options o;
-  o.segment_bytes = 8 * kMiB;
-  o.max_plans = 2;
-  auto a = MakeAllocatorWith(o, 512 * kMiB);
+  auto a = MakeTwoPlanAllocator(512 * kMiB);
   ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "a"));
   ASSERT_TRUE(RunStep(a.get(), LayerStep(32), "b"));
   ASSERT_TRUE(RunStep(a.get(), LayerStep(16), "a"));  // planned: "a" is now the most recent
@@ -604,10 +609,7 @@ TEST(MemAllocator, PlanCacheIsLruBounded) {
 // Guards the arena bound: every plan shares one arena sized to the largest cached plan; when
 // that plan is evicted, the arena shrinks to the largest remaining one.
 TEST(MemAllocator, OneArenaSizedToLargestCachedPlan) {
-  MemAllocator::Options o;
-  o.segment_bytes = 8 * kMiB;
-  o.max_plans = 2;
-  auto a = MakeAllocatorWith(o, 1024 * kMiB);
+  auto a = MakeTwoPlanAllocator(1024 * kMiB);
   ASSERT_TRUE(RunStep(a.get(), LayerStep(128), "big"));
   ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));
   ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "mid"));  // planned: arena for the largest plan
