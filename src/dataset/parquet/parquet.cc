@@ -404,6 +404,17 @@ void ReadColumnMeta(ThriftReader& r, ColumnMeta* m) {
   }
 }
 
+// Reads a thrift list<struct> into `out`, each element with `read`.
+template <typename T>
+void ReadStructList(ThriftReader& r, std::vector<T>* out, void (*read)(ThriftReader&, T*)) {
+  int et;
+  int64_t n;
+  r.ListHeader(&et, &n);
+  if (!r.ok() || et != kTStruct) return r.Fail();
+  out->resize(static_cast<size_t>(n));
+  for (auto& x : *out) read(r, &x);
+}
+
 void ReadColumnChunk(ThriftReader& r, ColumnMeta* m) {
   int16_t id = 0;
   int t;
@@ -423,12 +434,7 @@ void ReadRowGroup(ThriftReader& r, RowGroup* g) {
   int t;
   while (r.Field(&id, &t)) {
     if (id == 1 && t == kTList) {
-      int et;
-      int64_t n;
-      r.ListHeader(&et, &n);
-      if (et != kTStruct) return r.Fail();
-      g->columns.resize(static_cast<size_t>(n));
-      for (auto& c : g->columns) ReadColumnChunk(r, &c);
+      ReadStructList(r, &g->columns, ReadColumnChunk);
     } else if (id == 3 && t == kTI64) {
       g->num_rows = r.Zigzag();
     } else {
@@ -442,21 +448,11 @@ void ReadFileMeta(ThriftReader& r, FileMeta* f) {
   int t;
   while (r.Field(&id, &t)) {
     if (id == 2 && t == kTList) {
-      int et;
-      int64_t n;
-      r.ListHeader(&et, &n);
-      if (et != kTStruct) return r.Fail();
-      f->schema.resize(static_cast<size_t>(n));
-      for (auto& e : f->schema) ReadSchemaElement(r, &e);
+      ReadStructList(r, &f->schema, ReadSchemaElement);
     } else if (id == 3 && t == kTI64) {
       f->num_rows = r.Zigzag();
     } else if (id == 4 && t == kTList) {
-      int et;
-      int64_t n;
-      r.ListHeader(&et, &n);
-      if (et != kTStruct) return r.Fail();
-      f->row_groups.resize(static_cast<size_t>(n));
-      for (auto& g : f->row_groups) ReadRowGroup(r, &g);
+      ReadStructList(r, &f->row_groups, ReadRowGroup);
     } else {
       r.Skip(t);
     }
