@@ -19,6 +19,7 @@ import ctypes
 import json
 import os
 import pickle
+import types
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from . import _C
@@ -247,25 +248,60 @@ class MemSculptor:
     @contextlib.contextmanager
     def step(self, signature: str = "") -> Iterator[None]:
         """One training step with shape signature ``signature`` (e.g. the padding bucket)."""
-        self._require()
-        self._load()
-        import torch
-        if self._lib.lf_begin_step(self.device, signature.encode()) != 0:
-            raise RuntimeError(f"MemSculptor step '{signature}': {self._err()}")
+        self._begin_step(signature)
         try:
             yield
         finally:
-            self._lib.lf_end_step(self.device)
-            if self._record_left > 0:
-                self._record_left -= 1
-                if self._record_left == 0:
-                    torch.cuda.synchronize(self.device)
-                    buf = ctypes.create_string_buffer(1 << 16)
-                    path = (self._trace_path or "").encode()
-                    n = self._lib.lf_stop_recording_and_plan(self.device, buf, len(buf), path)
-                    if n < 0:
-                        raise RuntimeError(f"MemSculptor planning failed: {self._err()}")
-                    self.plans = json.loads(buf.value.decode())
+            self._end_step()
+
+    # The two step marks. Everything that marks steps (step(), the optimizer hook of attach())
+    # goes through these, so both produce the same begin/end sequence for the allocator.
+    def _begin_step(self, signature: str) -> None:
+        self._require()
+        self._load()
+        if self._lib.lf_begin_step(self.device, signature.encode()) != 0:
+            raise RuntimeError(f"MemSculptor step '{signature}': {self._err()}")
+
+    def _end_step(self) -> None:
+        import torch
+        self._lib.lf_end_step(self.device)
+        if self._record_left > 0:
+            self._record_left -= 1
+            if self._record_left == 0:
+                torch.cuda.synchronize(self.device)
+                buf = ctypes.create_string_buffer(1 << 16)
+                path = (self._trace_path or "").encode()
+                n = self._lib.lf_stop_recording_and_plan(self.device, buf, len(buf), path)
+                if n < 0:
+                    raise RuntimeError(f"MemSculptor planning failed: {self._err()}")
+                self.plans = json.loads(buf.value.decode())
+
+    def attach(self, optimizer: Any, signature: Any = "", model: Any = None) -> "StepHook":
+        """Marks steps from ``optimizer.step()``, so a training loop needs no ``step()`` blocks.
+
+        One step is everything between two optimizer steps: with gradient accumulation, all the
+        micro-batches before ``optimizer.step()`` are one step, and a step skipped by a
+        ``GradScaler`` (inf/NaN gradients) extends the current step. A step ends right after
+        ``optimizer.step()`` returns (``register_step_post_hook`` on torch >= 2.0; on older torch
+        the instance's ``step`` is wrapped).
+
+        Where the next step begins:
+
+        * without ``model``: right away, when the previous one ends (the first at ``attach``).
+          ``signature`` is a string, or a callable with no arguments called at that moment; it
+          cannot see the coming batch, so it suits fixed shapes or a sampler that knows its next
+          bucket.
+        * with ``model`` (an ``nn.Module``): at the first ``model(...)`` call after the previous
+          step ended. ``signature`` may then be a callable that receives the forward's positional
+          arguments (a tuple) and returns the step's signature, e.g.
+          ``lambda args: f"len{args[0].shape[1]}"``. Work between ``optimizer.step()`` and the
+          next forward (loading, host-to-device copies) falls outside any step.
+
+        Returns a :class:`StepHook`; its ``remove()`` ends the open step (if any) and detaches
+        both hooks. Thread rules as for :meth:`step`: the optimizer and the model run on the
+        training thread.
+        """
+        return StepHook(self, optimizer, signature, model)
 
     def stats(self) -> Dict[str, Any]:
         """allocated/reserved/peak bytes, fragmentation (1 - peak allocated / peak reserved),
@@ -295,5 +331,99 @@ class MemSculptor:
         self._lib.lf_release_graph_memory(self.device)
 
 
-__all__ = ["MemSculptor", "Trace", "trace_from_snapshot", "load_snapshot",
+class StepHook:
+    """Marks MemSculptor steps from an optimizer's steps; made by :meth:`MemSculptor.attach`.
+
+    ``steps`` counts the steps ended so far; ``remove()`` ends the open step and detaches.
+    Usable as a context manager (``with ms.attach(opt): ...`` removes at exit).
+    """
+
+    def __init__(self, sculptor: MemSculptor, optimizer: Any, signature: Any, model: Any) -> None:
+        if not hasattr(optimizer, "step") or not callable(optimizer.step):
+            raise TypeError(f"MemSculptor.attach: {type(optimizer).__name__} has no step() method")
+        if not (isinstance(signature, str) or callable(signature)):
+            raise TypeError("MemSculptor.attach: signature must be a string or a callable, not "
+                            f"{type(signature).__name__}")
+        self._ms = sculptor
+        self._signature = signature
+        self._optimizer = optimizer
+        self._open = False
+        self._removed = False
+        self._handles: List[Any] = []
+        self._wrapper = None
+        self._model_hooked = model is not None
+        self.steps = 0
+        if hasattr(optimizer, "register_step_post_hook"):  # torch >= 2.0
+            self._handles.append(optimizer.register_step_post_hook(
+                lambda opt, args, kwargs: self._on_optimizer_step()))
+        else:
+            # torch < 2.0: wrap this instance's step. The wrapper checks _removed instead of being
+            # unwound, because something (an LR scheduler) may have wrapped it in turn since.
+            inner = optimizer.step
+
+            def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+                out = inner(*args, **kwargs)
+                if not self._removed:
+                    self._on_optimizer_step()
+                return out
+
+            # A bound method, as LR schedulers expect when they wrap step() in turn.
+            self._wrapper = types.MethodType(step, optimizer)
+            optimizer.step = self._wrapper
+        if model is not None:
+            self._handles.append(model.register_forward_pre_hook(
+                lambda module, args: self._on_forward(args)))
+        else:
+            try:
+                self._begin(())
+            except BaseException:
+                self.remove()  # no half-attached hook when the first mark fails (no CUDA)
+                raise
+
+    def _begin(self, args: tuple) -> None:
+        if callable(self._signature):
+            sig = self._signature(args) if self._model_hooked else self._signature()
+            if not isinstance(sig, str):
+                raise TypeError(f"MemSculptor.attach: the signature callable returned "
+                                f"{type(sig).__name__}, not str")
+        else:
+            sig = self._signature
+        self._ms._begin_step(sig)
+        self._open = True
+
+    def _on_forward(self, args: tuple) -> None:
+        if not self._open and not self._removed:
+            self._begin(args)
+
+    def _on_optimizer_step(self) -> None:
+        if self._open:
+            self._open = False
+            self.steps += 1
+            self._ms._end_step()
+        if not self._model_hooked:
+            self._begin(())
+
+    def remove(self) -> None:
+        """Ends the open step (if any) and detaches from the optimizer and the model. Idempotent."""
+        if self._removed:
+            return
+        self._removed = True
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._wrapper is not None and self._optimizer.__dict__.get("step") is self._wrapper:
+            del self._optimizer.step
+        if self._open:
+            self._open = False
+            self.steps += 1
+            self._ms._end_step()
+
+    def __enter__(self) -> "StepHook":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+__all__ = ["MemSculptor", "StepHook", "Trace", "trace_from_snapshot", "load_snapshot",
            "snapshot_reserved_bytes", "plan_trace", "replay_trace"]

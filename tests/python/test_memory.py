@@ -1,5 +1,7 @@
 """Tests of loongforge.memory (MemSculptor) on the CPU: feature detection, planning, snapshot
 import and replay."""
+import contextlib
+
 import pytest
 
 from loongforge import memory
@@ -149,3 +151,175 @@ def test_trace_text_round_trip():
     assert back.to_text() == t.to_text()
     with pytest.raises(ValueError, match="line 1"):
         Trace.from_text("q 1 2 3\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Step boundaries from the optimizer (MemSculptor.attach)
+# ---------------------------------------------------------------------------------------------
+
+class _TraceSculptor(MemSculptor):
+    """MemSculptor whose two step marks go into a real Trace instead of the CUDA library (which
+    torch 1.13 on the CPU cannot load). Allocations are the model's layer outputs, alive while
+    Python holds them (forward hooks + weakref.finalize), on a logical clock."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.trace = Trace()
+        self.marks = []
+        self._clock = 0
+        self._next_id = 0
+        for m in model.modules():
+            m.register_forward_hook(self._on_output)
+
+    def _tick(self):
+        self._clock += 1
+        return self._clock
+
+    def _on_output(self, module, args, out):
+        import weakref
+        self._next_id += 1
+        aid = self._next_id
+        self.trace.add_alloc(aid, out.numel() * out.element_size(), time_ns=self._tick())
+        weakref.finalize(out, lambda: self.trace.add_free(aid, time_ns=self._tick()))
+
+    def _begin_step(self, signature):
+        self.trace.mark_step(signature, time_ns=self._tick())
+        self.marks.append(("begin", signature, self._clock))
+
+    def _end_step(self):
+        self.marks.append(("end", self._clock))
+
+
+class _TokenModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                       torch.nn.Linear(32, 1))
+
+    def forward(self, tokens):
+        return self.mlp(self.emb(tokens)).mean()
+
+
+def _train(explicit, lengths=(7, 12, 7, 20), accumulate=2, signature_of=None, attach_kw=None):
+    """A small training loop with varying sequence length and gradient accumulation. explicit:
+    marks each step with ms.step(); else one ms.attach() call and the loop is left as is."""
+    torch.manual_seed(0)
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _TraceSculptor(model)
+    hook = None if explicit else ms.attach(opt, model=model, **(attach_kw or {}))
+    for n in lengths:
+        batches = [torch.randint(0, 50, (4, n)) for _ in range(accumulate)]
+        ctx = ms.step(f"len{n}") if explicit else contextlib.nullcontext()
+        with ctx:
+            opt.zero_grad()
+            for tokens in batches:
+                loss = model(tokens) / accumulate
+                loss.backward()
+            opt.step()
+    if hook is not None:
+        hook.remove()
+    return ms, opt, hook
+
+
+def _by_length(args):
+    return f"len{args[0].shape[1]}"
+
+
+# Guards attach(): steps marked from the optimizer (model= for the signature) are the same
+# boundaries, signatures and trace as explicit step() blocks, with gradient accumulation.
+def test_attach_optimizer_marks_same_steps_as_explicit():
+    explicit, _, _ = _train(explicit=True)
+    hooked, _, hook = _train(explicit=False, attach_kw={"signature": _by_length})
+    assert [m for m in explicit.marks if m[0] == "begin"][:1] == [("begin", "len7", 1)]
+    assert hooked.marks == explicit.marks
+    assert len(explicit.marks) == 8 and hook.steps == 4
+    assert hooked.trace.to_text() == explicit.trace.to_text()
+    assert len(explicit.trace) > 4 * 2 * 4  # allocations were recorded, not only marks
+    assert memory.plan_trace(hooked.trace) == memory.plan_trace(explicit.trace)
+    hooked_replay = memory.replay_trace(hooked.trace)
+    explicit_replay = memory.replay_trace(explicit.trace)
+    assert explicit_replay["planned_hits"] > 0  # len7 repeats: its plan served the second step
+    for key in ("peak_reserved_bytes", "planned_hits", "planned_misses", "planned_steps"):
+        assert hooked_replay[key] == explicit_replay[key], key
+
+
+# Guards attach() without a model: the next step begins when the previous one ends, so the
+# steps match explicit marks and remove() ends one trailing step that holds no allocation.
+def test_attach_without_model_begins_at_previous_step_end():
+    explicit, _, _ = _train(explicit=True, lengths=(9, 9, 9))
+    torch.manual_seed(0)
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _TraceSculptor(model)
+    hook = ms.attach(opt, signature=lambda: "len9")
+    assert ms.marks == [("begin", "len9", 1)]  # the first step begins at attach
+    for n in (9, 9, 9):
+        batches = [torch.randint(0, 50, (4, n)) for _ in range(2)]
+        opt.zero_grad()
+        for tokens in batches:
+            loss = model(tokens) / 2
+            loss.backward()
+        opt.step()
+    hook.remove()
+    assert ms.marks[:6] == explicit.marks
+    assert [m[0] for m in ms.marks[6:]] == ["begin", "end"]  # the trailing step, ended by remove()
+    assert ms.marks[6][2] == ms.marks[7][1]  # nothing happened inside it
+    assert hook.steps == 4
+
+
+# Guards remove(): after it the optimizer marks nothing, the instance is restored (torch < 2.0
+# wraps step), and a second remove() is harmless.
+def test_attach_remove_detaches():
+    ms, opt, hook = _train(explicit=False, lengths=(5, 6), attach_kw={"signature": _by_length})
+    n = len(ms.marks)
+    assert "step" not in opt.__dict__
+    opt.step()
+    hook.remove()
+    assert len(ms.marks) == n and hook.steps == 2
+
+
+# Guards the LR-scheduler case on the wrapping path: a scheduler that wraps step() after
+# attach() keeps working after remove(), and the removed hook marks nothing more.
+def test_attach_remove_after_scheduler_wrapped_step():
+    torch.manual_seed(0)
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _TraceSculptor(model)
+    hook = ms.attach(opt, model=model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model(torch.randint(0, 50, (2, 3))).backward()
+    opt.step()
+    sched.step()
+    hook.remove()
+    n = len(ms.marks)
+    model(torch.randint(0, 50, (2, 3))).backward()
+    opt.step()
+    sched.step()
+    assert len(ms.marks) == n == 2
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+# Guards input errors: a signature that is neither str nor callable, or a callable that returns
+# a non-string, is a TypeError naming the problem.
+def test_attach_rejects_bad_signature():
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _TraceSculptor(model)
+    with pytest.raises(TypeError, match="signature must be a string or a callable"):
+        ms.attach(opt, signature=5)
+    with pytest.raises(TypeError, match="returned int"):
+        ms.attach(opt, signature=lambda: 3)
+    assert "step" not in opt.__dict__  # the failed attach left nothing behind
+
+
+# Guards the CPU error path: attach() on a machine without CUDA raises the usual clear error
+# and leaves the optimizer as it was.
+@no_cuda
+def test_attach_raises_clear_error_without_cuda():
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="MemSculptor needs CUDA"):
+        MemSculptor().attach(opt)
+    assert "step" not in opt.__dict__
