@@ -160,6 +160,7 @@ class MemSculptor:
         self._pool = None
         self._record_left = 0
         self._trace_path: Optional[str] = None
+        self._hook: Optional["StepHook"] = None  # the attached optimizer hook, if any
         self.plans: List[Dict[str, Any]] = []
 
     @staticmethod
@@ -248,6 +249,9 @@ class MemSculptor:
     @contextlib.contextmanager
     def step(self, signature: str = "") -> Iterator[None]:
         """One training step with shape signature ``signature`` (e.g. the padding bucket)."""
+        if self._hook is not None:
+            raise RuntimeError("MemSculptor.step(): steps are marked by the optimizer hook of "
+                               "attach(); remove() it first")
         self._begin_step(signature)
         try:
             yield
@@ -301,7 +305,11 @@ class MemSculptor:
         both hooks. Thread rules as for :meth:`step`: the optimizer and the model run on the
         training thread.
         """
-        return StepHook(self, optimizer, signature, model)
+        if self._hook is not None:
+            raise RuntimeError("MemSculptor.attach(): already attached to an optimizer; "
+                               "remove() that hook first")
+        self._hook = StepHook(self, optimizer, signature, model)
+        return self._hook
 
     def stats(self) -> Dict[str, Any]:
         """allocated/reserved/peak bytes, fragmentation (1 - peak allocated / peak reserved),
@@ -408,6 +416,8 @@ class StepHook:
         if self._removed:
             return
         self._removed = True
+        if self._ms._hook is self:
+            self._ms._hook = None
         for h in self._handles:
             h.remove()
         self._handles = []

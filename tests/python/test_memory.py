@@ -323,3 +323,22 @@ def test_attach_raises_clear_error_without_cuda():
     with pytest.raises(RuntimeError, match="MemSculptor needs CUDA"):
         MemSculptor().attach(opt)
     assert "step" not in opt.__dict__
+
+
+# Guards mixing: a second attach() or an explicit step() while a hook is attached raises instead
+# of nesting steps; after remove() both work again.
+def test_attach_refuses_mixed_marking():
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _TraceSculptor(model)
+    hook = ms.attach(opt)
+    with pytest.raises(RuntimeError, match="already attached"):
+        ms.attach(opt)
+    with pytest.raises(RuntimeError, match="remove\\(\\) it first"):
+        with ms.step("x"):
+            pass
+    hook.remove()
+    with ms.step("x"):
+        pass
+    ms.attach(opt).remove()
+    assert [m[0] for m in ms.marks] == ["begin", "end"] * 3
