@@ -95,7 +95,7 @@ def _self_check(device: torch.device) -> bool:
         gx2, gw2 = torch.autograd.grad(y2, (x, w), gy.float())
         ok = all(torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-1)
                  for a, b in ((y, y2), (gx, gx2), (gw, gw2)))
-    except (RuntimeError, TypeError) as e:  # RuntimeError covers torch's "not implemented for"
+    except (RuntimeError, TypeError) as e:  # torch's refusals (dtype, arch) are RuntimeErrors
         warnings.warn(f"torch grouped GEMM unusable here ({e}); using the padded-bmm fallback")
         ok = False
     else:
