@@ -49,11 +49,12 @@ std::vector<ckpt::TensorRef> ToRefs(const py::list& tensors, std::vector<PyTenso
   std::vector<ckpt::TensorRef> refs;
   held->reserve(tensors.size());
   refs.reserve(tensors.size());
+  CurrentStreams streams;  // one current-stream lookup per device for the whole state
   for (const auto& item : tensors) {
     auto t = item.cast<py::tuple>();
     if (t.size() != 2) throw py::value_error("save: each tensor is (name, tensor)");
     std::string name = t[0].cast<std::string>();
-    held->push_back(ToTensorViewOrThrow(t[1], name));
+    held->push_back(ToTensorViewOrThrow(t[1], name, &streams));
     refs.push_back({std::move(name), held->back().view});
   }
   return refs;

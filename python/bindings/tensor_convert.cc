@@ -104,7 +104,7 @@ Status FromCapsule(py::object capsule, std::string_view name, PyTensor* out) {
 
 }  // namespace
 
-StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
+StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name, CurrentStreams* streams) {
   PyTensor out;
   try {
     if (PyCapsule_CheckExact(obj.ptr())) {
@@ -141,11 +141,20 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
     LF_RETURN_IF_ERROR(FromCapsule(std::move(capsule), name, &out));
     if (is_bool) out.view.dtype = DType::kBool;
     if (is_torch && out.view.device.is_cuda()) {
+      const int dev = out.view.device.index;
+      if (streams != nullptr) {
+        for (const auto& [d, s] : streams->seen) {
+          if (d == dev) {
+            out.view.stream = s;
+            return out;
+          }
+        }
+      }
       if (torch->current_stream.is_none()) {
         torch->current_stream = py::module_::import("torch.cuda").attr("current_stream");
       }
-      LF_ASSIGN_OR_RETURN(out.view.stream,
-                          ToCudaStream(torch->current_stream(out.view.device.index), name));
+      LF_ASSIGN_OR_RETURN(out.view.stream, ToCudaStream(torch->current_stream(dev), name));
+      if (streams != nullptr) streams->seen.emplace_back(dev, out.view.stream);
     }
     return out;
   } catch (py::error_already_set& e) {
@@ -154,8 +163,8 @@ StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name) {
   }
 }
 
-PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name) {
-  return ValueOrThrow(ToTensorView(obj, name));
+PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name, CurrentStreams* streams) {
+  return ValueOrThrow(ToTensorView(obj, name, streams));
 }
 
 StatusOr<DType> ToDType(py::handle obj, std::string_view what) {

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "loongforge/tensor.h"
@@ -27,12 +29,22 @@ struct PyTensor {
   py::object keep_alive;  // the DLPack capsule: the producer frees the memory once it is gone
 };
 
+// torch's current stream per CUDA device, looked up once for a batch of conversions (a
+// checkpoint converts thousands of tensors; the lookup is a Python call each). Valid while the
+// caller holds the GIL and runs no Python code that could switch streams between conversions.
+struct CurrentStreams {
+  std::vector<std::pair<int, void*>> seen;  // (device index, stream)
+};
+
 // Converts `obj`; `name` names the tensor in errors (InvalidArgument: no DLPack support, an
-// unsupported dtype or device, a consumed capsule, a producer that refused to export).
-StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name);
+// unsupported dtype or device, a consumed capsule, a producer that refused to export). `streams`,
+// when given, caches torch's current-stream lookups across the calls that share it.
+StatusOr<PyTensor> ToTensorView(py::handle obj, std::string_view name,
+                                CurrentStreams* streams = nullptr);
 
 // ToTensorView, raising the Python exception (ValueError) on error.
-PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name);
+PyTensor ToTensorViewOrThrow(py::handle obj, std::string_view name,
+                             CurrentStreams* streams = nullptr);
 
 // A dtype given from Python: a torch.dtype (torch.bfloat16) or a name ParseDType takes ("bfloat16",
 // "bf16"). `what` names the argument in errors (InvalidArgument: another type, an unknown name, a

@@ -443,7 +443,10 @@ def test_trainer_checkpoint_takes_device_staging(tmp_path):
     ck.close()
     fig = ck.figures()
     assert fig["ckpt_saves_committed"] == 1 and fig["ckpt_snapshot_path"] == "device"
-    assert fig["ckpt_per_save"][0]["bytes_written"] >= nbytes
+    # bytes_written is after compression (Adam's moments after one step compress): the raw size
+    # of what the snapshot copied on the device covers the whole state instead.
+    assert st["bytes_total"] >= nbytes and st["bytes_copied"] >= nbytes, st
+    assert 0 < fig["ckpt_per_save"][0]["bytes_written"] <= st["bytes_total"] + (1 << 20)
     assert got["step"] == 1
     for k, t in want.items():
         assert torch.equal(got["model"][k].cpu(), t), k
