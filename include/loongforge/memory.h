@@ -98,6 +98,11 @@ class Trace {
   const std::vector<TraceEvent>& events() const { return events_; }
   size_t size() const { return events_.size(); }
   void Clear() { events_.clear(); }
+  // Drops the events from index `size` on (a step abandoned after running out of memory: Note
+  // [Out of memory in a step] in src/memory/allocator.cc). No-op when `size` >= size().
+  void Truncate(size_t size) {
+    if (size < events_.size()) events_.resize(size);
+  }
 
   // One table per step (steps without events are dropped). Errors (InvalidArgument, naming the
   // event index): an id allocated twice while live, a negative size. A free of an id never
@@ -357,6 +362,8 @@ struct AllocatorStats {
   int64_t arena_bytes = 0;
   int64_t persistent_allocated_bytes = 0;
   int64_t pending_fenced_blocks = 0;  // freed blocks waiting for another stream's fence
+  // Steps abandoned: ran out of memory, or ended by AbandonStep (Note [Out of memory in a step]).
+  int64_t abandoned_steps = 0;
   HistogramSummary alloc_latency_ns;
 };
 
@@ -400,8 +407,25 @@ class MemAllocator {
   // that fails (the step then runs from the pool). With Options::plan_unseen_signatures, a step
   // of a signature without a plan is recorded and planned when it ends (EndStep, or the next
   // BeginStep if EndStep is not called); planning runs on the caller's thread, outside the lock.
+  //
+  // Out of memory inside a step (Note [Out of memory in a step] in src/memory/allocator.cc): the
+  // ResourceExhausted names the step's signature, the bytes asked for, whether the step was
+  // planned, and what the backend had free; the step is then abandoned (no longer planned, traced
+  // or planned on first sight) and the next BeginStep starts clean, so a smaller step can follow.
+  // A failed arena reservation in BeginStep abandons the step the same way.
   Status BeginStep(const std::string& signature);
-  void EndStep();
+  // Returns false when the step was abandoned (it ran out of memory).
+  bool EndStep();
+  // Ends the open step (if any) and abandons it: a step that failed for any reason (an exception
+  // in the training loop) is neither planned on first sight nor kept in a recording.
+  void AbandonStep();
+
+  // Note [Shutdown] in src/memory/allocator.cc. Ends an open step without planning it, stops
+  // recording, and returns every cached segment and an idle arena to the backend. OK when nothing
+  // is live (reserved is then 0); FailedPrecondition naming what is still live otherwise: a leak,
+  // those allocations are still held by the caller. The allocator stays usable: frees of what is
+  // live stay valid, and later allocations reserve anew. Thread-safe.
+  Status Close();
 
   // Recording: every alloc/free and step boundary goes into the trace until StopRecording.
   void StartRecording();

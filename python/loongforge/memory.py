@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import pickle
@@ -146,6 +147,12 @@ class MemSculptor:
             with ms.step(signature=f"len{batch.padded_len}"):
                 loss = model(batch).sum(); loss.backward(); opt.step(); opt.zero_grad()
         print(ms.stats())
+        del model, opt                     # drop the run's tensors, then
+        ms.close()                         # return every byte; reports only a real leak
+
+    Out of memory inside ``step()`` raises ``torch.cuda.OutOfMemoryError`` whose text names the
+    step's signature and the bytes asked for; the step is abandoned (not planned, not recorded)
+    and a following step with a smaller batch runs (docs/memory.md, "Out of memory").
 
     Thread rules: ``step``/``record`` are called from the training thread; allocations may come
     from any thread (autograd's backward thread included). Allocations made while a stream is
@@ -187,6 +194,8 @@ class MemSculptor:
                                                        ctypes.c_size_t, ctypes.c_char_p]
             lib.lf_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
             lib.lf_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            lib.lf_end_step.restype = ctypes.c_int
+            lib.lf_close.restype = ctypes.c_int
             self._lib = lib
         return self._allocator
 
@@ -255,20 +264,33 @@ class MemSculptor:
         self._begin_step(signature)
         try:
             yield
-        finally:
-            self._end_step()
+        except BaseException as e:
+            # A step cut short is neither planned nor recorded (Note [Out of memory in a step]).
+            self._abandon_step()
+            oom = _as_out_of_memory(e)
+            if oom is not e:
+                raise oom from e
+            raise
+        self._end_step()
 
-    # The two step marks. Everything that marks steps (step(), the optimizer hook of attach())
+    # The step marks. Everything that marks steps (step(), the optimizer hook of attach())
     # goes through these, so both produce the same begin/end sequence for the allocator.
     def _begin_step(self, signature: str) -> None:
         self._require()
         self._load()
-        if self._lib.lf_begin_step(self.device, signature.encode()) != 0:
+        rc = self._lib.lf_begin_step(self.device, signature.encode())
+        if rc == -2:  # the planned arena did not fit: names the step and the bytes
+            raise _oom_error_type()(self._err())
+        if rc != 0:
             raise RuntimeError(f"MemSculptor step '{signature}': {self._err()}")
+
+    def _abandon_step(self) -> None:
+        self._lib.lf_abandon_step(self.device)
 
     def _end_step(self) -> None:
         import torch
-        self._lib.lf_end_step(self.device)
+        if self._lib.lf_end_step(self.device) == 1:
+            return  # abandoned (it ran out of memory): not a recorded step
         if self._record_left > 0:
             self._record_left -= 1
             if self._record_left == 0:
@@ -332,11 +354,65 @@ class MemSculptor:
         self._load()
         self._lib.lf_release_cached(self.device)
 
+    def close(self) -> Dict[str, Any]:
+        """The orderly end (docs/memory.md, "Shutdown"): call it after dropping the model, the
+        optimizer and every other CUDA tensor of the run.
+
+        Detaches an attached optimizer hook, collects garbage, lets torch give back what it caches
+        from MemSculptor (the scoped pool's segments, cuBLAS workspaces), then ends any open step
+        and returns every cached byte to CUDA. Returns ``{"live_allocations": n, "live_bytes": b,
+        "message": text}``; ``n > 0`` is a leak (tensors the caller still holds, or graphs not
+        yet released with :meth:`release_graph_memory`), also logged as a warning naming the
+        largest. The allocator stays usable (tensors still live can be freed; new allocations
+        reserve anew). Without it nothing is reported at exit: the allocator lives as long as
+        the process, so tensors freed during interpreter shutdown are freed safely.
+        Idempotent; a no-op when the allocator was never loaded.
+        """
+        if self._hook is not None:
+            self._hook.remove()
+        self._record_left = 0
+        if self._lib is None:
+            return {"live_allocations": 0, "live_bytes": 0, "message": ""}
+        import torch
+        # Scoped install: torch's pool caches our blocks until the pool is released and emptied.
+        self._pool = None
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        torch.cuda.empty_cache()
+        n = self._lib.lf_close(self.device)
+        if n < 0:
+            raise RuntimeError(f"MemSculptor close: {self._err()}")
+        live_bytes = self.stats()["allocated_bytes"] if n else 0
+        return {"live_allocations": n, "live_bytes": live_bytes, "message": self._err() if n else ""}
+
     def release_graph_memory(self) -> None:
         """Frees memory held for CUDA graphs captured earlier. Call only after destroying them."""
         self._require()
         self._load()
         self._lib.lf_release_graph_memory(self.device)
+
+
+def _oom_error_type() -> type:
+    """torch.cuda.OutOfMemoryError (a RuntimeError; torch >= 1.13), else RuntimeError."""
+    try:
+        import torch
+    except ImportError:
+        return RuntimeError
+    return getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+
+
+def _as_out_of_memory(e: BaseException) -> BaseException:
+    """torch turns lf_alloc's exhaustion into a plain RuntimeError (a plug-in cannot raise
+    torch's own type); inside a step it becomes torch.cuda.OutOfMemoryError with the same text, so
+    ``except torch.cuda.OutOfMemoryError`` works as with torch's allocator. Others: ``e``."""
+    oom = _oom_error_type()
+    if (isinstance(e, RuntimeError) and not isinstance(e, oom)
+            and "out of memory (MemSculptor" in str(e)):
+        return oom(str(e))
+    return e
 
 
 class StepHook:

@@ -550,6 +550,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if s.d.is_main and args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(summary, f, indent=2)
+    # MemSculptor closes after the run's tensors are gone (docs/memory.md, "Shutdown").
+    mem = s.mem
+    del s
+    mem.close()
     return summary
 
 

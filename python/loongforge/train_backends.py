@@ -700,6 +700,11 @@ class MemoryPlanner:
     def stats(self) -> Optional[Dict[str, Any]]:
         return dict(self.ms.stats()) if self.ms is not None else None
 
+    def close(self) -> Optional[Dict[str, Any]]:
+        """MemSculptor.close(), once the run dropped its model and optimizer (docs/memory.md,
+        "Shutdown"): returns every cached byte, warns only about tensors still held."""
+        return self.ms.close() if self.ms is not None else None
+
 
 # ------------------------------------------------------------------------------------------------
 # Optimizer and schedule

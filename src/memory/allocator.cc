@@ -114,6 +114,37 @@
 // on demand when T first wants it: recorded later than the free, so waiting on it is conservative
 // and still correct. Blocks whose fences have passed become usable by any stream and coalesce
 // freely; a pending block coalesces only with neighbours of its own stream.
+//
+// Note [Out of memory in a step]
+// A step that asks for more than the backend has fails with ResourceExhausted that says what a
+// user needs to shrink the step: the step's signature, the bytes asked for (exact and readable),
+// how the step was being served (planned; planned but diverged, and why; unplanned: first sight,
+// recording, or no plan), what the backend had free of its capacity, and what was live. The step
+// is then abandoned, so that a smaller step can follow cleanly (a batch-size search, or a retry
+// with a smaller batch after torch raised):
+//   - it is no longer planned: the rest of it (the exception's handling, a retry inside the same
+//     step) comes from the pool, which starts in the arena's free bytes (Note [Lent arena]);
+//   - it is not planned on first sight: a plan made from a step cut short would be wrong;
+//   - while recording, its events are dropped from the trace (it was never a whole step) and the
+//     later frees of its allocations are not traced, so PlanFromTrace never sees it;
+//   - its allocations still live (torch frees them when the exception is dropped) stay valid and
+//     are freed normally; those still live at the next BeginStep are occupants as usual.
+// The next BeginStep starts clean. The same happens when BeginStep cannot reserve a planned
+// step's arena (the error then names the arena's bytes), and on AbandonStep (the Python layer
+// calls it when a step raised). What a failed step's recording drops also takes away the frees
+// made in it of the previous step's carries: they then look persistent to the planner (served by
+// the pool), which costs memory, never safety.
+//
+// Note [Shutdown]
+// MemAllocator does not free what is live when destroyed (it warns: a leak). The process-wide
+// allocators of the torch plug-in (torch_allocator.cc) are never destroyed at all: torch frees
+// tensors that live to the end of the process (parameters, optimizer state held by globals)
+// during or after interpreter shutdown, in no order we control, and possibly after static
+// destructors ran; a destroyed allocator would then be freed into. So those allocators live
+// until the process ends and the driver reclaims device memory with the context. An orderly end
+// is Close(), which the caller runs after dropping its own tensors: it returns every cached byte
+// and reports a leak (FailedPrecondition naming the live allocations) only if something is still
+// live then, that is, something the caller still holds.
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -208,6 +239,7 @@ struct Live {
   uint64_t id = 0;
   bool occupant = false;  // holds arena bytes outside any plan (Note [Arena occupants])
   bool in_step = false;   // allocated between BeginStep and the step's end (transient)
+  bool untraced = false;  // made in an abandoned step: its free is not traced either
 };
 
 }  // namespace
@@ -254,6 +286,13 @@ struct MemAllocator::Impl {
   // allocations made inside steps are live (at BeginStep: what earlier steps left behind).
   bool step_open = false;
   int64_t step_made_live = 0;
+  // Note [Out of memory in a step]: the open step was abandoned; where its events begin in the
+  // recording; the first allocation id it made.
+  bool step_failed = false;
+  size_t step_trace_start = 0;
+  uint64_t step_first_id = 1;
+  std::string step_unplanned_why;  // why the open step began without a plan (empty: it has one)
+  int64_t abandoned_steps = 0;
   std::string probe_signature;
   Trace probe;
   int64_t first_sight_plans = 0;
@@ -645,12 +684,7 @@ struct MemAllocator::Impl {
         ReleaseCachedLocked();
         st = Grow(pool, kind, size);
       }
-      if (!st.ok()) {
-        return ResourceExhaustedError(
-            "out of memory allocating " + FormatBytes(size) + " (stream " + std::to_string(stream) +
-            ", " + (kind == PoolKind::kPersistent ? "persistent" : "transient") + ") from " +
-            backend->Name() + ": " + st.message() + "; " + DescribeLiveLocked(5));
-      }
+      if (!st.ok()) return ResourceExhaustedError(backend->Name() + ": " + st.message());
       b = FindFree(pool, size, stream);
       LF_CHECK(b != nullptr) << "fresh segment cannot serve " << size;
     }
@@ -824,6 +858,52 @@ struct MemAllocator::Impl {
     return nullptr;
   }
 
+  // Note [Out of memory in a step]: how the open step was being served when it ran out.
+  std::string StepStateLocked() const {
+    if (!step_open) return "outside any step";
+    if (step_failed) return "already abandoned";
+    if (step_planned) {
+      // TryPlanned moved the cursor past the slot the pool was asked to serve.
+      return "planned: allocation " + std::to_string(cursor > 0 ? cursor - 1 : 0) + " of " +
+             std::to_string(arena_plan->sizes.size()) + ", served by the pool";
+    }
+    if (shadow_plan) {
+      const size_t at = last_miss.find("diverged");
+      return "planned, then " + (at == std::string::npos ? "diverged" : last_miss.substr(at));
+    }
+    if (probing) return "unplanned: first sight of this signature";
+    if (recording) return "unplanned: being recorded";
+    return "unplanned: " + step_unplanned_why;
+  }
+
+  // Note [Out of memory in a step]: the open step is no longer planned, first-sight planned or
+  // traced. Counts once per step.
+  void AbandonLocked() {
+    if (!step_open || step_failed) return;
+    step_failed = true;
+    ++abandoned_steps;
+    probing = false;
+    probe.Clear();
+    if (recording) trace.Truncate(step_trace_start);
+    for (auto& [addr, rec] : live) {
+      if (rec.in_step && rec.id >= step_first_id) rec.untraced = true;
+    }
+    if (step_planned) {
+      step_planned = false;
+      LendArena();
+    }
+    shadow_plan.reset();
+  }
+
+  // Closes the open step (abandoned or not) under the lock; the caller plans a first sight.
+  void EndStepLocked() {
+    step_planned = false;
+    step_open = false;
+    cursor = 0;
+    shadow_plan.reset();
+    ReclaimArena();
+  }
+
   std::string DescribeLiveLocked(size_t top_n) const {
     std::vector<const Live*> v;
     v.reserve(live.size());
@@ -902,7 +982,24 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
     }
     if (use_pool) {
       StatusOr<void*> p = m.PoolAlloc(size, stream, kind, &rec, placement);
-      if (!p.ok()) return p.status();
+      if (!p.ok()) {
+        // Note [Out of memory in a step].
+        std::string what = std::to_string(bytes) + " bytes (" +
+                           FormatBytes(static_cast<int64_t>(bytes)) + ") requested, " +
+                           (kind == PoolKind::kPersistent ? "persistent" : "transient") +
+                           ", stream " + std::to_string(stream) + ", from " + p.status().message() +
+                           "; " + m.DescribeLiveLocked(5);
+        if (!m.step_open) return ResourceExhaustedError("out of memory: " + what);
+        std::string msg = "out of memory in step '" + m.step_signature + "' (" +
+                          m.StepStateLocked() + "): " + what;
+        if (!m.step_failed) {
+          msg +=
+              ". The step is abandoned (no longer planned or recorded); a smaller step may "
+              "follow";
+        }
+        m.AbandonLocked();
+        return ResourceExhaustedError(msg);
+      }
       ptr = *p;
     }
     rec.id = m.next_id++;
@@ -915,7 +1012,9 @@ StatusOr<void*> MemAllocator::Allocate(size_t bytes, StreamId stream, PoolKind k
     // Those between steps (an optimizer step after EndStep, its temporaries and the state it
     // creates) always come from the pool; traced, they would be planned into the arena as well and
     // reserved twice.
-    if (kind == PoolKind::kTransient && m.step_open && (m.recording || m.probing)) {
+    if (m.step_failed && m.step_open) rec.untraced = true;
+    if (kind == PoolKind::kTransient && m.step_open && !m.step_failed &&
+        (m.recording || m.probing)) {
       int64_t now = NowNs();
       if (m.recording) m.trace.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
       if (m.probing) m.probe.AddAlloc(rec.id, static_cast<int64_t>(bytes), stream, now);
@@ -944,7 +1043,7 @@ Status MemAllocator::Free(void* ptr, StreamId stream) {
   if (rec.kind == PoolKind::kTransient && m.step_open) ++m.step_events;
   // Frees of what steps made, traced or not (an earlier step's carry freed in this one is a
   // foreign free the carry zones depend on); not those of allocations made between steps.
-  if (rec.in_step && (m.recording || m.probing)) {
+  if (rec.in_step && !rec.untraced && (m.recording || m.probing)) {
     int64_t now = NowNs();
     if (m.recording) m.trace.AddFree(rec.id, stream, now);
     if (m.probing) m.probe.AddFree(rec.id, stream, now);
@@ -976,6 +1075,10 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   if (plan && plan->mirror && m.carry_zone_now == plan->carry_zone) plan = plan->mirror;
   m.carry_zone_now = -1;
   m.step_events = 0;
+  m.step_failed = false;
+  m.step_first_id = m.next_id;
+  m.step_trace_start = m.trace.size();
+  m.step_unplanned_why = "no plan for this signature";
   m.step_planned = false;
   m.step_open = true;
   m.step_signature = signature;
@@ -1013,6 +1116,7 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     ++m.planned_misses;
     m.last_miss = "step '" + signature + "' not planned: " + std::to_string(m.planned_live_count) +
                   " planned allocations of the previous step still live";
+    m.step_unplanned_why = "the previous step's planned allocations were still live";
     return Status::Ok();
   }
   auto round = [](int64_t n) {
@@ -1031,6 +1135,7 @@ Status MemAllocator::BeginStep(const std::string& signature) {
     ++m.planned_misses;
     m.last_miss = "step '" + signature + "' not planned: its plan needs " + std::to_string(need) +
                   " bytes, the occupied arena has " + std::to_string(m.arena_size);
+    m.step_unplanned_why = "its plan did not fit the occupied arena";
     m.LendArena();
     return Status::Ok();
   }
@@ -1043,8 +1148,15 @@ Status MemAllocator::BeginStep(const std::string& signature) {
       a = m.backend->Reserve(want);
     }
     if (!a.ok()) {
+      // Note [Out of memory in a step]: the step never starts; a smaller one may follow.
       ++m.planned_misses;
-      return a.status().WithContext("reserving the planned arena for step '" + signature + "'");
+      std::string msg =
+          "out of memory in step '" + signature + "' (planned): its arena of " +
+          std::to_string(want) + " bytes (" + FormatBytes(static_cast<int64_t>(want)) +
+          ") could not be reserved from " + m.backend->Name() + ": " + a.status().message() + "; " +
+          m.DescribeLiveLocked(5) + ". The step is abandoned; a smaller step may follow";
+      m.AbandonLocked();
+      return ResourceExhaustedError(msg);
     }
     m.arena = *a;
     m.arena_size = want;
@@ -1059,16 +1171,41 @@ Status MemAllocator::BeginStep(const std::string& signature) {
   return Status::Ok();
 }
 
-void MemAllocator::EndStep() {
+bool MemAllocator::EndStep() {
+  bool failed = false;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->step_planned = false;
-    impl_->step_open = false;
-    impl_->cursor = 0;
-    impl_->shadow_plan.reset();
-    impl_->ReclaimArena();
+    failed = impl_->step_failed;
+    impl_->step_failed = false;
+    impl_->EndStepLocked();
   }
-  PlanFirstSight();
+  PlanFirstSight();  // a no-op after a failure: AbandonLocked stopped the probe
+  return !failed;
+}
+
+void MemAllocator::AbandonStep() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->AbandonLocked();
+  impl_->step_failed = false;
+  impl_->EndStepLocked();
+}
+
+Status MemAllocator::Close() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  // Note [Shutdown]. An open step (a trailing one begun by an optimizer hook) is ended unplanned:
+  // planning it would be wasted work, and counting it abandoned would be misleading.
+  m.probing = false;
+  m.probe.Clear();
+  m.step_failed = false;
+  m.EndStepLocked();
+  m.recording = false;
+  m.trace.Clear();
+  m.ReleaseCachedLocked();
+  if (m.live.empty()) return Status::Ok();
+  return FailedPreconditionError("closed with " + std::to_string(m.live.size()) +
+                                 " live allocations (" + FormatBytes(m.allocated) +
+                                 ") still held by the caller: " + m.DescribeLiveLocked(5));
 }
 
 void MemAllocator::PlanFirstSight() {
@@ -1253,6 +1390,7 @@ AllocatorStats MemAllocator::Stats() const {
     s.pool_allocs = m.pool_allocs;
     s.arena_bytes = static_cast<int64_t>(m.arena_size);
     s.persistent_allocated_bytes = m.persistent_allocated;
+    s.abandoned_steps = m.abandoned_steps;
   }
   s.plans_cached = static_cast<int64_t>(plans_.size());
   s.plan_evictions = plans_.evictions();

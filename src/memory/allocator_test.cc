@@ -245,7 +245,7 @@ TEST(MemAllocator, ExhaustionSaysWhatWasLive) {
   ASSERT_FALSE(fail.ok());
   EXPECT_EQ(fail.status().code(), StatusCode::kResourceExhausted);
   const std::string& m = fail.status().message();
-  EXPECT_NE(m.find("out of memory allocating 6.0 MiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("out of memory: 6291456 bytes (6.0 MiB) requested"), std::string::npos) << m;
   EXPECT_NE(m.find("2 live allocations"), std::string::npos) << m;
   EXPECT_NE(m.find("top live: 3.0 MiB stream 0 persistent"), std::string::npos) << m;
   EXPECT_NE(m.find("persistent"), std::string::npos) << m;
@@ -1083,6 +1083,198 @@ TEST(MemAllocator, RecordingTracesOnlyOpenSteps) {
   ASSERT_FALSE(plans->empty());
   for (const Plan& p : *plans) EXPECT_LE(p.peak_bytes, static_cast<int64_t>(8 * kMiB));
   ASSERT_TRUE(a->Free(state, 0).ok());
+}
+
+// Allocates `n` blocks of `bytes` each (all live) and returns them; stops at the first failure.
+std::vector<void*> AllocN(MemAllocator* a, int n, size_t bytes, Status* failure = nullptr) {
+  std::vector<void*> out;
+  for (int i = 0; i < n; ++i) {
+    auto p = a->Allocate(bytes, 0);
+    if (!p.ok()) {
+      if (failure) *failure = p.status();
+      break;
+    }
+    out.push_back(*p);
+  }
+  return out;
+}
+
+void FreeAll(MemAllocator* a, std::vector<void*>* ptrs) {
+  for (void* p : *ptrs) EXPECT_TRUE(a->Free(p, 0).ok());
+  ptrs->clear();
+}
+
+// Guards issue 16 (out of memory inside a planned step): the error names the step's signature,
+// the bytes asked for, that the step was planned and diverged, and what the backend had free;
+// the step is abandoned, a smaller step then runs, the plans stay intact and no byte leaks.
+TEST(MemAllocator, OutOfMemoryInPlannedStepNamesStepAndBytes) {
+  auto a = MakeAllocator(16 * kMiB, kMiB);
+  for (int i = 0; i < 2; ++i) {  // first sight, then planned
+    ASSERT_TRUE(a->BeginStep("b4").ok());
+    auto v = AllocN(a.get(), 4, kMiB);
+    ASSERT_EQ(v.size(), 4u);
+    FreeAll(a.get(), &v);
+    EXPECT_TRUE(a->EndStep());
+  }
+  ASSERT_EQ(a->Stats().planned_steps, 1);
+  ASSERT_TRUE(a->BeginStep("b4").ok());
+  auto v = AllocN(a.get(), 4, kMiB);
+  ASSERT_EQ(a->Stats().planned_hits, 8);
+  auto big = a->Allocate(13 * kMiB, 0);  // beyond the plan, and beyond what the range has left
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  const std::string& m = big.status().message();
+  EXPECT_NE(m.find("out of memory in step 'b4'"), std::string::npos) << m;
+  EXPECT_NE(m.find("13631488 bytes (13.0 MiB) requested"), std::string::npos) << m;
+  EXPECT_NE(m.find("planned, then diverged at allocation 4 of 4"), std::string::npos) << m;
+  EXPECT_NE(m.find("12.0 MiB free of 16.0 MiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("The step is abandoned"), std::string::npos) << m;
+  EXPECT_EQ(a->Stats().abandoned_steps, 1);
+  FreeAll(a.get(), &v);  // torch drops the failed step's tensors with the exception
+  EXPECT_FALSE(a->EndStep()) << "EndStep says the step was abandoned";
+
+  // A smaller step follows: first sight, then planned.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a->BeginStep("b2").ok());
+    auto w = AllocN(a.get(), 2, kMiB);
+    ASSERT_EQ(w.size(), 2u);
+    FreeAll(a.get(), &w);
+    EXPECT_TRUE(a->EndStep());
+  }
+  ASSERT_TRUE(a->BeginStep("b4").ok());  // the failed step did not touch b4's plan
+  auto again = AllocN(a.get(), 4, kMiB);
+  ASSERT_EQ(again.size(), 4u);
+  FreeAll(a.get(), &again);
+  EXPECT_TRUE(a->EndStep());
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.planned_steps, 4);  // b4 twice (the failed step began planned), b2, b4
+  EXPECT_EQ(s.planned_hits, 8 + 2 + 4);  // the 8 before the failure, b2, b4
+  EXPECT_EQ(s.plans_cached, 2);
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.live_allocations, 0);
+  EXPECT_EQ(s.num_allocs, s.num_frees);
+  EXPECT_TRUE(a->Close().ok());
+  EXPECT_EQ(a->Stats().reserved_bytes, 0);
+}
+
+// Guards issue 16 (out of memory in an unplanned step): a first-sight step cut short by the
+// failure is not planned, and a recording keeps only whole steps, so the next plans are sound.
+TEST(MemAllocator, OutOfMemoryInUnplannedStepIsNeitherPlannedNorRecorded) {
+  auto a = MakeAllocator(16 * kMiB, kMiB);
+  ASSERT_TRUE(a->BeginStep("b16").ok());
+  Status failure;
+  auto v = AllocN(a.get(), 20, kMiB, &failure);
+  ASSERT_EQ(failure.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(failure.message().find("out of memory in step 'b16' (unplanned: first sight"),
+            std::string::npos)
+      << failure;
+  EXPECT_NE(failure.message().find("1048576 bytes (1.0 MiB) requested"), std::string::npos)
+      << failure;
+  FreeAll(a.get(), &v);
+  EXPECT_FALSE(a->EndStep());
+  EXPECT_FALSE(a->plans().Contains("b16")) << "a step cut short must not be planned";
+
+  a->StartRecording();
+  ASSERT_TRUE(a->BeginStep("b8").ok());
+  v = AllocN(a.get(), 8, kMiB);
+  FreeAll(a.get(), &v);
+  a->EndStep();
+  ASSERT_TRUE(a->BeginStep("b16").ok());
+  v = AllocN(a.get(), 20, kMiB, &failure);
+  EXPECT_NE(failure.message().find("(unplanned: being recorded)"), std::string::npos) << failure;
+  FreeAll(a.get(), &v);  // frees of the failed step's allocations are not traced either
+  EXPECT_FALSE(a->EndStep());
+  ASSERT_TRUE(a->BeginStep("b8").ok());
+  v = AllocN(a.get(), 8, kMiB);
+  FreeAll(a.get(), &v);
+  a->EndStep();
+  ASSERT_TRUE(a->BeginStep("b4").ok());  // a step that raised for another reason
+  v = AllocN(a.get(), 3, kMiB);
+  FreeAll(a.get(), &v);
+  a->AbandonStep();
+  Trace t = a->StopRecording();
+  auto tables = t.Lifetimes();
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  ASSERT_EQ(tables->size(), 2u);
+  for (const auto& table : *tables) {
+    EXPECT_EQ(table.signature, "b8");
+    EXPECT_EQ(table.allocs.size(), 8u);
+    EXPECT_EQ(table.foreign_frees, 0);
+  }
+  auto plans = a->PlanFromTrace(t);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 1u);
+  AllocatorStats s = a->Stats();
+  EXPECT_EQ(s.abandoned_steps, 3);
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.num_allocs, s.num_frees);
+}
+
+// Guards issue 16: a planned step whose arena cannot be reserved fails at BeginStep with the
+// step's signature and the arena's bytes, and a smaller step then runs.
+TEST(MemAllocator, ArenaReservationFailureNamesStep) {
+  auto big = MakeAllocator(64 * kMiB, kMiB);
+  big->StartRecording();
+  ASSERT_TRUE(big->BeginStep("b32").ok());
+  auto v = AllocN(big.get(), 20, kMiB);
+  FreeAll(big.get(), &v);
+  big->EndStep();
+  auto plans = big->PlanFromTrace(big->StopRecording());
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  auto a = MakeAllocator(16 * kMiB, kMiB);
+  ASSERT_TRUE(a->InstallPlan((*plans)[0]).ok());
+  Status s = a->BeginStep("b32");
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("out of memory in step 'b32' (planned): its arena of 20971520 bytes"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("free of 16.0 MiB"), std::string::npos) << s;
+  ASSERT_TRUE(a->BeginStep("b8").ok());
+  v = AllocN(a.get(), 8, kMiB);
+  EXPECT_EQ(v.size(), 8u);
+  FreeAll(a.get(), &v);
+  EXPECT_TRUE(a->EndStep());
+  EXPECT_EQ(a->Stats().abandoned_steps, 1);
+  EXPECT_EQ(a->Stats().allocated_bytes, 0);
+}
+
+// Guards issue 16 (clean shutdown): with nothing live, Close returns every byte (pools and arena)
+// without a leak report, and the allocator still serves afterwards.
+TEST(MemAllocator, CloseWithNothingLiveReleasesEverything) {
+  auto a = MakeAllocator(64 * kMiB, 2 * kMiB);
+  void* param = *a->Allocate(3 * kMiB, 0, PoolKind::kPersistent);
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "b64"));
+  ASSERT_TRUE(RunStep(a.get(), LayerStep(64), "b64"));  // planned: an arena is reserved
+  ASSERT_GT(a->Stats().arena_bytes, 0);
+  ASSERT_TRUE(a->BeginStep("b64").ok());  // a trailing step left open (an optimizer hook's)
+  ASSERT_TRUE(a->Free(param, 0).ok());
+  Status s = a->Close();
+  EXPECT_TRUE(s.ok()) << s;
+  AllocatorStats st = a->Stats();
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(st.segments, 0);
+  EXPECT_EQ(st.arena_bytes, 0);
+  auto p = a->Allocate(kMiB, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(a->Free(*p, 0).ok());
+}
+
+// Guards issue 16 (clean shutdown): a tensor the caller still holds at Close is reported as a
+// leak (FailedPrecondition naming it), stays valid, and can still be freed; then Close is clean.
+TEST(MemAllocator, CloseReportsWhatTheCallerStillHolds) {
+  auto a = MakeAllocator(64 * kMiB, 2 * kMiB);
+  void* held = *a->Allocate(3 * kMiB, 0, PoolKind::kPersistent);
+  void* gone = *a->Allocate(kMiB, 0);
+  ASSERT_TRUE(a->Free(gone, 0).ok());
+  Status s = a->Close();
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("closed with 1 live allocations (3.0 MiB)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("3.0 MiB stream 0 persistent"), std::string::npos) << s;
+  EXPECT_EQ(a->Stats().reserved_bytes, static_cast<int64_t>(4 * kMiB)) << "only held segment kept";
+  std::memset(held, 0x11, 3 * kMiB);  // still valid memory
+  ASSERT_TRUE(a->Free(held, 0).ok());
+  EXPECT_TRUE(a->Close().ok());
+  EXPECT_EQ(a->Stats().reserved_bytes, 0);
 }
 
 }  // namespace

@@ -38,7 +38,26 @@ class CudaBackend : public MemoryBackend {
     }
     DeviceGuard g(device_);
     void* p = nullptr;
-    LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky, but clear it so later checks do not see it
+      // Note [Out of memory in a step] (allocator.cc): say what the device had free.
+      size_t free_bytes = 0, total_bytes = 0;
+      std::string on_device;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        on_device = ", " + FormatBytes(static_cast<int64_t>(free_bytes)) + " free of " +
+                    FormatBytes(static_cast<int64_t>(total_bytes));
+      } else {
+        cudaGetLastError();
+      }
+      return ResourceExhaustedError("cudaMalloc of " + FormatBytes(static_cast<int64_t>(bytes)) +
+                                    " on cuda:" + std::to_string(device_) + " failed (" +
+                                    FormatBytes(static_cast<int64_t>(used_)) +
+                                    " reserved by MemSculptor" + on_device + ")");
+    }
+    if (err != cudaSuccess) {
+      return ::loongforge::internal::CudaErrorToStatus(err, "cudaMalloc", __FILE__, __LINE__);
+    }
     used_ += bytes;
     return p;
   }

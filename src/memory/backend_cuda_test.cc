@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -118,6 +119,101 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
   }
   EXPECT_TRUE(threw);
   // The library stays loaded: its device state lives until process exit, like torch's allocator.
+}
+
+void* OpenAllocLib() {
+  setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1);  // read at the library's first use
+  return dlopen(AllocSoPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+}
+
+// Guards issue 16 on the device: an out-of-memory inside a step throws with the step's signature
+// and the bytes asked for, the step is abandoned (lf_end_step says so), a smaller step follows,
+// and lf_close returns every byte, reporting a leak only while an allocation is still held.
+TEST(MemCuda, OutOfMemoryInStepThenClose) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  void* h = OpenAllocLib();
+  ASSERT_NE(h, nullptr) << dlerror();
+  using AllocFn = void* (*)(ssize_t, int, cudaStream_t);
+  using FreeFn = void (*)(void*, ssize_t, int, cudaStream_t);
+  using StepFn = int (*)(int, const char*);
+  using DevFn = int (*)(int);
+  using StatsFn = int (*)(int, char*, size_t);
+  using ErrFn = int (*)(char*, size_t);
+  auto lf_alloc = reinterpret_cast<AllocFn>(dlsym(h, "lf_alloc"));
+  auto lf_free = reinterpret_cast<FreeFn>(dlsym(h, "lf_free"));
+  auto lf_begin_step = reinterpret_cast<StepFn>(dlsym(h, "lf_begin_step"));
+  auto lf_end_step = reinterpret_cast<DevFn>(dlsym(h, "lf_end_step"));
+  auto lf_close = reinterpret_cast<DevFn>(dlsym(h, "lf_close"));
+  auto lf_stats = reinterpret_cast<StatsFn>(dlsym(h, "lf_stats_json"));
+  auto lf_last_error = reinterpret_cast<ErrFn>(dlsym(h, "lf_last_error"));
+  ASSERT_TRUE(lf_alloc && lf_free && lf_begin_step && lf_end_step && lf_close && lf_stats &&
+              lf_last_error);
+
+  ASSERT_EQ(lf_begin_step(0, "oom"), 0);
+  void* a = lf_alloc(8 << 20, 0, nullptr);
+  std::string what;
+  try {
+    lf_alloc(ssize_t{1} << 30, 0, nullptr);
+  } catch (const std::bad_alloc& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("out of memory in step 'oom'"), std::string::npos) << what;
+  EXPECT_NE(what.find("1073741824 bytes (1.0 GiB) requested"), std::string::npos) << what;
+  lf_free(a, 8 << 20, 0, nullptr);
+  EXPECT_EQ(lf_end_step(0), 1) << "the step was abandoned";
+  ASSERT_EQ(lf_begin_step(0, "small"), 0);
+  void* b = lf_alloc(1 << 20, 0, nullptr);
+  EXPECT_EQ(cudaMemset(b, 3, 1 << 20), cudaSuccess);
+  lf_free(b, 1 << 20, 0, nullptr);
+  EXPECT_EQ(lf_end_step(0), 0);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  EXPECT_EQ(lf_close(0), 0);
+  std::string stats(4096, '\0');
+  ASSERT_GT(lf_stats(0, stats.data(), stats.size()), 0);
+  EXPECT_NE(stats.find("\"reserved_bytes\": 0,"), std::string::npos) << stats;
+  void* held = lf_alloc(1 << 20, 0, nullptr);
+  EXPECT_EQ(lf_close(0), 1);
+  std::string err(4096, '\0');
+  lf_last_error(err.data(), err.size());
+  EXPECT_NE(err.find("closed with 1 live allocations"), std::string::npos) << err;
+  lf_free(held, 1 << 20, 0, nullptr);
+  EXPECT_EQ(lf_close(0), 0);
+}
+
+// Run only as the child of NormalExitWithLiveAllocationIsQuiet: allocates, keeps the allocation
+// and lets the process exit normally.
+TEST(MemCuda, ExitWithLiveAllocationChild) {
+  if (std::getenv("LF_MEM_EXIT_CHILD") == nullptr) GTEST_SKIP() << "child of another test";
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  void* h = OpenAllocLib();
+  ASSERT_NE(h, nullptr) << dlerror();
+  using AllocFn = void* (*)(ssize_t, int, cudaStream_t);
+  auto lf_alloc = reinterpret_cast<AllocFn>(dlsym(h, "lf_alloc"));
+  ASSERT_NE(lf_alloc, nullptr);
+  ASSERT_NE(lf_alloc(4 << 20, 0, nullptr), nullptr);
+  std::printf("child holds a live allocation at exit\n");
+}
+
+// Guards issue 16 (clean shutdown): a process that exits with allocations still live (tensors
+// that live to the end) logs no live-allocation warning: the allocator state is never destroyed
+// (Note [Process-lifetime state] in torch_allocator.cc).
+TEST(MemCuda, NormalExitWithLiveAllocationIsQuiet) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  char exe[PATH_MAX] = {0};
+  ASSERT_GT(readlink("/proc/self/exe", exe, sizeof(exe) - 1), 0);
+  std::string cmd = std::string("LF_MEM_EXIT_CHILD=1 '") + exe +
+                    "' --gtest_filter=MemCuda.ExitWithLiveAllocationChild 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  int status = pclose(f);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("child holds a live allocation at exit"), std::string::npos) << out;
+  EXPECT_EQ(out.find("live allocations"), std::string::npos) << out;
 }
 
 }  // namespace

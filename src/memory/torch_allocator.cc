@@ -10,7 +10,22 @@
 // Note [Exhaustion]
 // torch's pluggable allocator does not check for a null return, so on exhaustion lf_alloc throws
 // LfOutOfMemory (a std::bad_alloc whose what() says what was live). torch turns it into a Python
-// exception carrying that message; the same message stays readable with lf_last_error.
+// exception carrying that message; the same message stays readable with lf_last_error. Inside a
+// step the message names the step's signature and the bytes asked for, and the step is abandoned
+// so that a smaller one can follow (Note [Out of memory in a step] in allocator.cc).
+//
+// Note [Process-lifetime state]
+// The per-device allocators, their graph bookkeeping and the last error are one LibState that is
+// created on first use and intentionally never destroyed (as PyTorch leaks its CUDA hooks object,
+// for the same reason). torch frees tensors that live to the end of the process (parameters and
+// optimizer state held by module globals, the autograd engine's caches) during interpreter
+// shutdown or from its own static destructors, whose order relative to ours no one controls; and
+// by then the CUDA runtime may be unloading, so cudaFree itself can fail. A static MemAllocator
+// was destroyed first: it warned "destroyed with N live allocations" at every normal exit and
+// left later lf_free calls to a dead object. Leaked, every lf_free finds a live allocator, and the
+// driver reclaims the device memory with the context. The orderly end is lf_close (Note
+// [Shutdown] in allocator.cc), which MemSculptor.close() runs after the caller dropped its
+// tensors; it reports a leak only when something is still live then.
 //
 // Note [Graph capture]
 // An allocation made while its stream is capturing a CUDA graph must keep its bytes for the
@@ -56,14 +71,30 @@ struct DeviceState {
   std::unordered_set<void*> graph_live, graph_held;
 };
 
-std::array<DeviceState, kMaxDevices> g_devices;
+// Note [Process-lifetime state].
+struct LibState {
+  std::array<DeviceState, kMaxDevices> devices;
+  std::mutex err_mu;
+  std::string last_error;
+};
+
+LibState& State() {
+  static LibState* state = new LibState;  // never deleted: Note [Process-lifetime state]
+  return *state;
+}
+
 std::atomic<int> g_persistent{0};
-std::mutex g_err_mu;
-std::string g_last_error;
 
 void SetError(const std::string& e) {
-  std::lock_guard<std::mutex> lock(g_err_mu);
-  g_last_error = e;
+  LibState& st = State();
+  std::lock_guard<std::mutex> lock(st.err_mu);
+  st.last_error = e;
+}
+
+std::string LastError() {
+  LibState& st = State();
+  std::lock_guard<std::mutex> lock(st.err_mu);
+  return st.last_error;
 }
 
 size_t EnvMiB(const char* name, size_t def) {
@@ -83,7 +114,7 @@ MemAllocator* Get(int device) {
     SetError("MemSculptor: device index " + std::to_string(device) + " out of range");
     return nullptr;
   }
-  DeviceState& d = g_devices[device];
+  DeviceState& d = State().devices[device];
   std::call_once(d.once, [&] {
     auto backend = CreateCudaBackend(device, EnvMiB("LOONGFORGE_MEM_LIMIT_MB", 0));
     if (!backend.ok()) {
@@ -134,8 +165,8 @@ std::string PlansJson(const std::vector<Plan>& plans) {
        << p.algorithm << "\", \"allocations\": " << p.sizes.size() << ", \"planned\": " << placed
        << ", \"peak_bytes\": " << p.peak_bytes << ", \"lower_bound_bytes\": " << p.lower_bound_bytes
        << ", \"other_peak_bytes\": " << p.other_peak_bytes << ", \"overhead\": " << p.overhead()
-       << ", \"sibling_plans\": " << p.siblings.size() << ", \"carry_zone_bytes\": "
-       << p.carry_zone_bytes << "}";
+       << ", \"sibling_plans\": " << p.siblings.size()
+       << ", \"carry_zone_bytes\": " << p.carry_zone_bytes << "}";
   }
   os << "]";
   return os.str();
@@ -150,7 +181,7 @@ using namespace loongforge::mem;  // NOLINT: the exported C surface below
 
 LF_EXPORT void* lf_alloc(ssize_t size, int device, cudaStream_t stream) {
   MemAllocator* a = Get(device);
-  if (!a) throw LfOutOfMemory(g_last_error);
+  if (!a) throw LfOutOfMemory(LastError());
   bool capturing = Capturing(stream);
   PoolKind kind = (capturing || g_persistent.load(std::memory_order_relaxed))
                       ? PoolKind::kPersistent
@@ -163,7 +194,7 @@ LF_EXPORT void* lf_alloc(ssize_t size, int device, cudaStream_t stream) {
     throw LfOutOfMemory(msg);
   }
   if (capturing) {
-    DeviceState& d = g_devices[device];
+    DeviceState& d = State().devices[device];
     std::lock_guard<std::mutex> lock(d.graph_mu);
     d.graph_live.insert(*p);
   }
@@ -173,7 +204,7 @@ LF_EXPORT void* lf_alloc(ssize_t size, int device, cudaStream_t stream) {
 LF_EXPORT void lf_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
   MemAllocator* a = Get(device);
   if (!a || ptr == nullptr) return;
-  DeviceState& d = g_devices[device];
+  DeviceState& d = State().devices[device];
   {
     std::lock_guard<std::mutex> lock(d.graph_mu);
     auto it = d.graph_live.find(ptr);
@@ -194,7 +225,7 @@ LF_EXPORT void lf_free(void* ptr, ssize_t size, int device, cudaStream_t stream)
 LF_EXPORT void lf_release_graph_memory(int device) {
   MemAllocator* a = Get(device);
   if (!a) return;
-  DeviceState& d = g_devices[device];
+  DeviceState& d = State().devices[device];
   std::lock_guard<std::mutex> lock(d.graph_mu);
   for (void* p : d.graph_held) a->Free(p, 0).IgnoreError();
   d.graph_held.clear();
@@ -203,20 +234,48 @@ LF_EXPORT void lf_release_graph_memory(int device) {
 // 1: allocations from now on go to the persistent pool (parameters, optimizer state); 0: back.
 LF_EXPORT void lf_set_persistent(int on) { g_persistent.store(on ? 1 : 0); }
 
-// Returns 0, or -1 with lf_last_error set.
+// Returns 0; -2 when the step's planned arena could not be reserved (out of memory: the step is
+// abandoned, Note [Out of memory in a step]); -1 on any other error. lf_last_error says why.
 LF_EXPORT int lf_begin_step(int device, const char* signature) {
   MemAllocator* a = Get(device);
   if (!a) return -1;
   Status s = a->BeginStep(signature ? signature : "");
   if (!s.ok()) {
-    SetError(s.ToString());
-    return -1;
+    bool oom = s.code() == loongforge::StatusCode::kResourceExhausted;
+    SetError(oom ? "CUDA out of memory (MemSculptor, cuda:" + std::to_string(device) +
+                       "): " + s.message()
+                 : s.ToString());
+    return oom ? -2 : -1;
   }
   return 0;
 }
 
-LF_EXPORT void lf_end_step(int device) {
-  if (MemAllocator* a = Get(device)) a->EndStep();
+// Returns 0, or 1 when the step was abandoned (it ran out of memory); -1 without an allocator.
+LF_EXPORT int lf_end_step(int device) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  return a->EndStep() ? 0 : 1;
+}
+
+// Ends the open step and abandons it (a step that raised): neither planned nor recorded.
+LF_EXPORT void lf_abandon_step(int device) {
+  if (MemAllocator* a = Get(device)) a->AbandonStep();
+}
+
+// Note [Shutdown] in allocator.cc: ends the open step, returns every cached byte of `device` to
+// CUDA, and returns the number of allocations still live (0: a clean close), or -1 with
+// lf_last_error set. Live allocations are a leak (the caller still holds them): they are logged as
+// a warning and described in lf_last_error. Memory held for CUDA graphs counts as live until
+// lf_release_graph_memory. The allocator stays usable afterwards.
+LF_EXPORT int lf_close(int device) {
+  MemAllocator* a = Get(device);
+  if (!a) return -1;
+  Status s = a->Close();
+  if (s.ok()) return 0;
+  std::string msg = "MemSculptor on cuda:" + std::to_string(device) + " " + s.message();
+  SetError(msg);
+  LF_LOG(WARNING) << msg;
+  return static_cast<int>(a->Stats().live_allocations);
 }
 
 LF_EXPORT int lf_start_recording(int device) {
@@ -270,6 +329,7 @@ LF_EXPORT int lf_stats_json(int device, char* buf, size_t len) {
      << ", \"plan_evictions\": " << s.plan_evictions << ", \"pool_allocs\": " << s.pool_allocs
      << ", \"segments\": " << s.segments << ", \"arena_bytes\": " << s.arena_bytes
      << ", \"persistent_allocated_bytes\": " << s.persistent_allocated_bytes
+     << ", \"abandoned_steps\": " << s.abandoned_steps
      << ", \"alloc_latency_ns\": " << loongforge::SummaryToJson(s.alloc_latency_ns) << "}";
   return CopyOut(os.str(), buf, len);
 }
@@ -282,7 +342,4 @@ LF_EXPORT void lf_release_cached(int device) {
   if (MemAllocator* a = Get(device)) a->ReleaseCached();
 }
 
-LF_EXPORT int lf_last_error(char* buf, size_t len) {
-  std::lock_guard<std::mutex> lock(g_err_mu);
-  return CopyOut(g_last_error, buf, len);
-}
+LF_EXPORT int lf_last_error(char* buf, size_t len) { return CopyOut(LastError(), buf, len); }

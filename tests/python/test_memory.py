@@ -342,3 +342,69 @@ def test_attach_refuses_mixed_marking():
         pass
     ms.attach(opt).remove()
     assert [m[0] for m in ms.marks] == ["begin", "end"] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Out of memory inside a step, and close()
+# ---------------------------------------------------------------------------------------------
+
+class _MarkSculptor(MemSculptor):
+    """MemSculptor whose step marks are recorded instead of sent to the CUDA library (which torch
+    1.13 on the CPU cannot load): what step() tells the allocator, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks = []
+
+    def _begin_step(self, signature):
+        self.marks.append(("begin", signature))
+
+    def _end_step(self):
+        self.marks.append(("end",))
+
+    def _abandon_step(self):
+        self.marks.append(("abandon",))
+
+
+_OOM_TEXT = ("CUDA out of memory (MemSculptor, cuda:0): out of memory in step 'b16' (planned, "
+             "then diverged at allocation 4 of 4: more allocations than planned): 13631488 bytes "
+             "(13.0 MiB) requested")
+
+
+# Guards issue 16: lf_alloc's exhaustion reaches Python from torch as a plain RuntimeError; inside
+# step() it becomes torch.cuda.OutOfMemoryError with the same text (signature, bytes), the step is
+# abandoned rather than ended (so it is neither planned nor recorded), and the next step runs.
+def test_step_out_of_memory_abandons_and_raises_oom_error():
+    ms = _MarkSculptor()
+    with pytest.raises(torch.cuda.OutOfMemoryError) as ei:
+        with ms.step("b16"):
+            raise RuntimeError(_OOM_TEXT)
+    assert "step 'b16'" in str(ei.value) and "13631488 bytes" in str(ei.value)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    with ms.step("b8"):
+        pass
+    assert ms.marks == [("begin", "b16"), ("abandon",), ("begin", "b8"), ("end",)]
+
+
+# Guards step(): another exception in a step abandons it too and propagates unchanged.
+def test_step_other_exception_abandons_and_propagates():
+    ms = _MarkSculptor()
+    with pytest.raises(KeyError):
+        with ms.step("b8"):
+            raise KeyError("batch")
+    assert ms.marks == [("begin", "b8"), ("abandon",)]
+
+
+# Guards close() where the allocator was never loaded (CPU, or MemSculptor not installed): it
+# reports nothing live and detaches an attached optimizer hook, so the trainer may always call it.
+def test_close_without_allocator_detaches_and_reports_nothing():
+    model = _TokenModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ms = _MarkSculptor()
+    hook = ms.attach(opt, model=model, signature="s")
+    model(torch.randint(0, 50, (2, 5))).backward()
+    opt.step()
+    assert ms.close() == {"live_allocations": 0, "live_bytes": 0, "message": ""}
+    assert ms._hook is None and hook._removed
+    model(torch.randint(0, 50, (2, 5)))  # no longer marks steps
+    assert ms.marks == [("begin", "s"), ("end",)]
