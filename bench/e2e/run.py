@@ -12,7 +12,9 @@ Runs, for each batch size: baseline (LeRobot-style), tuned (tuned PyTorch; --com
 --tuned-compile), loongforge (all modules), all with GR00T's image transforms (--augment). Prints a
 table per batch size (step p50/p95, tokens/GPU/s and its ratios to LeRobot-style and tuned, data
 wait, checkpoint stall and blocking per save, peak allocated/reserved memory, model FLOPs per step
-and MFU) and writes every run's summary JSON plus results.json.
+and MFU) and writes every run's summary JSON plus results.json. With --profile-modules N each run
+also profiles N steps after warm-up and the per-part step time (data, vision, llm, projector, dit,
+backward, optimizer, other; the trainer's module_breakdown) is printed under the table.
 """
 from __future__ import annotations
 
@@ -67,6 +69,18 @@ def table_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
     return out
 
 
+def breakdown_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
+    """Per mode with a profile (--profile-modules): ms per step and share of each part."""
+    out = []
+    for m, r in runs.items():
+        b = r.get("module_breakdown")
+        if not b:
+            continue
+        parts = " | ".join(f"{k} {v['ms']:.1f} ms {v['share']:.0%}" for k, v in b["parts"].items())
+        out.append(f"{m:<12}profile of {b['steps']} steps, {b['step_ms']:.1f} ms/step: {parts}")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--db", required=True)
@@ -86,6 +100,8 @@ def main() -> int:
                    help="image transforms of every mode (the trainer's --augment)")
     p.add_argument("--peak-tflops", type=float, default=0.0,
                    help="dense bf16 peak per GPU for MFU (0: the trainer's table by device name)")
+    p.add_argument("--profile-modules", type=int, default=0, metavar="N",
+                   help="the trainer's --profile-modules N in every mode (per-part step time)")
     p.add_argument("--extra", default="", help="extra trainer flags for loongforge mode")
     p.add_argument("--out", default="results/e2e")
     p.add_argument("--reuse", action="store_true",
@@ -121,6 +137,8 @@ def main() -> int:
                    "--augment", a.augment, "--peak-tflops", str(a.peak_tflops)]
             if a.image_size:
                 cmd += ["--image-size", str(a.image_size)]
+            if a.profile_modules:
+                cmd += ["--profile-modules", str(a.profile_modules)]
             if mode == "tuned" and a.tuned_compile:
                 cmd += ["--compile"]
             if mode == "loongforge" and a.extra:
@@ -134,9 +152,13 @@ def main() -> int:
             with open(os.path.join(a.out, f"{tag}.json")) as f:
                 runs[mode] = json.load(f)
         results["runs"][str(bs)] = {m: r["figures"] for m, r in runs.items()}
+        prof = {m: r["module_breakdown"] for m, r in runs.items() if "module_breakdown" in r}
+        if prof:
+            results.setdefault("module_breakdown", {})[str(bs)] = prof
         lines.append(f"\n{a.config}, batch {bs}, {a.steps} steps ({a.warmup} warm-up), ckpt every "
                      f"{a.ckpt_every}, augment {a.augment}")
         lines += table_rows(runs)
+        lines += breakdown_rows(runs)
     text = "\n".join(lines)
     print(f"\nmachine: {results['machine']}\ndate: {results['date']} commit: {results['commit']}"
           + text)

@@ -39,8 +39,8 @@ from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBac
                              make_loader, make_optimizer, moe_metrics, optimizer_step,
                              parse_overrides,
                              rng_state, set_rng_state, setup_dist)
-from .train_metrics import (Readback, Trace, _safe_metrics, add_module_figures, format_summary,
-                            summarize)
+from .train_metrics import (ModuleProfiler, Readback, Trace, _safe_metrics, add_module_figures,
+                            format_summary, summarize)
 
 __all__ = ["build_parser", "run", "main", "build_model", "auto_buckets", "optimizer_step",
            "TrainError"]
@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-jsonl", default=None, help="one JSON line per step")
     p.add_argument("--trace", default=None, help="Chrome-trace JSON of --trace-steps steps")
     p.add_argument("--trace-steps", type=int, default=5)
+    p.add_argument("--profile-modules", type=int, default=0, metavar="N",
+                   help="after --warmup, profile N steps (torch.profiler) and report the step "
+                   "time per part: data, vision, llm, projector, dit, backward, optimizer "
+                   "(summary 'module_breakdown'; those steps leave the timed figures; eager: "
+                   "not with --cuda-graph per_microbatch, --token-buckets or --compile)")
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--quiet", action="store_true")
     m = p.add_argument_group("mixture of experts (docs/moe.md)")
@@ -132,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="selective activation checkpointing")
     g.add_argument("--compile-frozen", action="store_true",
                    help="torch.compile the frozen encoder path (vision tower, frozen LLM layers)")
+    g.add_argument("--fp8-frozen", action="store_true",
+                   help="run the frozen encoders' linear layers in FP8 e4m3 (per-channel weights, "
+                   "per-token activations, torch._scaled_mm); needs compute capability >= 8.9")
     g.add_argument("--adamw", choices=("auto", "fused", "foreach"), default="auto",
                    help="AdamW implementation (auto: fused on CUDA)")
     for m in MODULES:
@@ -150,7 +158,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.image_size is not None and args.image_size <= 0:
         raise TrainError(f"--image-size must be positive, got {args.image_size}")
     for flag in ("weight_decay", "clip", "lr_warmup", "min_lr_ratio", "token_pad", "warmup",
-                 "ckpt_every", "stop_after", "trace_steps", "workers", "threads", "prefetch"):
+                 "ckpt_every", "stop_after", "trace_steps", "workers", "threads", "prefetch",
+                 "profile_modules"):
         v = getattr(args, flag)
         if not v >= 0:
             raise TrainError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
@@ -174,6 +183,22 @@ def check_args(args: argparse.Namespace) -> None:
                          "saves the model, and holds only its own experts)")
     if args.topk_ratio is not None and not 0 < args.topk_ratio <= 1:
         raise TrainError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
+    if args.profile_modules:
+        # Note [Module breakdown] in train_metrics.py: the ranges need an eager step.
+        if args.cuda_graph == "per_microbatch":
+            raise TrainError("--profile-modules needs eager steps: ranges inside CUDA-graph "
+                             "replays do not show; use --cuda-graph off (auto turns it off)")
+        if args.token_buckets not in ("auto", ""):
+            raise TrainError("--profile-modules times backward on its own; the static-batch "
+                             "step runner (--token-buckets) runs forward and backward together: "
+                             "leave --token-buckets at auto")
+        if args.compile:
+            raise TrainError("--profile-modules with --compile: the part ranges would break "
+                             "the compiled graph; profile without --compile")
+        if args.warmup + args.profile_modules > args.steps:
+            raise TrainError(f"--profile-modules {args.profile_modules} needs --steps >= "
+                             f"--warmup + {args.profile_modules} (got --steps {args.steps}, "
+                             f"--warmup {args.warmup})")
     if not os.path.exists(os.path.join(args.data, "data.mdb")):
         raise TrainError(f"--data {args.data}: no LoongForge dataset there (missing data.mdb); "
                          f"build one with `loongforge pack`")
@@ -211,6 +236,7 @@ class Session:
     sync_free: bool
     readback: Readback
     guard: TokenGuard
+    profiler: Optional[ModuleProfiler]
 
 
 def _log(d: Dist) -> Callable[[str], None]:
@@ -241,7 +267,8 @@ def build(args: argparse.Namespace) -> Session:
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
     auto_lean = lf and args.device != "cpu" and torch.cuda.is_available()
-    graphs = args.cuda_graph == "per_microbatch" or (args.cuda_graph == "auto" and auto_lean)
+    graphs = args.cuda_graph == "per_microbatch" or (args.cuda_graph == "auto" and auto_lean
+                                                     and not args.profile_modules)
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
     log = _log(d)
@@ -325,6 +352,15 @@ def build(args: argparse.Namespace) -> Session:
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
                                                              else "off")
 
+    if args.fp8_frozen:
+        from .fp8 import Fp8Unsupported, apply_fp8_frozen
+
+        try:
+            fp8 = apply_fp8_frozen(model, d.device)
+        except Fp8Unsupported as e:
+            raise TrainError(str(e)) from e
+        status["fp8_frozen"] = (f"on ({fp8['fp8']} linear layers e4m3, {fp8['kept']} kept in "
+                                "bf16: a dimension not a multiple of 16)")
     runner: Any = sync.wrapped if sync.kind == "ddp" else model
     if args.compile:
         if not hasattr(torch, "compile"):
@@ -377,9 +413,13 @@ def build(args: argparse.Namespace) -> Session:
         status["sync_free"] = "on (figures read back 2 steps late)"
     readback = Readback(d.device, lag=2 if sync_free else 0)
     guard = TokenGuard(cfg.vocab_size, cfg.max_text_tokens, args.data, log, deferred=cuda)
+    profiler = (ModuleProfiler(start_step + args.warmup, args.profile_modules, d.device, sync_dev)
+                if args.profile_modules else None)
+    if profiler is not None and args.cuda_graph == "auto" and auto_lean:
+        status["cuda_graph"] = "off (--profile-modules: eager steps)"
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, start_step, counter, sync_dev, autocast, trace, stepper,
-                   sync_free, readback, guard)
+                   sync_free, readback, guard, profiler)
 
 
 def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
@@ -444,13 +484,16 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     losses: List[Dict[str, Any]] = []
     t_run = time.perf_counter()
     end_step = min(args.steps, args.stop_after) if args.stop_after else args.steps
+    prof = s.profiler
+    # Profiled steps (--profile-modules) come right after --warmup and leave the timed figures.
+    timed_from = args.warmup + (args.profile_modules if prof is not None else 0)
 
     def finish_row(r: Dict[str, Any]) -> None:
         guard.check_row(r)
         step = r["step"] - 1
         losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss", "grad_norm",
                                          "skipped_nonfinite") if k in r})
-        if step - start_step >= args.warmup:
+        if step - start_step >= timed_from:
             rows.append(r)
         if jsonl:
             jsonl.write(json.dumps(r) + "\n")
@@ -464,22 +507,26 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                   file=sys.stderr, flush=True)
 
     moe = bool(cfg.moe_experts)
+    no_range = contextlib.nullcontext()
     try:
         for step in range(start_step, end_step):
             trace.step = step
+            part = prof.range if prof is not None and prof.active(step) else (lambda _n: no_range)
+            if prof is not None:
+                prof.begin_step(step)
             wait = 0.0
             samples = 0
             known_tokens = 0
             flops = 0.0
-            with counter.window() if step - start_step >= args.warmup else contextlib.nullcontext():
+            with counter.window() if step - start_step >= timed_from else contextlib.nullcontext():
                 acc = readback.begin()  # device: [loss, fm_loss, aux_loss, text tokens, grad norm]
                 sync.zero_grad(opt, keep=stepper is not None and stepper.graphs_on)
                 for micro in range(args.grad_accum):
                     t0 = time.perf_counter()
-                    with trace.span("data_wait"):
+                    with trace.span("data_wait"), part("data"):
                         batch = next(it)
-                    wait += time.perf_counter() - t0
-                    batch = guard(batch)
+                        wait += time.perf_counter() - t0
+                        batch = guard(batch)
                     b = int(batch["tokens"].shape[0])
                     samples += b
                     known_tokens += b * img_tokens + b * (1 + horizon)
@@ -495,7 +542,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                             with trace.span("forward"), autocast():
                                 out = runner(batch, generator=noise_gen)
                                 loss = out["loss"] / args.grad_accum
-                            with trace.span("backward"):
+                            with trace.span("backward"), part("backward"):
                                 loss.backward()
                             del loss
                     readback.add_micro(acc, out, batch["attention_mask"], args.grad_accum, moe)
@@ -508,7 +555,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     sync.feed_expert_load(model)  # collective: every rank at the same step
                 # Per-expert load in the metrics: each step unless figures are read back late.
                 moe_row = moe_metrics(model) if moe and (feed or not s.sync_free) else {}
-                with trace.span("optimizer"):
+                with trace.span("optimizer"), part("optimizer"):
                     optimizer_step(opt, s.params, args.clip, acc, sync)
                     sched.step()
                 stall = 0.0
@@ -521,6 +568,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                             "config": args.config}, model=model, optimizer=opt)
                 if not s.sync_free:
                     s.sync_dev()
+                if prof is not None:  # before the step's end mark: profiler shutdown in this step
+                    prof.end_step(step)
                 readback.end(acc, {
                     "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
@@ -533,6 +582,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
         for r in readback.drain():
             finish_row(r)
     finally:
+        if prof is not None:
+            prof.finish()  # a run that ended inside the window: ranges off, profiler stopped
         it.close()  # stops the loader's pipeline (DataFusion threads, DataLoader workers) now
         if jsonl:
             jsonl.close()
@@ -547,6 +598,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     s.ckpt.close()
     summary = summarize(args, s.d, rows, losses, s.status, s.model, s.loader, s.ckpt, total_s)
     add_module_figures(summary, s.ckpt, s.sync, s.stepper, s.counter, s.mem)
+    if s.profiler is not None and s.profiler.result is not None:
+        summary["module_breakdown"] = s.profiler.result
     if s.d.is_main and args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(summary, f, indent=2)

@@ -143,6 +143,126 @@ class Readback:
 
 
 
+# Parts of a step that --profile-modules times ("other": the rest of the step, e.g. the loss,
+# gradient sync, readback; Note [Module breakdown]).
+MODULE_PARTS = ("data", "vision", "llm", "projector", "dit", "backward", "optimizer")
+
+
+class ModuleProfiler:
+    """--profile-modules N: torch.profiler over N steps after warm-up, with a named range around
+    each part of the step (the data fetch, the model's vision / llm / projector / dit forward,
+    backward, the optimizer step).
+
+    Note [Module breakdown]. A part's time is the wall time of its range, with the device
+    synchronized at every range edge in the profiled steps, so that a range holds exactly the
+    GPU work it queued (kernels run asynchronously otherwise; backward kernels are launched by
+    autograd's device thread, which profiler ranges of the main thread do not cover). On a GPU
+    each part also gets ``device_ms``, the kernel time the profiler attributes to it
+    (``device_time_total``, ``cuda_time_total`` on older torch; backward: autograd's
+    evaluate_function events). The profiled steps are excluded from the timed figures (the
+    syncs and the profiler slow them), and the model's ranges exist only while profiling:
+    a normal run pays one no-op context per part. CUDA graphs would hide the ranges inside
+    their replays, so the trainer refuses --cuda-graph per_microbatch (and --token-buckets,
+    --compile) with this option, and --cuda-graph auto resolves to off."""
+
+    def __init__(self, first_step: int, steps: int, device: torch.device,
+                 sync: Callable[[], None]) -> None:
+        self.first, self.last = first_step, first_step + steps - 1
+        self.cuda = device.type == "cuda"
+        self.sync = sync
+        self.prof: Any = None
+        self.step_s: List[float] = []
+        self.t_step = 0.0
+        self.result: Optional[Dict[str, Any]] = None
+
+    def active(self, step: int) -> bool:
+        return self.first <= step <= self.last
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        self.sync()
+        with torch.autograd.profiler.record_function("lf::" + name):
+            try:
+                yield
+            finally:
+                self.sync()
+
+    def begin_step(self, step: int) -> None:
+        if not self.active(step):
+            return
+        from .models.gr00t import set_profile_ranges
+
+        if self.prof is None:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.start()
+            set_profile_ranges(self.range)
+        self.sync()
+        self.t_step = time.perf_counter()
+
+    def end_step(self, step: int) -> None:
+        if not self.active(step):
+            return
+        self.sync()
+        self.step_s.append(time.perf_counter() - self.t_step)
+        if step == self.last:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stops the profiler (also after a run that ended inside the window) and computes
+        the breakdown."""
+        if self.prof is None:
+            return
+        from .models.gr00t import set_profile_ranges
+
+        set_profile_ranges(None)
+        self.prof.stop()
+        avgs = list(self.prof.key_averages())
+        self.prof = None
+        self.result = module_breakdown(avgs, self.step_s, self.cuda)
+
+
+def _device_us(e: Any) -> float:
+    for attr in ("device_time_total", "cuda_time_total"):  # renamed in torch 2.4
+        if hasattr(e, attr):
+            return float(getattr(e, attr))
+    return 0.0
+
+
+def module_breakdown(avgs: Sequence[Any], step_s: Sequence[float], cuda: bool) -> Dict[str, Any]:
+    """The summary's "module_breakdown" from profiler averages (key, count, cpu_time_total in
+    microseconds) of the lf:: ranges and the profiled steps' wall times (Note [Module
+    breakdown]): per part ms per step and share of the step; "other" is the rest."""
+    n = len(step_s)
+    step_ms = sum(step_s) / n * 1e3 if n else float("nan")
+    by_key = {e.key: e for e in avgs}
+    parts: Dict[str, Dict[str, float]] = {}
+    for name in MODULE_PARTS:
+        e = by_key.get("lf::" + name)
+        ms = e.cpu_time_total / 1e3 / n if e is not None and n else 0.0
+        row = {"ms": ms, "share": ms / step_ms if n else float("nan")}
+        if cuda:
+            dev = _device_us(e) if e is not None else 0.0
+            if name == "backward":  # kernels launched by autograd's device thread
+                dev = max(dev, sum(_device_us(a) for a in avgs
+                                   if a.key.startswith("autograd::engine::evaluate_function")))
+            row["device_ms"] = dev / 1e3 / n if n else 0.0
+        parts[name] = row
+    other = max(0.0, step_ms - sum(p["ms"] for p in parts.values())) if n else float("nan")
+    parts["other"] = {"ms": other, "share": other / step_ms if n else float("nan")}
+    return {"steps": n, "step_ms": step_ms, "parts": parts,
+            "timing": "wall time per range, device synchronized at range edges" +
+                      ("; device_ms: kernel time" if cuda else "")}
+
+
+def format_breakdown(b: Dict[str, Any]) -> str:
+    """One line: each part's ms per step and share."""
+    parts = " | ".join(f"{k} {v['ms']:.1f} ms {v['share']:.0%}" for k, v in b["parts"].items())
+    return f"   module breakdown ({b['steps']} profiled steps, {b['step_ms']:.1f} ms/step): {parts}"
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
 
@@ -299,6 +419,7 @@ def format_summary(s: Dict[str, Any]) -> str:
            f"{f['ckpt_block_s_max']:.3f} s max ({f['ckpt_saves']} saves)" if f["ckpt_saves"]
            else ""),
         f"   memory: {mem_s}",
+        *([format_breakdown(s["module_breakdown"])] if "module_breakdown" in s else []),
         *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
            f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),
         f"   loss: first {s['loss_curve'][0]['loss']:.4f} last {s['loss_curve'][-1]['loss']:.4f}"

@@ -25,6 +25,7 @@ The safetensors I/O at its end is the place to split first if it grows.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -38,6 +39,25 @@ import torch.nn.functional as F
 from torch import nn
 
 Device = Optional[Union[str, torch.device]]
+
+# Profile ranges (the trainer's --profile-modules): None in normal runs, where _part() hands back
+# one shared no-op context (no record_function, nothing allocated); the trainer sets a factory
+# of named ranges for the profiled steps only.
+_PART_RANGES: Optional[Callable[[str], Any]] = None
+_NO_RANGE = contextlib.nullcontext()
+
+
+def set_profile_ranges(factory: Optional[Callable[[str], Any]]) -> None:
+    """factory(part) -> a context manager around each model part's forward: "vision" (SigLIP
+    tower), "projector" (pixel shuffle + mlp1, vlln + action-head projector), "llm" (token
+    embeddings + decoder layers) and "dit" (VL self-attention, state/action encoders, DiT,
+    action decoder). None switches the ranges off."""
+    global _PART_RANGES
+    _PART_RANGES = factory
+
+
+def _part(name: str) -> Any:
+    return _NO_RANGE if _PART_RANGES is None else _PART_RANGES(name)
 
 # ------------------------------------------------------------------------------------------------
 # Config
@@ -421,14 +441,18 @@ class EagleBackbone(nn.Module):
     def forward(self, images: torch.Tensor, tokens: torch.Tensor,
                 attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         b, k = images.shape[:2]
-        feats = self.vision_model(images.flatten(0, 1))
-        img_tok = self.mlp1(pixel_shuffle(feats, self.cfg.downsample_ratio))
-        img_tok = img_tok.reshape(b, k * img_tok.shape[1], -1)
-        txt_tok = self.language_model.embed_tokens(tokens)
-        embeds = torch.cat([img_tok.to(txt_tok.dtype), txt_tok], dim=1)
-        mask = torch.cat([torch.ones(b, img_tok.shape[1], dtype=torch.bool, device=tokens.device),
-                          attention_mask.bool()], dim=1)
-        return self.language_model(embeds, mask), mask
+        with _part("vision"):
+            feats = self.vision_model(images.flatten(0, 1))
+        with _part("projector"):
+            img_tok = self.mlp1(pixel_shuffle(feats, self.cfg.downsample_ratio))
+            img_tok = img_tok.reshape(b, k * img_tok.shape[1], -1)
+        with _part("llm"):
+            txt_tok = self.language_model.embed_tokens(tokens)
+            embeds = torch.cat([img_tok.to(txt_tok.dtype), txt_tok], dim=1)
+            mask = torch.cat([torch.ones(b, img_tok.shape[1], dtype=torch.bool,
+                                         device=tokens.device), attention_mask.bool()], dim=1)
+            vl = self.language_model(embeds, mask)
+        return vl, mask
 
 
 # ------------------------------------------------------------------------------------------------
@@ -766,7 +790,10 @@ class FlowMatchingActionHead(nn.Module):
     def encode_context(self, vl: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         # GR00T runs this without a mask; we mask padded text tokens as keys so that a sample's
         # context does not depend on how far its batch was padded.
-        return self.vl_self_attention(self.projector(self.vlln(vl)), mask)
+        with _part("projector"):
+            x = self.projector(self.vlln(vl))
+        with _part("dit"):
+            return self.vl_self_attention(x, mask)
 
     def velocity(self, context: torch.Tensor, context_mask: torch.Tensor, state: torch.Tensor,
                  noisy: torch.Tensor, t_disc: torch.Tensor,
@@ -852,6 +879,13 @@ class Gr00tPolicy(nn.Module):
         n_frozen = self.cfg.select_layer - self.cfg.tune_top_llm_layers
         return [self.backbone.vision_model, self.backbone.mlp1, lm.embed_tokens,
                 *lm.layers[:n_frozen]]
+
+    def fp8_modules(self) -> List[nn.Module]:
+        """The frozen encoder layers that --fp8-frozen runs in FP8 (loongforge.fp8): the vision
+        tower and the frozen LLM layers (mlp1 and the embeddings stay as they are)."""
+        lm = self.backbone.language_model
+        n_frozen = self.cfg.select_layer - self.cfg.tune_top_llm_layers
+        return [self.backbone.vision_model, *lm.layers[:n_frozen]]
 
     def apply_freeze(self) -> None:
         for p in self.parameters():
@@ -965,8 +999,9 @@ class Gr00tPolicy(nn.Module):
         noisy = (1 - tt) * noise + tt * action
         velocity = action - noise
         t_disc = (t * cfg.num_timestep_buckets).long()
-        pred = self.action_head.velocity(context, context_mask, state.to(context.dtype),
-                                         noisy.to(context.dtype), t_disc, cat)
+        with _part("dit"):
+            pred = self.action_head.velocity(context, context_mask, state.to(context.dtype),
+                                             noisy.to(context.dtype), t_disc, cat)
         mask = batch["action_mask"].bool()[:, :, None].expand(b, horizon, cfg.max_action_dim).clone()
         mask[:, :, a_dim:] = False  # padded action dims carry no loss
         maskf = mask.float()

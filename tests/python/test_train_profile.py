@@ -1,0 +1,114 @@
+"""--profile-modules (per-part step breakdown) and --fp8-frozen on the trainer, tiny CPU runs."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from lf_testdb import make_db  # noqa: E402
+
+from loongforge import train  # noqa: E402
+from loongforge.models import gr00t  # noqa: E402
+from loongforge.train_metrics import MODULE_PARTS  # noqa: E402
+
+torch.set_num_threads(1)
+COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
+          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("db")
+    try:
+        import lmdb  # noqa: F401
+    except ImportError:  # the GPU machine has no python3-lmdb: pack with loongforge itself
+        from loongforge import packing
+        packing.demo_data(str(root / "raw"), episodes=2, cameras=2, width=64, height=48,
+                          steps_min=10, steps_max=14, state_dim=8, action_dim=7)
+        packing.pack(str(root / "raw"), str(root / "db"))
+        return str(root / "db")
+    return make_db(str(root / "db"), episodes=3, steps=8, width=64, height=48)
+
+
+# Guards: the breakdown covers every part of the step, each part's range actually ran (> 0),
+# the shares add up to the step, the profiled steps leave the timed figures, and the model's
+# ranges are switched off again after the profile.
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_profile_modules_breakdown(db, tmp_path, capsys, mode):
+    out = str(tmp_path / "s.json")
+    assert train.main(COMMON + ["--data", db, "--mode", mode, "--steps", "5",
+                                "--profile-modules", "2", "--json-out", out]) == 0
+    s = json.load(open(out))
+    b = s["module_breakdown"]
+    assert b["steps"] == 2 and b["step_ms"] > 0
+    assert set(b["parts"]) == set(MODULE_PARTS) | {"other"}
+    for name in MODULE_PARTS:
+        assert b["parts"][name]["ms"] > 0 and b["parts"][name]["share"] > 0, name
+    assert sum(p["share"] for p in b["parts"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert sum(b["parts"][n]["ms"] for n in MODULE_PARTS) <= b["step_ms"] * 1.001
+    assert s["figures"]["timed_steps"] == 5 - 1 - 2
+    assert gr00t._PART_RANGES is None
+    assert "module breakdown (2 profiled steps" in capsys.readouterr().out
+
+
+# Guards: without the option no breakdown is made and the model's parts run no profiler range.
+def test_no_profile_by_default(db, tmp_path):
+    out = str(tmp_path / "s.json")
+    assert train.main(COMMON + ["--data", db, "--steps", "2", "--json-out", out]) == 0
+    assert "module_breakdown" not in json.load(open(out))
+    assert gr00t._part("vision") is gr00t._NO_RANGE
+
+
+# Guards: combinations that would hide or blur the ranges are one-line errors, not a
+# breakdown with empty parts.
+@pytest.mark.parametrize("extra,msg", [
+    (["--cuda-graph", "per_microbatch"], "--cuda-graph off"),
+    (["--token-buckets", "16,32"], "--token-buckets"),
+    (["--compile"], "--compile"),
+    (["--steps", "2"], "needs --steps >="),
+])
+def test_profile_modules_refused_combinations(db, capsys, extra, msg):
+    args = COMMON + ["--data", db, "--steps", "5", "--profile-modules", "2"] + extra
+    assert train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+# Guards: --fp8-frozen on a machine without FP8 (this CPU, torch 1.13, or a GPU below sm 8.9)
+# stops with one clear line instead of a traceback or a silent bf16 run.
+def test_fp8_frozen_refused_without_fp8(db, capsys):
+    from loongforge import fp8
+
+    try:
+        fp8.check_fp8_support(torch.device("cpu"))
+    except fp8.Fp8Unsupported:
+        pass
+    else:  # pragma: no cover - a CPU device is always refused
+        pytest.fail("a CPU device passed the FP8 check")
+    assert train.main(COMMON + ["--data", db, "--steps", "2", "--fp8-frozen"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fp8-frozen needs" in err[0]
+
+
+# Guards: bench/e2e/run.py passes --profile-modules to the trainer and prints each mode's
+# breakdown under its table (and keeps it in results.json).
+def test_bench_e2e_profile_passthrough(db, tmp_path):
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "e2e"
+    r = subprocess.run([sys.executable, os.path.join(repo, "bench", "e2e", "run.py"), "--db", db,
+                        "--config", "tiny", "--image-size", "28", "--batches", "4", "--steps", "4",
+                        "--warmup", "1", "--ckpt-every", "0", "--workers", "0",
+                        "--loader-threads", "1", "--modes", "baseline", "--profile-modules", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [x for x in r.stdout.splitlines() if "profile of 2 steps" in x]
+    assert len(line) == 1 and line[0].startswith("baseline")
+    assert all(f" {p} " in line[0] for p in MODULE_PARTS)
+    res = json.load(open(out / "results.json"))
+    assert set(res["module_breakdown"]["4"]["baseline"]["parts"]) == set(MODULE_PARTS) | {"other"}
