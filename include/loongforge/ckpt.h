@@ -247,6 +247,13 @@ class CheckpointVault {
   // consumed, so a later Save of it is allowed). True when the save was queued, as by Save().
   // Returns a pending writer error first.
   StatusOr<bool> TrySave(int64_t step, const std::vector<TensorRef>& tensors);
+  // Allocates ahead the device staging arenas a Save() of `tensors` would take (Note [Device
+  // staging] in src/ckpt/snapshot.cc), so that the first save does not pay cudaMalloc inside the
+  // caller's step (26 GB for n16 + AdamW: ~50 ms). Returns the bytes newly allocated; 0 with
+  // `*why` set when nothing was reserved (device staging off, no CUDA tensors, arenas already
+  // large enough, not enough free device memory under device_staging=auto, or a save in flight).
+  // Errors: device_staging=on and the arena cannot be allocated (ResourceExhausted).
+  StatusOr<int64_t> ReserveDeviceStaging(const std::vector<TensorRef>& tensors, std::string* why);
   // True while max_inflight saves are snapshotted but not committed: Save() would wait now.
   // Only the writer ends this state, so a caller that serializes its Save calls and sees false
   // knows its next Save will not wait.

@@ -125,6 +125,21 @@ void BindCkpt(py::module_& m) {
           py::arg("step"), py::arg("tensors"),
           "save() that never waits for the writer: False (nothing snapshotted) while "
           "max_inflight saves are pending.")
+      .def(
+          "reserve_device_staging",
+          [](CheckpointVault& v, const py::list& tensors) {
+            std::vector<PyTensor> held;
+            std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
+            std::string why;
+            StatusOr<int64_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return v.ReserveDeviceStaging(refs, &why);
+            }();
+            return py::make_tuple(ValueOrThrow(std::move(r)), why);
+          },
+          py::arg("tensors"),
+          "Allocates ahead the device staging a save of these tensors takes: (bytes allocated, "
+          "why nothing was when 0).")
       .def("busy", &CheckpointVault::Busy,
            "True while max_inflight saves are pending (save() would wait).")
       .def(

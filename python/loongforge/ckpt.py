@@ -160,6 +160,13 @@ class CheckpointVault:
             return False
         return bool(self._v.try_save(step, self._tensors(state)))
 
+    def reserve_device_staging(self, state: Any) -> Tuple[int, str]:
+        """Allocates ahead the device staging arenas a save of `state` (same structure and
+        devices as the saves to come) would take, so that the first save does not allocate
+        inside the caller's step. Returns (bytes allocated, why nothing was when 0). Call it
+        between saves; with a save in flight it does nothing."""
+        return tuple(self._v.reserve_device_staging(self._tensors(state)))
+
     def busy(self) -> bool:
         """True while max_inflight saves are snapshotted but not committed (save() would wait)."""
         return bool(self._v.busy())

@@ -559,6 +559,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     optimizer_step(opt, s.params, args.clip, acc, sync)
                     sched.step()
                 stall = 0.0
+                if args.ckpt_every and step == start_step:
+                    ckpt.prepare({"model": model.state_dict(), "optimizer": opt.state_dict()})
                 if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
                     with trace.span("checkpoint"):
                         stall = ckpt.save(step + 1, {

@@ -497,6 +497,20 @@ class Checkpointer:
         self.stall_s += dt
         return dt
 
+    def prepare(self, state: Dict[str, Any]) -> None:
+        """Before the first save (after the first optimizer step, so that the optimizer's state
+        exists): reserves the vault's device staging for `state`, so that no save allocates its
+        arena inside a step (cudaMalloc of the whole state: ~50 ms for n16)."""
+        if not self.dir or self.vault is None or not self.d.is_main:
+            return
+        shared = {k: v for k, v in state.items() if k in self.SHARED}
+        nbytes, why = self.vault.reserve_device_staging(shared)
+        if nbytes:
+            self.log(f"[ckpt] device staging reserved: {nbytes / 2**30:.1f} GiB on the GPU "
+                     "(outside torch's allocator; saves copy the state there and return)")
+        elif why and self.d.device.type == "cuda":
+            self.log(f"[ckpt] no device staging reserved: {why}")
+
     def _skip(self, step: int, t: float) -> None:
         self.skipped.append(step)
         self._row["ckpt_skipped"] = 1

@@ -91,6 +91,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <map>
 #include <set>
 
 #include "ckpt/vault_impl.h"
@@ -236,6 +237,53 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
 bool CheckpointVault::Impl::Busy() const {
   std::lock_guard<std::mutex> l(mu_);
   return inflight_ >= opts_.max_inflight;
+}
+
+// The arenas TakeDeviceArenas would take for `tensors`, allocated now and put on the free lists,
+// where the next Save() finds them recycled. Only with no save in flight: an in-flight save holds
+// its arena, and allocating another would break "at most max_inflight arenas exist".
+StatusOr<int64_t> CheckpointVault::Impl::ReserveDeviceStaging(const std::vector<TensorRef>& tensors,
+                                                              std::string* why) {
+  why->clear();
+  if (opts_.device_staging == DeviceStaging::kOff) {
+    *why = "device_staging=off";
+    return int64_t{0};
+  }
+  if (!internal::DeviceSupportCompiled()) {
+    *why = "built without CUDA";
+    return int64_t{0};
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (inflight_ > 0) {
+      *why = "a save is in flight (its arena is reused when it commits)";
+      return int64_t{0};
+    }
+  }
+  std::map<int, int64_t> need;  // device -> arena bytes, laid out as TakeDeviceArenas does
+  for (const TensorRef& t : tensors) {
+    const int dev = CudaIndex(t);
+    if (dev >= 0) need[dev] += AlignUp(t.view.nbytes(), kArenaAlign);
+  }
+  if (need.empty()) {
+    *why = "no CUDA tensors";
+    return int64_t{0};
+  }
+  internal::Job job;
+  SaveStats st;
+  std::string how;
+  for (auto& [dev, bytes] : need) {
+    std::string no = TakeDeviceArena(dev, std::max(bytes, kArenaAlign), &job, &st, &how);
+    if (!no.empty()) {
+      *why = no;
+      break;
+    }
+  }
+  ReturnDeviceArenas(&job.dev_arenas);
+  if (!why->empty() && opts_.device_staging == DeviceStaging::kOn)
+    return ResourceExhaustedError("device_staging=on but " + *why);
+  if (why->empty() && st.staging_allocated == 0) *why = "the recycled arenas are large enough";
+  return st.staging_allocated;
 }
 
 std::vector<SaveStats> CheckpointVault::Impl::TakeCommittedStats() {

@@ -424,6 +424,10 @@ StatusOr<bool> CheckpointVault::TrySave(int64_t step, const std::vector<TensorRe
   return queued;
 }
 bool CheckpointVault::Busy() const { return impl_->Busy(); }
+StatusOr<int64_t> CheckpointVault::ReserveDeviceStaging(const std::vector<TensorRef>& t,
+                                                        std::string* why) {
+  return impl_->ReserveDeviceStaging(t, why);
+}
 std::vector<SaveStats> CheckpointVault::TakeCommittedStats() { return impl_->TakeCommittedStats(); }
 Status CheckpointVault::Wait() { return impl_->Wait(); }
 Status CheckpointVault::Close() { return impl_->Close(); }

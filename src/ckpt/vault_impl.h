@@ -116,6 +116,7 @@ class CheckpointVault::Impl {
   Status Save(int64_t step, const std::vector<TensorRef>& tensors, bool wait_for_slot = true,
               bool* queued = nullptr);
   bool Busy() const;
+  StatusOr<int64_t> ReserveDeviceStaging(const std::vector<TensorRef>& tensors, std::string* why);
   std::vector<SaveStats> TakeCommittedStats();
 
   // vault.cc

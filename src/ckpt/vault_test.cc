@@ -164,6 +164,23 @@ TEST(CkptVault, WritesOnlyChangedChunks) {
 }
 
 // Guards the one-pass restore: 50 incremental saves, each restorable exactly, without replay.
+// Guards ReserveDeviceStaging on a host-only state: nothing is allocated, the reason is given,
+// and the vault saves as before.
+TEST(CkptVault, ReserveDeviceStagingOfHostStateReservesNothing) {
+  State s;
+  s.Add("w", "f32", {16, 1024}, 5);
+  auto v = CheckpointVault::Open(TempDir("reservehost"), SmallOpts());
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::string why;
+  auto r = (*v)->ReserveDeviceStaging(s.Refs(), &why);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 0);
+  EXPECT_FALSE(why.empty());
+  ASSERT_TRUE((*v)->Save(1, s.Refs()).ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  EXPECT_EQ((*v)->last_stats().chunks_written, 16);
+}
+
 TEST(CkptVault, ChainOfFiftyRestoresExactly) {
   std::string dir = TempDir("chain");
   State s;
@@ -1216,6 +1233,38 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
 
 // Guards the fallback: with the arena above device_staging_max_bytes, auto stages on the host and
 // says why; on refuses with ResourceExhausted and queues nothing.
+// Guards the trainer's first-save latency: staging reserved ahead is what the first Save() takes
+// (no allocation inside it), a second reservation allocates nothing, and the save restores.
+TEST(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 3 * 4096 + 100;
+  auto host = RandomBytes(n, 91);
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  VaultOptions o = SmallOpts();
+  o.device_staging = DeviceStaging::kOn;
+  auto v = CheckpointVault::Open(TempDir("cudareserve"), o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::string why;
+  auto r = (*v)->ReserveDeviceStaging({DeviceRef("g", n, d)}, &why);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(*r, n) << why;
+  EXPECT_EQ(why, "");
+  r = (*v)->ReserveDeviceStaging({DeviceRef("g", n, d)}, &why);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 0);
+  EXPECT_NE(why.find("large enough"), std::string::npos) << why;
+  ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
+  SaveStats st = (*v)->last_stats();
+  EXPECT_EQ(st.snapshot_path, "device");
+  EXPECT_EQ(st.staging_allocated, 0);
+  EXPECT_NE(st.snapshot_reason.find("recycled"), std::string::npos) << st.snapshot_reason;
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestoresIntoDevice(**v, 1, "g", host);
+  cudaFree(d);
+}
+
 TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   const int64_t n = 4 * 4096;
