@@ -265,8 +265,12 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
     int key[5] = {f->width, f->height, f->format, out_w, out_h};
     if (!m.sws || !std::equal(key, key + 5, m.sws_key)) {
       if (m.sws) sws_freeContext(m.sws);
+      // Bilinear, not bicubic: for the downscales packing does (640x480 -> 342x256) swscale widens
+      // the bilinear kernel by the scale factor (no aliasing), at about 2/3 of bicubic's cost
+      // (0.40 vs 0.62 ms a frame with YUV->RGB, the largest cost after decoding; BENCHMARKS.md
+      // "LeRobot import"). Not SWS_FAST_BILINEAR: that one does not widen and aliases.
       m.sws = sws_getContext(f->width, f->height, static_cast<AVPixelFormat>(f->format), out_w,
-                             out_h, AV_PIX_FMT_RGB24, SWS_BICUBIC, nullptr, nullptr, nullptr);
+                             out_h, AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr, nullptr, nullptr);
       if (!m.sws) return DataLossError(path_ + ": cannot convert frames of this pixel format");
       std::copy(key, key + 5, m.sws_key);
       // The stream's own matrix and range (untagged video: BT.601, limited range, as ffmpeg does).
