@@ -11,7 +11,10 @@ Either way every episode and camera gets a new 640x480 AV1 video (Debian's ffmpe
 yuv420p, GOP 2 as LeRobot's encoder default, 30 fps) with exactly as many frames as the episode
 has rows, and info.json is rewritten to say 640x480 AV1. Then it times, best of --runs:
   pack   `loongforge pack --from-lerobot` end to end (decode, resize to shortest edge 256, JPEG,
-         LMDB write and fsync): frames/s = rows x cameras / wall seconds;
+         LMDB write and fsync): frames/s = rows x cameras / wall seconds; also the process's CPU
+         seconds (user + sys) and frames x threads / CPU seconds, the rate it would reach with
+         `threads` cores to itself kept busy (an upper bound, for a contended machine where the
+         wall figure measures the neighbours too);
   dav1d  the same videos decoded by ffmpeg's own libdav1d with one thread and no output, as the
          library's reference rate;
   long   a 10 s (300 frame) 640x480 AV1 video decoded by ffmpeg's libdav1d, one thread, one
@@ -24,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -136,13 +140,17 @@ def main() -> int:
         videos = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(src, "videos"))
                   for f in fs]
         load_before = os.getloadavg()
-        pack_s = []
+        pack_s, pack_cpu_s = [], []
         for r in range(args.runs):
             out = os.path.join(work, f"db{r}")
             t = time.perf_counter()
+            ru = resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run([args.cli, "pack", "--from-lerobot", src, "--out", out,
-                            "--threads", str(args.threads), "--quiet"], check=True)
+                            "--threads", str(args.threads), "--quiet"], check=True,
+                           stdout=subprocess.DEVNULL)
             pack_s.append(time.perf_counter() - t)
+            ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            pack_cpu_s.append(ru2.ru_utime - ru.ru_utime + ru2.ru_stime - ru.ru_stime)
             shutil.rmtree(out)
         dav1d_s = min(dav1d_seconds(videos) for _ in range(args.runs))
         long_mp4 = os.path.join(work, "long.mp4")
@@ -155,6 +163,10 @@ def main() -> int:
             "episodes_rows": rows, "cameras": cams, "frames": frames, "threads": args.threads,
             "pack_best_s": round(min(pack_s), 4),
             "pack_runs_s": [round(x, 4) for x in pack_s],
+            "pack_cpu_s": [round(x, 3) for x in pack_cpu_s],
+            "pack_cpu_ms_per_frame": round(1000 * min(pack_cpu_s) / frames, 3),
+            "pack_frames_per_s_if_cores_free": round(
+                frames * args.threads / min(pack_cpu_s), 1),
             "load_avg_1_5_15_before": [round(x, 2) for x in load_before],
             "load_avg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
             "pack_frames_per_s": round(frames / min(pack_s), 1),

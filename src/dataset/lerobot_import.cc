@@ -478,9 +478,9 @@ struct TjCompressor {
     if (buf) tjFree(buf);
     if (h) tjDestroy(h);
   }
-  // Encodes w x h RGB24 at `quality` (4:2:0, fast DCT) into *out; false on a turbojpeg error
-  // (tjGetErrorStr() says which).
-  bool Encode(const uint8_t* rgb, int w, int hgt, int quality, std::string* out) {
+  // Encodes w x h RGBX (4 bytes a pixel, FramePixels::kRgbx32) at `quality` (4:2:0, fast DCT)
+  // into *out; false on a turbojpeg error (tjGetErrorStr() says which).
+  bool Encode(const uint8_t* rgbx, int w, int hgt, int quality, std::string* out) {
     if (!h) return false;
     const unsigned long need = tjBufSize(w, hgt, TJSAMP_420);
     if (need == static_cast<unsigned long>(-1)) return false;
@@ -491,7 +491,7 @@ struct TjCompressor {
       if (!buf) return false;
     }
     unsigned long size = capacity;
-    if (tjCompress2(h, rgb, w, 0, hgt, TJPF_RGB, &buf, &size, TJSAMP_420, quality,
+    if (tjCompress2(h, rgbx, w, 0, hgt, TJPF_RGBX, &buf, &size, TJSAMP_420, quality,
                     TJFLAG_FASTDCT | TJFLAG_NOREALLOC) != 0)
       return false;
     out->assign(reinterpret_cast<const char*>(buf), size);
@@ -833,6 +833,7 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       vo.out_height = out_h;
       vo.tolerance_s = tol;
       vo.decoder_threads = decoder_threads;
+      vo.pixels = FramePixels::kRgbx32;  // swscale's SIMD output, read by turbojpeg as is
       auto& jp = out.jpegs[ci];
       jp.resize(want.size());
       Status vs = (*reader)->ReadFrames(
