@@ -468,10 +468,34 @@ struct EpisodeOut {
   std::vector<std::vector<std::string>> jpegs;  // [camera][t]
 };
 
+// One per pool thread: the handle and an output buffer of tjBufSize() for the frame size, reused
+// for every frame (TJFLAG_NOREALLOC) instead of a fresh tjAlloc/tjFree of ~200 KB per frame.
 struct TjCompressor {
   tjhandle h = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long capacity = 0;
   ~TjCompressor() {
+    if (buf) tjFree(buf);
     if (h) tjDestroy(h);
+  }
+  // Encodes w x h RGBX (4 bytes a pixel, FramePixels::kRgbx32) at `quality` (4:2:0, fast DCT)
+  // into *out; false on a turbojpeg error (tjGetErrorStr() says which).
+  bool Encode(const uint8_t* rgbx, int w, int hgt, int quality, std::string* out) {
+    if (!h) return false;
+    const unsigned long need = tjBufSize(w, hgt, TJSAMP_420);
+    if (need == static_cast<unsigned long>(-1)) return false;
+    if (need > capacity) {
+      if (buf) tjFree(buf);
+      buf = tjAlloc(static_cast<int>(need));
+      capacity = buf ? need : 0;
+      if (!buf) return false;
+    }
+    unsigned long size = capacity;
+    if (tjCompress2(h, rgbx, w, 0, hgt, TJPF_RGBX, &buf, &size, TJSAMP_420, quality,
+                    TJFLAG_FASTDCT | TJFLAG_NOREALLOC) != 0)
+      return false;
+    out->assign(reinterpret_cast<const char*>(buf), size);
+    return true;
   }
 };
 
@@ -683,6 +707,14 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       "observation.state", "action", "timestamp", "frame_index",
       "episode_index",     "index",  task_col};
   const double tol = o.tolerance_s;
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Episodes run in parallel, one decoder thread each; with fewer episodes than threads the
+  // spare threads go to the decoders (libdav1d/libavcodec frame threads), so a dataset of one long
+  // episode still uses every core. Frames are the same either way (decoding is deterministic).
+  const int decoder_threads =
+      std::max(1, threads / static_cast<int>(std::clamp<size_t>(eps.size(), 1, threads)));
   std::atomic<bool> cancel{false};
   auto load = [&](const EpisodeMeta& em) -> EpisodeOut {
     EpisodeOut out;
@@ -800,21 +832,16 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       vo.out_width = out_w;
       vo.out_height = out_h;
       vo.tolerance_s = tol;
+      vo.decoder_threads = decoder_threads;
+      vo.pixels = FramePixels::kRgbx32;  // swscale's SIMD output, read by turbojpeg as is
       auto& jp = out.jpegs[ci];
       jp.resize(want.size());
       Status vs = (*reader)->ReadFrames(
           want, vo,
           [&](size_t k, const uint8_t* rgb, int w, int h) -> Status {
             if (cancel.load()) return CancelledError("pack cancelled");
-            unsigned char* buf = nullptr;
-            unsigned long size = 0;
-            if (!tj.h || tjCompress2(tj.h, rgb, w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420,
-                                     o.quality, TJFLAG_FASTDCT) != 0) {
-              if (buf) tjFree(buf);
+            if (!tj.Encode(rgb, w, h, o.quality, &jp[k]))
               return InternalError(vpath + ": JPEG encode failed: " + tjGetErrorStr());
-            }
-            jp[k].assign(reinterpret_cast<const char*>(buf), size);
-            tjFree(buf);
             return Status::Ok();
           },
           [&](size_t k) {
@@ -842,9 +869,6 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
   schema.source_format = "lerobot " + info.version;
   schema.fps = info.fps;
 
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads, "pack-lerobot");
   const size_t window = static_cast<size_t>(2 * threads + 1);
   std::deque<std::future<EpisodeOut>> inflight;

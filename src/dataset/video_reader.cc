@@ -90,7 +90,7 @@ struct VideoReader::Impl {
   AVPacket* pkt = nullptr;
   AVFrame* frame = nullptr;
   SwsContext* sws = nullptr;
-  int sws_key[5] = {0, 0, -1, 0, 0};  // src w, h, fmt, dst w, h of the cached context
+  int sws_key[6] = {0, 0, -1, 0, 0, -1};  // src w, h, fmt, dst w, h, fmt of the cached context
   int stream = -1;
   double time_base = 0;
   int threads_opened = -1;  // decoder_threads the codec was opened with
@@ -260,23 +260,30 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
     return Status::Ok();
   };
 
+  const bool rgbx = o.pixels == FramePixels::kRgbx32;
+  const int bytes_per_pixel = rgbx ? 4 : 3;
+  const AVPixelFormat out_fmt = rgbx ? AV_PIX_FMT_RGB0 : AV_PIX_FMT_RGB24;
   auto convert = [&]() -> Status {
     AVFrame* f = m.frame;
-    int key[5] = {f->width, f->height, f->format, out_w, out_h};
-    if (!m.sws || !std::equal(key, key + 5, m.sws_key)) {
+    int key[6] = {f->width, f->height, f->format, out_w, out_h, out_fmt};
+    if (!m.sws || !std::equal(key, key + 6, m.sws_key)) {
       if (m.sws) sws_freeContext(m.sws);
+      // Bilinear, not bicubic: for the downscales packing does (640x480 -> 342x256) swscale widens
+      // the bilinear kernel by the scale factor (no aliasing), at 2/3 of bicubic's cost (the
+      // largest cost after decoding; BENCHMARKS.md "LeRobot import"). Not SWS_FAST_BILINEAR: that
+      // one does not widen and aliases.
       m.sws = sws_getContext(f->width, f->height, static_cast<AVPixelFormat>(f->format), out_w,
-                             out_h, AV_PIX_FMT_RGB24, SWS_BICUBIC, nullptr, nullptr, nullptr);
+                             out_h, out_fmt, SWS_BILINEAR, nullptr, nullptr, nullptr);
       if (!m.sws) return DataLossError(path_ + ": cannot convert frames of this pixel format");
-      std::copy(key, key + 5, m.sws_key);
+      std::copy(key, key + 6, m.sws_key);
       // The stream's own matrix and range (untagged video: BT.601, limited range, as ffmpeg does).
       const int* coeffs = sws_getCoefficients(f->colorspace);
       sws_setColorspaceDetails(m.sws, coeffs, f->color_range == AVCOL_RANGE_JPEG ? 1 : 0,
                                sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
     }
-    m.rgb.resize(static_cast<size_t>(out_w) * out_h * 3);
+    m.rgb.resize(static_cast<size_t>(out_w) * out_h * bytes_per_pixel);
     uint8_t* dst[4] = {m.rgb.data(), nullptr, nullptr, nullptr};
-    int dst_stride[4] = {out_w * 3, 0, 0, 0};
+    int dst_stride[4] = {out_w * bytes_per_pixel, 0, 0, 0};
     int h = sws_scale(m.sws, f->data, f->linesize, 0, f->height, dst, dst_stride);
     if (h != out_h) return DataLossError(path_ + ": frame conversion failed");
     return Status::Ok();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +115,42 @@ TEST_P(VideoCodecs, ResizesToTheAskedSize) {
   EXPECT_EQ(d.w, 64);
   EXPECT_EQ(d.h, 48);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(DecodeFrameCode(d.frames[i].data(), d.w, d.h).position, i);
+}
+
+// Guards: FramePixels::kRgbx32 (the pack's layout, for turbojpeg's TJPF_RGBX) holds the same
+// picture as kRgb24: 4 bytes a pixel, rows packed, R, G, B within a few levels of kRgb24's (the
+// SIMD path rounds differently), on the same reader switching layouts (cached converter rekeyed).
+TEST_P(VideoCodecs, RgbxLayoutMatchesRgb24) {
+  auto r = VideoReader::Open(V21(GetParam(), 2));
+  ASSERT_TRUE(r.ok());
+  VideoReadOptions o;
+  o.out_width = 72;  // a downscale with a row size (288 bytes) unlike the RGB24 one
+  o.out_height = 54;
+  Decoded rgb;
+  ASSERT_TRUE(ReadAll(r->get(), Times(0, 20), &rgb, o).ok());
+  o.pixels = FramePixels::kRgbx32;
+  std::vector<std::vector<uint8_t> > rgbx(20);
+  ASSERT_TRUE((*r)->ReadFrames(Times(0, 20), o,
+                               [&](size_t i, const uint8_t* p, int w, int h) {
+                                 EXPECT_EQ(w, 72);
+                                 EXPECT_EQ(h, 54);
+                                 rgbx[i].assign(p, p + static_cast<size_t>(w) * h * 4);
+                                 return Status::Ok();
+                               })
+                  .ok());
+  for (int i = 0; i < 20; ++i) {
+    int worst = 0;
+    for (size_t px = 0; px < static_cast<size_t>(72) * 54; ++px)
+      for (int c = 0; c < 3; ++c)
+        worst =
+            std::max(worst, std::abs(int{rgbx[i][px * 4 + c]} - int{rgb.frames[i][px * 3 + c]}));
+    EXPECT_LE(worst, 8) << "frame " << i;
+    std::vector<uint8_t> packed(static_cast<size_t>(72) * 54 * 3);
+    for (size_t px = 0; px < static_cast<size_t>(72) * 54; ++px)
+      std::copy_n(&rgbx[i][px * 4], 3, &packed[px * 3]);
+    EXPECT_EQ(DecodeFrameCode(packed.data(), 72, 54).position, i);
+    EXPECT_EQ(DecodeFrameCode(packed.data(), 72, 54).episode, 2);
+  }
 }
 
 // Guards: our decode matches FFmpeg's reference decode (YUV->RGB conversion, frame order):

@@ -140,3 +140,74 @@ def test_random_tables_match_pyarrow(tmp_path, config, seed):
     exp = {"num_rows": back.num_rows, "unsupported": {},
            "columns": {c: back.column(c).to_pylist() for c in back.column_names}}
     _check_against_expected(path, exp)
+
+
+# ---- bench/pack/mini_parquet.py (the benches' writer for machines without pyarrow) ----
+
+def _mini_parquet():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "pack", "mini_parquet.py")
+    spec = importlib.util.spec_from_file_location("mini_parquet", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _f32(x):
+    return float(np.float32(x))
+
+
+# Guards the bench's LeRobot tables (bench/pack/lerobot_speed.py --episodes): what mini_parquet
+# writes is read back exactly by the project's reader, over row groups, pages and both codecs,
+# and equals pyarrow's reading where pyarrow is importable.
+@pytest.mark.parametrize("compression", ["none", "snappy"])
+@pytest.mark.parametrize("rows,row_group_size,rows_per_page", [
+    (1, 1 << 20, 1 << 16), (300, 1 << 20, 1 << 16), (301, 128, 37), (17, 5, 3)])
+def test_mini_parquet_roundtrip(tmp_path, compression, rows, row_group_size, rows_per_page):
+    mp = _mini_parquet()
+    rng = np.random.default_rng(rows)
+    state = [[_f32(x) for x in r] for r in rng.standard_normal((rows, 6))]
+    action = [[_f32(x) for x in r] for r in rng.standard_normal((rows, 1))]
+    wide = [[_f32(x) for x in r] for r in rng.standard_normal((rows, 19))]
+    f64 = [float(x) for x in rng.standard_normal(rows)]
+    i64 = [int(x) for x in rng.integers(-2**63, 2**63 - 1, rows)]
+    ts = [_f32(k / 30) for k in range(rows)]
+    cols = [mp.Column("observation.state", ("list_float32", 6), state),
+            mp.Column("action", ("list_float32", 1), action),
+            mp.Column("wide", ("list_float32", 19), wide),
+            mp.Column("timestamp", "float32", ts),
+            mp.Column("f64", "float64", f64),
+            mp.Column("index", "int64", i64)]
+    path = str(tmp_path / "t.parquet")
+    mp.write_table(path, cols, row_group_size=row_group_size, rows_per_page=rows_per_page,
+                   compression=compression)
+    want = {"observation.state": state, "action": action, "wide": wide, "timestamp": ts,
+            "f64": f64, "index": i64}
+    exp = {"num_rows": rows, "unsupported": {}, "columns": want}
+    _check_against_expected(path, exp)
+    assert _C.parquet_column_names(path) == list(want)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return
+    back = pq.read_table(path)
+    assert back.column_names == list(want)
+    for name, values in want.items():
+        assert back.column(name).to_pylist() == values, name
+
+
+# Guards the bench's episode tables: the LeRobot v2.1 columns, in LeRobot's order and types.
+def test_mini_parquet_lerobot_episode(tmp_path):
+    mp = _mini_parquet()
+    path = str(tmp_path / "episode_000003.parquet")
+    state = [[_f32(r + d / 8) for d in range(6)] for r in range(40)]
+    action = [[_f32(-r - d / 8) for d in range(7)] for r in range(40)]
+    mp.lerobot_episode(path, 3, 1000, 1, state, action, 30.0)
+    got = _read(path, [])
+    assert [c for c in got] == ["observation.state", "action", "timestamp", "frame_index",
+                                "episode_index", "index", "task_index"]
+    assert _py(got["observation.state"]) == state and _py(got["action"]) == action
+    assert _py(got["timestamp"]) == [_f32(k / 30) for k in range(40)]
+    assert _py(got["frame_index"]) == list(range(40))
+    assert _py(got["episode_index"]) == [3] * 40 and _py(got["task_index"]) == [1] * 40
+    assert _py(got["index"]) == list(range(1000, 1040))
