@@ -1255,6 +1255,8 @@ TEST(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 0);
   EXPECT_NE(why.find("large enough"), std::string::npos) << why;
+  // "u" starts 3 bytes into the buffer: the batched copy's byte path (Note [Batched device
+  // copies] in device_cuda.cu), and it needs 256 more bytes of arena than reserved.
   ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
   SaveStats st = (*v)->last_stats();
   EXPECT_EQ(st.snapshot_path, "device");
@@ -1262,6 +1264,12 @@ TEST(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   EXPECT_NE(st.snapshot_reason.find("recycled"), std::string::npos) << st.snapshot_reason;
   ASSERT_TRUE((*v)->Wait().ok());
   ExpectRestoresIntoDevice(**v, 1, "g", host);
+  ASSERT_TRUE(
+      (*v)->Save(2, {DeviceRef("g", n, d), DeviceRef("u", n - 3, static_cast<uint8_t*>(d) + 3)})
+          .ok());
+  ASSERT_TRUE((*v)->Wait().ok());
+  ExpectRestoresIntoDevice(**v, 2, "g", host);
+  ExpectRestoresIntoDevice(**v, 2, "u", std::vector<uint8_t>(host.begin() + 3, host.end()));
   cudaFree(d);
 }
 
