@@ -2,23 +2,33 @@
 # Quick GPU check (one device call): configure + build build-gpu, then ctest and the given pytest
 # files side by side (the GPU has room for both), then the tests that read the device's free
 # memory, alone. A shorter `bench/gpu_suite.sh test` for checking a change in one device call.
-#   bash bench/gpu_check.sh [PYTEST_FILES...]
+#   [PYTEST_SHARDS=N] bash bench/gpu_check.sh [PYTEST_FILES_OR_DIRS...]
 set -uo pipefail
 source bench/gpu_env.sh
 gpu_build
-pid=
+pids=()
 if [ $# -gt 0 ]; then
-  timeout "${PYTEST_T:-330}" python3 -m pytest -q -p no:cacheprovider -rfs "$@" >"$OUT/pytest.log" 2>&1 &
-  pid=$!
+  # PYTEST_SHARDS=N: N pytest processes side by side, the test files dealt out largest first (the
+  # GPU and 16 cores have room; shortens the call when device time is short).
+  shards=${PYTEST_SHARDS:-1}
+  mapfile -t files < <(find "$@" -name 'test_*.py' -printf '%s %p\n' | sort -rn | cut -d' ' -f2)
+  for ((k = 0; k < shards; k++)); do
+    mine=()
+    for ((i = k; i < ${#files[@]}; i += shards)); do mine+=("${files[i]}"); done
+    [ ${#mine[@]} -gt 0 ] || continue
+    timeout "${PYTEST_T:-330}" python3 -m pytest -q -p no:cacheprovider -rfs "${mine[@]}" \
+      >"$OUT/pytest$k.log" 2>&1 &
+    pids+=($!)
+  done
 fi
 # Tests that read the device's free memory run alone (others' allocations would read as growth).
 serial='NoDeviceMemoryGrowth|DeviceMemoryFlat'
 (cd build-gpu && timeout 300 ctest -j 4 --timeout 240 --output-on-failure -E "$serial") >"$OUT/ctest.log" 2>&1
 grep -E "tests passed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -30
 echo "ctest $(($(date +%s) - t0)) s"
-if [ -n "$pid" ]; then
-  wait "$pid"
-  grep -E "passed|failed|FAILED|Error" "$OUT/pytest.log" | tail -25
+if [ ${#pids[@]} -gt 0 ]; then
+  wait "${pids[@]}"
+  for f in "$OUT"/pytest*.log; do grep -E "passed|failed|FAILED|Error" "$f" | tail -12; done
   echo "pytest $(($(date +%s) - t0)) s"
 fi
 (cd build-gpu && ctest --timeout 240 --output-on-failure -R "$serial") >"$OUT/ctest_serial.log" 2>&1
