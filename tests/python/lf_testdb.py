@@ -67,3 +67,17 @@ def make_db(path: str, episodes: int = 4, steps: int = 10, cameras: Sequence[str
     env.sync()
     env.close()
     return path
+
+
+def tiny_train_db(root) -> str:
+    """The trainer tests' small DB under `root` (a pathlib.Path): make_db with python3-lmdb, or,
+    where it is missing (the GPU machine), demo episodes packed by loongforge itself."""
+    try:
+        import lmdb  # noqa: F401
+    except ImportError:
+        from loongforge import packing
+        packing.demo_data(str(root / "raw"), episodes=2, cameras=2, width=64, height=48,
+                          steps_min=10, steps_max=14, state_dim=8, action_dim=7)
+        packing.pack(str(root / "raw"), str(root / "db"))
+        return str(root / "db")
+    return make_db(str(root / "db"), episodes=3, steps=8, width=64, height=48)
