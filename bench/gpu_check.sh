@@ -31,6 +31,9 @@ if [ ${#pids[@]} -gt 0 ]; then
   for f in "$OUT"/pytest*.log; do grep -E "passed|failed|FAILED|Error" "$f" | tail -12; done
   echo "pytest $(($(date +%s) - t0)) s"
 fi
+# BEFORE_SERIAL: a command run first (e.g. waiting for a measurement the caller started in the
+# background, so that nothing else holds device memory while these tests read it).
+eval "${BEFORE_SERIAL:-}"
 (cd build-gpu && ctest --timeout 240 --output-on-failure -R "$serial") >"$OUT/ctest_serial.log" 2>&1
 grep -E "tests passed|\(Failed\)" "$OUT/ctest_serial.log"
 echo "total $(($(date +%s) - t0)) s"
