@@ -212,6 +212,7 @@ class GraphedStep:
         self._grads_ready = False
         self.captures = 0
         self.capture_failures: List[str] = []
+        self._released_graphs = 0  # graphs destroyed by release(), still counted in stats()
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -241,13 +242,29 @@ class GraphedStep:
             "enabled": self.graphs_on,
             "reason": self.disabled_reason or "",
             "token_buckets": list(self.buckets),
-            "graphs": sum(1 for b in self._buckets.values() if b.graph is not None),
+            "graphs": (sum(1 for b in self._buckets.values() if b.graph is not None)
+                       + self._released_graphs),
             "captures": self.captures,
             "capture_failures": list(self.capture_failures),
             "replays": sum(b.replays for b in self._buckets.values()),
             "eager_buckets": {self._describe(k): b.eager_reason
                               for k, b in self._buckets.items() if b.eager_reason},
         }
+
+    def release(self) -> None:
+        """Destroys the captured graphs and drops their static buffers (inputs, noise, outputs)
+        and this runner's references to the model, runner and sync, so that the run's teardown
+        frees them (loongforge.train.run, before MemSculptor closes). Waits for the device first:
+        a replay may still be running. The runner cannot step afterwards; stats() still reports
+        what it did. Idempotent."""
+        if self.graphs_on and any(b.graph is not None for b in self._buckets.values()):
+            torch.cuda.synchronize(self.device)
+        for b in self._buckets.values():
+            if b.graph is not None:
+                self._released_graphs += 1
+            b.graph, b.inputs, b.noise, b.outputs = None, {}, None, {}
+        self.model = self.runner = self.sync = None
+        self._pool = self._side = None
 
     def static_inputs(self, batch: Mapping[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:
         """The fixed buffers the graph of this batch's bucket reads (None: not graphed)."""

@@ -242,6 +242,7 @@ class SyncBackend:
         self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
         self.wrapped: torch.nn.Module = model
         self._nexus: Any = None
+        self._closed_stats: Dict[str, Any] = {}  # NexusSync's last figures, after close()
         moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
         self.ep = ep if ep is not None and ep.size > 1 else None
         self.expert_params: List[torch.nn.Parameter] = (model.expert_parameters()
@@ -306,7 +307,8 @@ class SyncBackend:
         self._nexus.set_expert_load(counts.tolist())
 
     def stats(self) -> Dict[str, Any]:
-        out = dict(self._nexus.stats()) if self._nexus is not None else {}
+        out = (dict(self._nexus.stats()) if self._nexus is not None
+               else dict(self._closed_stats))
         if self.ep is not None:
             out["expert_parallel"] = dict(self.ep.describe(), expert_grad_bytes=self.expert_bytes)
         return out
@@ -320,6 +322,22 @@ class SyncBackend:
         if self.ep is not None:
             self.expert_bytes += self.ep.reduce_expert_grads(self.expert_params)
         self.exposed_s = time.perf_counter() - t if self.kind == "nexussync" or self.ep else 0.0
+
+    def close(self) -> None:
+        """The end of the run: removes NexusSync's autograd hooks and drops the wrapper (DDP or
+        NexusSync) with its flat gradient buckets and this backend's reference to the model.
+        NexusSync's hooks close a cycle parameter -> hook -> NexusSync -> model -> parameter
+        whose hook link lives in autograd's C++ state: the model then outlives the run unless the
+        garbage collector finds the cycle (issue 16 item 5: MemSculptor closed with the model's
+        parameters live). stats() keeps working; the backend cannot reduce afterwards.
+        Idempotent."""
+        if self._nexus is not None:
+            self._nexus.close()
+            self._closed_stats = dict(self._nexus.stats())
+            self._nexus = None
+        self.wrapped = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]
+        self.expert_params = []
 
     def average_losses(self, acc: torch.Tensor) -> None:
         """acc[:3] (loss, fm_loss, aux_loss) -> their mean over all ranks, so that rank 0's
