@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import make_db  # noqa: E402
+from lf_testdb import tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
 from loongforge.train_backends import MemoryPlanner  # noqa: E402
@@ -39,16 +39,7 @@ def _has_datafusion() -> bool:
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
-    root = tmp_path_factory.mktemp("db")
-    try:
-        import lmdb  # noqa: F401
-    except ImportError:  # the GPU machine has no python3-lmdb: pack with loongforge itself
-        from loongforge import packing
-        packing.demo_data(str(root / "raw"), episodes=2, cameras=2, width=64, height=48,
-                          steps_min=10, steps_max=14, state_dim=8, action_dim=7)
-        packing.pack(str(root / "raw"), str(root / "db"))
-        return str(root / "db")
-    return make_db(str(root / "db"), episodes=3, steps=8, width=64, height=48)
+    return tiny_train_db(tmp_path_factory.mktemp("db"))
 
 
 def _alive_at_close(monkeypatch, argv):
