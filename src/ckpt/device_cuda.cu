@@ -15,7 +15,6 @@
 #include <cstring>
 #include <memory>
 #include <thread>
-#include <vector>
 
 #include "ckpt/device.h"
 #include "ckpt/xxh3_lanes.h"
@@ -86,103 +85,6 @@ Status WaitEvent(cudaEvent_t ev, int64_t timeout_ms, const char* what) {
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
-
-// Note [Batched device copies]
-// Device staging copies the whole training state (n16 + AdamW: ~4,500 tensors, 24 GB) inside the
-// caller's step. One cudaMemcpyAsync per tensor cost ~70 ms of host time on the H200 while the
-// training stream was busy (a launch each, behind the step's queued work), more than the 0.1 s a
-// save may block. Instead the tensors are cut into pieces of at most kCopyPiece bytes, the piece
-// descriptors go to the device in one transfer, and one kernel copies them all (a block per piece,
-// 16-byte words when both ends are 16-byte aligned, bytes otherwise): two calls per save,
-// whatever the number of tensors. The copy itself still runs at HBM speed on the vault's stream.
-constexpr int64_t kCopyPiece = int64_t{1} << 20;
-constexpr int kCopyThreads = 256;
-
-struct CopyDesc {
-  const uint8_t* src;
-  uint8_t* dst;
-  int64_t len;  // <= kCopyPiece
-};
-
-__global__ void CopyPiecesKernel(const CopyDesc* __restrict__ desc, int64_t num_pieces) {
-  for (int64_t p = blockIdx.x; p < num_pieces; p += gridDim.x) {
-    const CopyDesc d = desc[p];
-    const uintptr_t ends = reinterpret_cast<uintptr_t>(d.src) | reinterpret_cast<uintptr_t>(d.dst);
-    int64_t done = 0;
-    if ((ends & 15) == 0) {
-      const int64_t words = d.len / 16;
-      const uint4* src = reinterpret_cast<const uint4*>(d.src);
-      uint4* dst = reinterpret_cast<uint4*>(d.dst);
-      for (int64_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
-      done = words * 16;
-    }
-    for (int64_t i = done + threadIdx.x; i < d.len; i += blockDim.x) d.dst[i] = d.src[i];
-  }
-}
-
-// The pieces of one snapshot's device-to-device copies (Note [Batched device copies]). Owned by
-// one stream's user; not thread-safe.
-class CopyBatch {
- public:
-  ~CopyBatch() {
-    if (uploaded_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(uploaded_));
-    if (d_desc_) LF_CUDA_WARN_IF_ERROR(cudaFree(d_desc_));
-    if (h_desc_) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(h_desc_));
-  }
-
-  Status Init() {
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
-    return Status::Ok();
-  }
-
-  // Drops pieces a failed snapshot added but never launched.
-  void Clear() { pieces_.clear(); }
-
-  void Add(void* dst, const void* src, size_t n) {
-    auto* d = static_cast<uint8_t*>(dst);
-    const auto* s = static_cast<const uint8_t*>(src);
-    for (int64_t off = 0; off < static_cast<int64_t>(n); off += kCopyPiece)
-      pieces_.push_back({s + off, d + off, std::min(kCopyPiece, static_cast<int64_t>(n) - off)});
-  }
-
-  // Uploads the descriptors and launches one kernel for every piece added since the last Launch.
-  // Call on the device, with `stream` ordered after the producers.
-  Status Launch(cudaStream_t stream) {
-    if (pieces_.empty()) return Status::Ok();
-    // The previous upload must be done before its pinned buffer is rewritten (long done in
-    // practice: it ran at the previous save).
-    LF_RETURN_IF_ERROR(WaitEvent(uploaded_, kDrainTimeoutMs, "copy descriptor upload"));
-    const int64_t n = static_cast<int64_t>(pieces_.size());
-    if (n > cap_) {
-      const int64_t want = std::max<int64_t>(n, cap_ * 2);
-      if (d_desc_) LF_CUDA_RETURN_IF_ERROR(cudaFree(d_desc_));
-      if (h_desc_) LF_CUDA_RETURN_IF_ERROR(cudaFreeHost(h_desc_));
-      d_desc_ = h_desc_ = nullptr;
-      cap_ = 0;
-      LF_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_desc_, static_cast<size_t>(want) * sizeof(CopyDesc)));
-      LF_CUDA_RETURN_IF_ERROR(
-          cudaMallocHost(&h_desc_, static_cast<size_t>(want) * sizeof(CopyDesc)));
-      cap_ = want;
-    }
-    std::memcpy(h_desc_, pieces_.data(), pieces_.size() * sizeof(CopyDesc));
-    LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_desc_, h_desc_, pieces_.size() * sizeof(CopyDesc),
-                                            cudaMemcpyHostToDevice, stream));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded_, stream));
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 16));
-    CopyPiecesKernel<<<blocks, kCopyThreads, 0, stream>>>(d_desc_, n);
-    LF_CUDA_CHECK_LAUNCH();
-    pieces_.clear();
-    return Status::Ok();
-  }
-
- private:
-  static constexpr int64_t kDrainTimeoutMs = 60 * 1000;
-  std::vector<CopyDesc> pieces_;
-  cudaEvent_t uploaded_ = nullptr;
-  CopyDesc* d_desc_ = nullptr;
-  CopyDesc* h_desc_ = nullptr;  // pinned
-  int64_t cap_ = 0;
-};
 
 // Chunk hashes of many device ranges with one kernel launch: descriptors go to the device in one
 // transfer, the table comes back in one; chunks of <= 240 bytes (XXH3's short paths) are copied
@@ -394,7 +296,6 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
   ~CudaDeviceSnapshot() override {
     DeviceGuard g(device_);
     batch_.reset();
-    copies_.reset();
     for (cudaEvent_t e : producer_events_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(e));
     if (done_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(done_));
     if (stream_) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream_));
@@ -405,15 +306,12 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     batch_ = std::make_unique<HashBatch>();
-    copies_ = std::make_unique<CopyBatch>();
-    LF_RETURN_IF_ERROR(copies_->Init());
     return batch_->Init();
   }
 
   Status Begin(int64_t num_slots, int64_t num_tensors,
                const std::vector<void*>& producer_streams) override {
     LF_CKPT_DEVICE_GUARD(device_);
-    copies_->Clear();
     LF_RETURN_IF_ERROR(batch_->Reset(num_slots, num_tensors));
     while (producer_events_.size() < producer_streams.size()) {
       cudaEvent_t e;
@@ -451,16 +349,16 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
     return Status::Ok();
   }
 
-  // Note [Batched device copies]: collected here, launched as one kernel by Publish.
   Status EnqueueDeviceCopy(void* dev_dst, const void* dev_src, size_t n) override {
     if (n == 0) return Status::Ok();
-    copies_->Add(dev_dst, dev_src, n);
+    LF_CKPT_DEVICE_GUARD(device_);
+    LF_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dev_dst, dev_src, n, cudaMemcpyDeviceToDevice, stream_));
     return Status::Ok();
   }
 
   Status Publish(DeviceArena* arena, const std::vector<void*>& producer_streams) override {
     LF_CKPT_DEVICE_GUARD(device_);
-    LF_RETURN_IF_ERROR(copies_->Launch(stream_));
     cudaEvent_t ready = static_cast<CudaDeviceArena*>(arena)->ready();
     LF_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, stream_));
     // Note [Caller stream waits]: the caller's later work on its stream runs after the copy.
@@ -481,7 +379,6 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
   cudaEvent_t done_ = nullptr;
   std::vector<cudaEvent_t> producer_events_;
   std::unique_ptr<HashBatch> batch_;
-  std::unique_ptr<CopyBatch> copies_;
 };
 
 class CudaStagingReader final : public StagingReader {
