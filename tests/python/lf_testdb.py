@@ -81,3 +81,20 @@ def tiny_train_db(root) -> str:
         packing.pack(str(root / "raw"), str(root / "db"))
         return str(root / "db")
     return make_db(str(root / "db"), episodes=3, steps=8, width=64, height=48)
+
+
+def has_datafusion() -> bool:
+    """True when this build has the DataFusion loader (loongforge.data)."""
+    try:
+        from loongforge.data import DataFusionLoader  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# The trainer tests' common flags: the tiny config on 2 CPU threads' worth of work, in-process on
+# the CPU (MemSculptor must be installed before a process's first CUDA allocation, so GPU runs go
+# through subprocesses).
+TINY_TRAIN_ARGS = ("--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
+                   "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
+                   "--device", "cpu")

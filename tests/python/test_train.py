@@ -10,24 +10,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import tiny_train_db  # noqa: E402
+from lf_testdb import TINY_TRAIN_ARGS, has_datafusion, tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
 from loongforge.trainer_data import BaselineLoader, make_sampler  # noqa: E402
 
 torch.set_num_threads(1)
-# In-process runs stay on the CPU: MemSculptor must be installed before a process's first CUDA
-# allocation, so GPU runs go through subprocesses (test_gpu_modes).
-COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
-          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu"]
-
-
-def _has_datafusion() -> bool:
-    try:
-        from loongforge.data import DataFusionLoader  # noqa: F401
-        return True
-    except ImportError:
-        return False
+# In-process runs stay on the CPU; GPU runs go through subprocesses (test_gpu_modes).
+COMMON = list(TINY_TRAIN_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +65,7 @@ def test_tuned_mode_matches_baseline_data(db, tmp_path):
 
 
 # Guards: loongforge mode runs end to end once DataFusion is in the build.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_loongforge_three_steps(db, tmp_path):
     s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
                        "--ckpt-dir", str(tmp_path / "v")], tmp_path, "l")
@@ -87,7 +77,7 @@ def test_loongforge_three_steps(db, tmp_path):
 
 # Guards: with centre crops the two modes feed (nearly) the same data in the same order, so the
 # same seed gives the same first-step loss up to JPEG-resize differences.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_modes_same_order_and_close_first_loss(db, tmp_path):
     from loongforge.data import DataFusionLoader
 
@@ -111,7 +101,7 @@ def test_modes_same_order_and_close_first_loss(db, tmp_path):
 
 
 # Guards: the MoE variant trains through NexusSync with expert buckets and routing-load feedback.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_moe_loongforge_feeds_expert_load(db, tmp_path):
     s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--no-vault",
                        "--set", "moe_experts=4", "--set", "moe_top_k=2"], tmp_path, "moe")
@@ -161,7 +151,7 @@ def test_sampler_order_unchanged():
 
 # Guards: the baseline visits samples in exactly DataFusion's order (same seed -> same data),
 # including a resumed epoch (mid-epoch start) and a second rank.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_sampler_matches_datafusion(db):
     from loongforge.data import DataFusionLoader
 
@@ -195,7 +185,7 @@ def _has_dcp_async_save() -> bool:
 # torch.save + DataLoader position, and CheckpointVault + DataFusion position).
 @pytest.mark.parametrize("mode", ["baseline", "tuned", "loongforge"])
 def test_resume_is_exact(db, tmp_path, mode):
-    if mode == "loongforge" and not _has_datafusion():
+    if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     if mode == "tuned" and _has_dcp_async_save():
         pytest.skip("tuned mode writes DCP checkpoints on this torch; --resume reads torch.save "
@@ -220,7 +210,7 @@ def test_cli_errors(db, tmp_path, capsys):
     assert "unknown config 'huge'" in capsys.readouterr().err
     assert train.main(["--data", db, "--image-size", "30", "--mode", "baseline"]) == 2
     assert "multiple of patch_size" in capsys.readouterr().err
-    if not _has_datafusion():
+    if not has_datafusion():
         assert train.main(["--data", db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err
 
@@ -309,7 +299,7 @@ def test_resume_refuses_another_runs_directory(db, tmp_path, capsys):
     others = [["--mode", "tuned"], ["--mode", "baseline", "--batch-size", "2"],
               ["--mode", "baseline", "--set", "dit_layers=2"],
               ["--mode", "baseline", "--image-size", "56"]]
-    if _has_datafusion():
+    if has_datafusion():
         others.append(["--mode", "loongforge"])
     for extra in others:
         for resume in (["--resume"], []):
@@ -324,7 +314,7 @@ def test_resume_refuses_another_runs_directory(db, tmp_path, capsys):
 
 # Guards: a directory written before run.json existed is still identified by its files, so
 # another mode cannot resume from (or write into) it either.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_resume_refuses_unmarked_directory_of_another_format(db, tmp_path, capsys):
     ck = str(tmp_path / "ck")
     base = COMMON + ["--data", db, "--steps", "2", "--ckpt-every", "2", "--ckpt-dir", ck]
@@ -349,7 +339,7 @@ def _copy_db(db, tmp_path, name):
 # Guards: a token id at or above the vocabulary reached the model (IndexError in the embedding).
 @pytest.mark.parametrize("mode", ["baseline", "loongforge"])
 def test_token_id_outside_vocab_names_the_record(db, tmp_path, capfd, mode):
-    if mode == "loongforge" and not _has_datafusion():
+    if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     import numpy as np
 
@@ -395,7 +385,7 @@ def test_token_guard_deferred_masks_and_reports():
 # instruction grew it to 21 GB). Text is cut to the config's max_text_tokens, with one warning.
 @pytest.mark.parametrize("mode", ["baseline", "loongforge"])
 def test_long_text_is_cut_to_max_text_tokens(db, tmp_path, capsys, mode):
-    if mode == "loongforge" and not _has_datafusion():
+    if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     jl = tmp_path / "m.jsonl"
     s = _run(COMMON + ["--data", db, "--mode", mode, "--steps", "3", "--no-vault",
@@ -426,7 +416,7 @@ def test_text_longer_than_schema_is_cut_by_the_guard():
 # Guards issue 15 (--ckpt-when-busy): every requested save is either committed or skipped and
 # logged, never lost from the count; wait mode skips none; each committed save reports its bytes
 # written and durable time in the summary and in a metrics row.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 @pytest.mark.parametrize("when", ["skip", "wait"])
 def test_ckpt_when_busy_accounts_every_save(db, tmp_path, when):
     rows = str(tmp_path / "rows.jsonl")
@@ -456,7 +446,7 @@ def test_ckpt_when_busy_accounts_every_save(db, tmp_path, when):
 
 # Guards issue 15: a trainer killed (SIGKILL) while the background writer is writing resumes
 # from the newest committed checkpoint and trains on from there.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build yet")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_kill_during_background_write_resumes_from_last_commit(db, tmp_path):
     import signal
     import subprocess

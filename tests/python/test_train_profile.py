@@ -9,15 +9,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import tiny_train_db  # noqa: E402
+from lf_testdb import TINY_TRAIN_ARGS, tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
 from loongforge.models import gr00t  # noqa: E402
 from loongforge.train_metrics import MODULE_PARTS  # noqa: E402
 
 torch.set_num_threads(1)
-COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
-          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu"]
+COMMON = list(TINY_TRAIN_ARGS)
 
 
 @pytest.fixture(scope="module")

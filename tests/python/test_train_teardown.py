@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import tiny_train_db  # noqa: E402
+from lf_testdb import TINY_TRAIN_ARGS, has_datafusion, tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
 from loongforge.train_backends import MemoryPlanner  # noqa: E402
@@ -24,17 +24,7 @@ torch.set_num_threads(1)
 # its model, until the collector runs: a one-time artifact of that import, not of the run.
 with contextlib.suppress(ImportError):
     import torchvision  # noqa: F401
-COMMON = ["--config", "tiny", "--image-size", "28", "--batch-size", "4", "--warmup", "1",
-          "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1", "--device", "cpu",
-          "--steps", "3"]
-
-
-def _has_datafusion() -> bool:
-    try:
-        from loongforge.data import DataFusionLoader  # noqa: F401
-        return True
-    except ImportError:
-        return False
+COMMON = list(TINY_TRAIN_ARGS) + ["--steps", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +87,7 @@ def test_baseline_run_releases_model_and_optimizer_before_close(db, tmp_path, mo
 
 # Guards: loongforge mode (DataFusion, NexusSync flat buckets, CheckpointVault, the static-batch
 # step runner of graphs.py) drops the model and the optimizer state before MemSculptor closes.
-@pytest.mark.skipif(not _has_datafusion(), reason="loongforge.data not in this build")
+@pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build")
 def test_loongforge_run_releases_model_and_optimizer_before_close(db, tmp_path, monkeypatch):
     watched, alive = _alive_at_close(monkeypatch, COMMON + [
         "--data", db, "--mode", "loongforge", "--ckpt-every", "2", "--ckpt-dir",
