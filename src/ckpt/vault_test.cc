@@ -265,23 +265,13 @@ TEST(CkptVault, TruncatedOrTamperedManifestIsDataLoss) {
   EXPECT_EQ((*v)->Restore(3).status().code(), StatusCode::kDataLoss);
 }
 
-// Injects ENOSPC after `budget` bytes of appends.
-class FullDiskEnv : public Env {
+// The POSIX Env with hooks a test overrides to inject faults into segment files: OnAppend before
+// each append, OnSync before each fsync (an error from either is returned instead of writing).
+class FaultEnv : public Env {
  public:
-  explicit FullDiskEnv(int64_t budget) : budget_(budget) {}
-  class File : public WritableFile {
-   public:
-    File(std::unique_ptr<WritableFile> f, FullDiskEnv* env) : f_(std::move(f)), env_(env) {}
-    Status Append(const void* d, size_t n) override {
-      if (env_->budget_ < static_cast<int64_t>(n)) return ErrnoToStatus(ENOSPC, "write (injected)");
-      env_->budget_ -= static_cast<int64_t>(n);
-      return f_->Append(d, n);
-    }
-    Status Sync() override { return f_->Sync(); }
-    Status Close() override { return f_->Close(); }
-    std::unique_ptr<WritableFile> f_;
-    FullDiskEnv* env_;
-  };
+  virtual Status OnAppend(size_t /*n*/) { return Status::Ok(); }
+  virtual Status OnSync() { return Status::Ok(); }
+
   StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
     LF_ASSIGN_OR_RETURN(auto f, Env::Posix()->NewWritableFile(p));
     return std::unique_ptr<WritableFile>(new File(std::move(f), this));
@@ -291,6 +281,36 @@ class FullDiskEnv : public Env {
   }
   Status SyncDir(const std::string& d) override { return Env::Posix()->SyncDir(d); }
   Status Remove(const std::string& p) override { return Env::Posix()->Remove(p); }
+
+ private:
+  class File : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> f, FaultEnv* env) : f_(std::move(f)), env_(env) {}
+    Status Append(const void* d, size_t n) override {
+      LF_RETURN_IF_ERROR(env_->OnAppend(n));
+      return f_->Append(d, n);
+    }
+    Status Sync() override {
+      LF_RETURN_IF_ERROR(env_->OnSync());
+      return f_->Sync();
+    }
+    Status Close() override { return f_->Close(); }
+
+   private:
+    std::unique_ptr<WritableFile> f_;
+    FaultEnv* env_;
+  };
+};
+
+// A disk that holds `budget` more bytes, then fails appends with ENOSPC.
+class FullDiskEnv : public FaultEnv {
+ public:
+  explicit FullDiskEnv(int64_t budget) : budget_(budget) {}
+  Status OnAppend(size_t n) override {
+    if (budget_ < static_cast<int64_t>(n)) return ErrnoToStatus(ENOSPC, "write (injected)");
+    budget_ -= static_cast<int64_t>(n);
+    return Status::Ok();
+  }
   std::atomic<int64_t> budget_;
 };
 
@@ -322,29 +342,12 @@ TEST(CkptVault, InjectedEnospcKeepsOlderCheckpoints) {
 }
 
 // Holds every segment fsync until Release(): a writer that cannot keep up, without timing.
-class GatedSyncEnv : public Env {
+class GatedSyncEnv : public FaultEnv {
  public:
-  class File : public WritableFile {
-   public:
-    File(std::unique_ptr<WritableFile> f, GatedSyncEnv* env) : f_(std::move(f)), env_(env) {}
-    Status Append(const void* d, size_t n) override { return f_->Append(d, n); }
-    Status Sync() override {
-      env_->gate_.wait();
-      return f_->Sync();
-    }
-    Status Close() override { return f_->Close(); }
-    std::unique_ptr<WritableFile> f_;
-    GatedSyncEnv* env_;
-  };
-  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
-    LF_ASSIGN_OR_RETURN(auto f, Env::Posix()->NewWritableFile(p));
-    return std::unique_ptr<WritableFile>(new File(std::move(f), this));
+  Status OnSync() override {
+    gate_.wait();
+    return Status::Ok();
   }
-  Status Rename(const std::string& a, const std::string& b) override {
-    return Env::Posix()->Rename(a, b);
-  }
-  Status SyncDir(const std::string& d) override { return Env::Posix()->SyncDir(d); }
-  Status Remove(const std::string& p) override { return Env::Posix()->Remove(p); }
   void Release() { open_.set_value(); }
 
  private:
