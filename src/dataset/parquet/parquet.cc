@@ -27,9 +27,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <type_traits>
+#include <variant>
 
 #include <zstd.h>
 #if LOONGFORGE_WITH_SNAPPY
@@ -327,81 +330,103 @@ struct FileMeta {
   std::vector<RowGroup> row_groups;
 };
 
-void ReadLogicalType(ThriftReader& r, SchemaElement* e) {
+// Where one field of a thrift struct goes: an int (i32), an int64 (zigzag i64), a string (binary),
+// a bool, or a reader of its own, called with the field's compact type.
+using FieldSink = std::variant<int*, int64_t*, std::string*, bool*, std::function<void(int)>>;
+
+// A field ReadStruct knows: its id, its compact type (kTTrue stands for a bool, which the compact
+// protocol carries in the type as kTTrue or kTFalse) and its sink.
+struct ThriftField {
+  int16_t id;
+  int type;
+  FieldSink sink;
+};
+
+// Reads one struct: each field whose id and type are listed goes to its sink, every other field is
+// skipped (so newer writers' fields cost nothing). `seen`, when given, is called with every field
+// before that (unions: which member is set).
+void ReadStruct(ThriftReader& r, std::initializer_list<ThriftField> fields,
+                const std::function<void(int16_t, int)>& seen = {}) {
   int16_t id = 0;
   int t;
   while (r.Field(&id, &t)) {
-    if (t == kTStruct) e->logical = id;
-    if (id == 10 && t == kTStruct) {  // IntType { 1: byte bitWidth, 2: bool isSigned }
-      int16_t iid = 0;
-      int it;
-      while (r.Field(&iid, &it)) {
-        if (iid == 2 && (it == kTTrue || it == kTFalse)) {
-          e->logical_unsigned = !r.BoolValue(it);
-        } else {
-          r.Skip(it);
-        }
+    if (seen) seen(id, t);
+    const bool is_bool = t == kTTrue || t == kTFalse;
+    const ThriftField* f = nullptr;
+    for (const ThriftField& c : fields) {
+      if (c.id == id && (c.type == t || (c.type == kTTrue && is_bool))) {
+        f = &c;
+        break;
       }
-    } else {
-      r.Skip(t);
     }
+    if (f == nullptr) {
+      r.Skip(t);
+      continue;
+    }
+    std::visit(
+        [&](const auto& sink) {
+          using S = std::decay_t<decltype(sink)>;
+          if constexpr (std::is_same_v<S, int*>) {
+            *sink = r.I32();
+          } else if constexpr (std::is_same_v<S, int64_t*>) {
+            *sink = r.Zigzag();
+          } else if constexpr (std::is_same_v<S, std::string*>) {
+            *sink = r.Binary();
+          } else if constexpr (std::is_same_v<S, bool*>) {
+            *sink = r.BoolValue(t);
+          } else {
+            sink(t);
+          }
+        },
+        f->sink);
   }
+}
+
+// LogicalType is a union: the member's field id says which type (3 LIST, 5 DECIMAL, 10 INTEGER).
+void ReadLogicalType(ThriftReader& r, SchemaElement* e) {
+  ReadStruct(
+      r,
+      {{10, kTStruct,
+        [&](int) {  // IntType { 1: byte bitWidth, 2: bool isSigned }
+          ReadStruct(r, {{2, kTTrue, [&](int t) { e->logical_unsigned = !r.BoolValue(t); }}});
+        }}},
+      [&](int16_t id, int t) {
+        if (t == kTStruct) e->logical = id;
+      });
 }
 
 void ReadSchemaElement(ThriftReader& r, SchemaElement* e) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (id == 1 && t == kTI32) {
-      e->type = r.I32();
-    } else if (id == 2 && t == kTI32) {
-      e->type_length = r.I32();
-    } else if (id == 3 && t == kTI32) {
-      e->repetition = r.I32();
-      e->has_repetition = true;
-    } else if (id == 4 && t == kTBinary) {
-      e->name = r.Binary();
-    } else if (id == 5 && t == kTI32) {
-      e->num_children = r.I32();
-    } else if (id == 6 && t == kTI32) {
-      e->converted = r.I32();
-    } else if (id == 10 && t == kTStruct) {
-      ReadLogicalType(r, e);
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{1, kTI32, &e->type},
+                 {2, kTI32, &e->type_length},
+                 {3, kTI32,
+                  [&](int) {
+                    e->repetition = r.I32();
+                    e->has_repetition = true;
+                  }},
+                 {4, kTBinary, &e->name},
+                 {5, kTI32, &e->num_children},
+                 {6, kTI32, &e->converted},
+                 {10, kTStruct, [&](int) { ReadLogicalType(r, e); }}});
 }
 
 void ReadColumnMeta(ThriftReader& r, ColumnMeta* m) {
-  int16_t id = 0;
-  int t;
   m->has_meta = true;
-  while (r.Field(&id, &t)) {
-    if (id == 1 && t == kTI32) {
-      m->type = r.I32();
-    } else if (id == 3 && t == kTList) {
-      int et;
-      int64_t n;
-      r.ListHeader(&et, &n);
-      for (int64_t i = 0; i < n && r.ok(); ++i) {
-        if (et != kTBinary) return r.Fail();
-        m->path.push_back(r.Binary());
-      }
-    } else if (id == 4 && t == kTI32) {
-      m->codec = r.I32();
-    } else if (id == 5 && t == kTI64) {
-      m->num_values = r.Zigzag();
-    } else if (id == 7 && t == kTI64) {
-      m->total_compressed_size = r.Zigzag();
-    } else if (id == 9 && t == kTI64) {
-      m->data_page_offset = r.Zigzag();
-    } else if (id == 11 && t == kTI64) {
-      m->dictionary_page_offset = r.Zigzag();
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{1, kTI32, &m->type},
+                 {3, kTList,
+                  [&](int) {
+                    int et;
+                    int64_t n;
+                    r.ListHeader(&et, &n);
+                    for (int64_t i = 0; i < n && r.ok(); ++i) {
+                      if (et != kTBinary) return r.Fail();
+                      m->path.push_back(r.Binary());
+                    }
+                  }},
+                 {4, kTI32, &m->codec},
+                 {5, kTI64, &m->num_values},
+                 {7, kTI64, &m->total_compressed_size},
+                 {9, kTI64, &m->data_page_offset},
+                 {11, kTI64, &m->dictionary_page_offset}});
 }
 
 // Reads a thrift list<struct> into `out`, each element with `read`.
@@ -416,47 +441,18 @@ void ReadStructList(ThriftReader& r, std::vector<T>* out, void (*read)(ThriftRea
 }
 
 void ReadColumnChunk(ThriftReader& r, ColumnMeta* m) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (id == 1 && t == kTBinary) {
-      m->file_path = r.Binary();
-    } else if (id == 3 && t == kTStruct) {
-      ReadColumnMeta(r, m);
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{1, kTBinary, &m->file_path}, {3, kTStruct, [&](int) { ReadColumnMeta(r, m); }}});
 }
 
 void ReadRowGroup(ThriftReader& r, RowGroup* g) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (id == 1 && t == kTList) {
-      ReadStructList(r, &g->columns, ReadColumnChunk);
-    } else if (id == 3 && t == kTI64) {
-      g->num_rows = r.Zigzag();
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{1, kTList, [&](int) { ReadStructList(r, &g->columns, ReadColumnChunk); }},
+                 {3, kTI64, &g->num_rows}});
 }
 
 void ReadFileMeta(ThriftReader& r, FileMeta* f) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (id == 2 && t == kTList) {
-      ReadStructList(r, &f->schema, ReadSchemaElement);
-    } else if (id == 3 && t == kTI64) {
-      f->num_rows = r.Zigzag();
-    } else if (id == 4 && t == kTList) {
-      ReadStructList(r, &f->row_groups, ReadRowGroup);
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{2, kTList, [&](int) { ReadStructList(r, &f->schema, ReadSchemaElement); }},
+                 {3, kTI64, &f->num_rows},
+                 {4, kTList, [&](int) { ReadStructList(r, &f->row_groups, ReadRowGroup); }}});
 }
 
 struct DataPageInfo {
@@ -480,66 +476,34 @@ struct PageHeader {
   int dict_encoding = kPlain;
 };
 
+// DataPageHeader (v1) and DataPageHeaderV2 number their fields differently.
 void ReadDataPageHeader(ThriftReader& r, DataPageInfo* d, bool v2) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (t == kTI32 && id == 1) {
-      d->num_values = r.I32();
-    } else if (!v2 && t == kTI32 && id == 2) {
-      d->encoding = r.I32();
-    } else if (!v2 && t == kTI32 && id == 3) {
-      d->def_encoding = r.I32();
-    } else if (!v2 && t == kTI32 && id == 4) {
-      d->rep_encoding = r.I32();
-    } else if (v2 && t == kTI32 && id == 2) {
-      d->num_nulls = r.I32();
-    } else if (v2 && t == kTI32 && id == 4) {
-      d->encoding = r.I32();
-    } else if (v2 && t == kTI32 && id == 5) {
-      d->def_bytes = r.I32();
-    } else if (v2 && t == kTI32 && id == 6) {
-      d->rep_bytes = r.I32();
-    } else if (v2 && id == 7 && (t == kTTrue || t == kTFalse)) {
-      d->is_compressed = r.BoolValue(t);
-    } else {
-      r.Skip(t);
-    }
+  if (v2) {
+    ReadStruct(r, {{1, kTI32, &d->num_values},
+                   {2, kTI32, &d->num_nulls},
+                   {4, kTI32, &d->encoding},
+                   {5, kTI32, &d->def_bytes},
+                   {6, kTI32, &d->rep_bytes},
+                   {7, kTTrue, &d->is_compressed}});
+  } else {
+    ReadStruct(r, {{1, kTI32, &d->num_values},
+                   {2, kTI32, &d->encoding},
+                   {3, kTI32, &d->def_encoding},
+                   {4, kTI32, &d->rep_encoding}});
   }
 }
 
 void ReadPageHeader(ThriftReader& r, PageHeader* h) {
-  int16_t id = 0;
-  int t;
-  while (r.Field(&id, &t)) {
-    if (id == 1 && t == kTI32) {
-      h->type = r.I32();
-    } else if (id == 2 && t == kTI32) {
-      h->uncompressed_size = r.I32();
-    } else if (id == 3 && t == kTI32) {
-      h->compressed_size = r.I32();
-    } else if (id == 4 && t == kTI32) {
-      h->crc = static_cast<uint32_t>(r.I32());
-    } else if (id == 5 && t == kTStruct) {
-      ReadDataPageHeader(r, &h->data, false);
-    } else if (id == 7 && t == kTStruct) {
-      int16_t did = 0;
-      int dt;
-      while (r.Field(&did, &dt)) {
-        if (did == 1 && dt == kTI32) {
-          h->dict_num_values = r.I32();
-        } else if (did == 2 && dt == kTI32) {
-          h->dict_encoding = r.I32();
-        } else {
-          r.Skip(dt);
-        }
-      }
-    } else if (id == 8 && t == kTStruct) {
-      ReadDataPageHeader(r, &h->data, true);
-    } else {
-      r.Skip(t);
-    }
-  }
+  ReadStruct(r, {{1, kTI32, &h->type},
+                 {2, kTI32, &h->uncompressed_size},
+                 {3, kTI32, &h->compressed_size},
+                 {4, kTI32, [&](int) { h->crc = static_cast<uint32_t>(r.I32()); }},
+                 {5, kTStruct, [&](int) { ReadDataPageHeader(r, &h->data, false); }},
+                 {7, kTStruct,
+                  [&](int) {  // DictionaryPageHeader
+                    ReadStruct(r, {{1, kTI32, &h->dict_num_values}, {2, kTI32, &h->dict_encoding}});
+                  }},
+                 {8, kTStruct, [&](int) { ReadDataPageHeader(r, &h->data, true); }}});
 }
 
 // ---- file access ----
