@@ -506,6 +506,18 @@ void ReadPageHeader(ThriftReader& r, PageHeader* h) {
                  {8, kTStruct, [&](int) { ReadDataPageHeader(r, &h->data, true); }}});
 }
 
+// Appends `n` PLAIN (little-endian, back to back) values of type T at `p` to `out`; returns the
+// bytes read. The caller has checked that they are there.
+template <typename T, typename Out>
+size_t AppendPlain(const uint8_t* p, int64_t n, std::vector<Out>* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    T x;
+    std::memcpy(&x, p + sizeof(T) * i, sizeof(T));
+    out->push_back(static_cast<Out>(x));
+  }
+  return static_cast<size_t>(n) * sizeof(T);
+}
+
 // ---- file access ----
 class File {
  public:
@@ -942,21 +954,11 @@ class ChunkReader {
       }
       case kFloat:
         LF_RETURN_IF_ERROR(need(uint64_t(n) * 4));
-        for (int64_t i = 0; i < n; ++i) {
-          float x;
-          std::memcpy(&x, p + 4 * i, 4);
-          v->f64.push_back(static_cast<double>(x));
-        }
-        pos = static_cast<size_t>(n) * 4;
+        pos = AppendPlain<float>(p, n, &v->f64);
         break;
       case kDouble:
         LF_RETURN_IF_ERROR(need(uint64_t(n) * 8));
-        for (int64_t i = 0; i < n; ++i) {
-          double x;
-          std::memcpy(&x, p + 8 * i, 8);
-          v->f64.push_back(x);
-        }
-        pos = static_cast<size_t>(n) * 8;
+        pos = AppendPlain<double>(p, n, &v->f64);
         break;
       case kByteArray:
         for (int64_t i = 0; i < n; ++i) {
