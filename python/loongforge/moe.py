@@ -313,6 +313,61 @@ class ExpertParallel:
                 "local_experts": [self.first_expert, self.first_expert + self.local]}
 
 
+# Note [Expert-parallel checkpoints]
+# With --expert-parallel N, rank 0's model and optimizer state (the checkpoint's shared part)
+# hold only rank 0's experts, under the same local names (experts.0 ..) every rank uses for its
+# own. So every rank also writes its experts' parameters and optimizer state into its per-rank
+# file (expert_shard), and on resume loads the shared part first and its own shard over it
+# (load_expert_shard). The shard records which experts it holds; resuming with another expert
+# layout is refused (the run's identity includes expert_parallel, and the shard is checked).
+def _expert_names_and_indices(model: torch.nn.Module, opt: torch.optim.Optimizer
+                              ) -> Tuple[List[str], List[int]]:
+    ids = {id(p) for p in model.expert_parameters()}
+    names = [n for n, p in model.named_parameters() if id(p) in ids]
+    order = [p for g in opt.param_groups for p in g["params"]]
+    return names, [i for i, p in enumerate(order) if id(p) in ids]
+
+
+def expert_shard(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 ep: ExpertParallel) -> Dict[str, Any]:
+    """This rank's experts for its per-rank checkpoint file (Note [Expert-parallel
+    checkpoints]): their parameters by name and their optimizer state by index."""
+    names, idx = _expert_names_and_indices(model, opt)
+    sd = model.state_dict()
+    state = opt.state_dict()["state"]
+    return {"first_expert": ep.first_expert, "local": ep.local, "expert_parallel": ep.size,
+            "model": {n: sd[n] for n in names},
+            "optimizer": {i: state[i] for i in idx if i in state}}
+
+
+def load_expert_shard(model: torch.nn.Module, opt: torch.optim.Optimizer, ep: ExpertParallel,
+                      shard: Optional[Dict[str, Any]]) -> None:
+    """Restores this rank's experts over the shared state already loaded. ValueError naming
+    what differs when the shard is missing or holds other experts."""
+    if shard is None:
+        raise ValueError(f"the checkpoint has no expert shard for rank {ep.rank} (it was not "
+                         f"written with --expert-parallel {ep.size})")
+    have = (shard.get("expert_parallel"), shard.get("first_expert"), shard.get("local"))
+    want = (ep.size, ep.first_expert, ep.local)
+    if have != want:
+        raise ValueError(f"rank {ep.rank}'s expert shard holds experts {have[1]}.."
+                         f"{(have[1] or 0) + (have[2] or 0) - 1} of --expert-parallel {have[0]}; "
+                         f"this rank holds {want[1]}..{want[1] + want[2] - 1} of "
+                         f"--expert-parallel {want[0]}")
+    names, idx = _expert_names_and_indices(model, opt)
+    if sorted(shard["model"]) != sorted(names):
+        raise ValueError(f"rank {ep.rank}'s expert shard names other parameters than this "
+                         "model's experts")
+    model.load_state_dict(shard["model"], strict=False)
+    sd = opt.state_dict()
+    for i in idx:  # load_state_dict casts each state to its parameter's device and dtype
+        if i in shard["optimizer"]:
+            sd["state"][i] = shard["optimizer"][i]
+        else:
+            sd["state"].pop(i, None)
+    opt.load_state_dict(sd)
+
+
 def clip_grad_norm_(ep: Optional[ExpertParallel], params: Sequence[torch.nn.Parameter],
                     expert_params: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """clip_grad_norm_ over the whole model when the experts are split across ranks: the dense

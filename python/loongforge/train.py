@@ -178,9 +178,6 @@ def check_args(args: argparse.Namespace) -> None:
             raise TrainError(f"--resume: --ckpt-dir {args.ckpt_dir} does not exist")
     if args.expert_parallel < 1 or not args.ep_timeout > 0:
         raise TrainError("--expert-parallel must be >= 1 and --ep-timeout positive")
-    if args.expert_parallel > 1 and (args.ckpt_every or args.resume):
-        raise TrainError("--expert-parallel with checkpoints is not supported yet (rank 0 "
-                         "saves the model, and holds only its own experts)")
     if args.topk_ratio is not None and not 0 < args.topk_ratio <= 1:
         raise TrainError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
     if args.profile_modules:
@@ -356,6 +353,8 @@ def build(args: argparse.Namespace) -> Session:
     run_id = {"mode": args.mode, "config": args.config, "set": sorted(args.set),
               "image_size": cfg.image_size, "batch_size": args.batch_size, "world_size": d.world,
               "seed": args.seed}
+    if ep is not None:  # Note [Expert-parallel checkpoints] in moe.py
+        run_id["expert_parallel"] = ep.size
     ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned" else "torch"),
                         ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log)
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
@@ -388,7 +387,7 @@ def build(args: argparse.Namespace) -> Session:
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
     noise_gen.manual_seed(args.seed * 1000 + d.rank)
-    start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log)
+    start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log, ep)
 
     cuda = d.device.type == "cuda"
     counter = SyncCounter(args.count_syncs)
@@ -433,7 +432,7 @@ def build(args: argparse.Namespace) -> Session:
 
 def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
            opt: torch.optim.Optimizer, sched: Any, loader: Any, noise_gen: torch.Generator,
-           log: Callable[[str], None]) -> int:
+           log: Callable[[str], None], ep: Any = None) -> int:
     """--resume: restores the latest checkpoint and returns its step (0 without --resume, or
     when the directory holds none yet), and says which."""
     if not args.resume:
@@ -448,6 +447,10 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         loader.load_state_dict(st["loader"])
+        if ep is not None:
+            from .moe import load_expert_shard
+
+            load_expert_shard(model, opt, ep, st.get("experts"))
     except (RuntimeError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainError(f"--resume: checkpoint step {step} in {args.ckpt_dir} does not fit this "
@@ -455,6 +458,15 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
     set_rng_state(st["rng"], noise_gen)
     log(f"[{args.mode}] resumed from step {step} of {args.ckpt_dir}")
     return step
+
+
+def expert_state(ep: Any, model: Gr00tPolicy, opt: torch.optim.Optimizer) -> Dict[str, Any]:
+    """The per-rank "experts" entry of a checkpoint under expert parallelism, else nothing."""
+    if ep is None:
+        return {}
+    from .moe import expert_shard
+
+    return {"experts": expert_shard(model, opt, ep)}
 
 
 def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]], float]":
@@ -576,7 +588,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                             "step": step + 1, "model": model.state_dict(),
                             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                             "loader": loader.state_dict(), "rng": rng_state(noise_gen),
-                            "config": args.config}, model=model, optimizer=opt)
+                            "config": args.config, **expert_state(sync.ep, model, opt)},
+                            model=model, optimizer=opt)
                 if not s.sync_free:
                     s.sync_dev()
                 if prof is not None:  # before the step's end mark: profiler shutdown in this step

@@ -253,3 +253,70 @@ def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
     assert train.main(common + ["--expert-parallel", "3"]) == 2  # 8 experts, and world 1
     assert train.main(common + ["--set", "moe_top_k=9"]) == 2
     assert train.main(common + ["--topk-ratio", "0.05", "--mode", "baseline"]) == 2
+
+
+def _train_ranks(world: int, argv: list, tmp_path, name: str) -> dict:
+    """`python -m loongforge.train argv` on `world` CPU processes (Gloo, as torchrun would set
+    them up); returns rank 0's summary JSON."""
+    import subprocess
+    import sys
+
+    out = str(tmp_path / f"{name}.json")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(os.path.dirname(__file__), "..", "..", "python"), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, "-m", "loongforge.train", *argv,
+                               "--json-out", out], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+# Guards: checkpoints under --expert-parallel (Note [Expert-parallel checkpoints] in moe.py).
+# Each rank holds other experts under the same local names, so a resume that restored only rank
+# 0's state would give rank 1 rank 0's experts and a different loss curve: here a run preempted
+# after step 3 and resumed from its step-2 checkpoint continues exactly as the run that was not.
+def test_expert_parallel_resume_is_exact(tmp_path):
+    from loongforge import packing
+
+    packing.demo_data(str(tmp_path / "raw"), episodes=2, cameras=2, width=64, height=48,
+                      steps_min=6, steps_max=8, state_dim=8, action_dim=7)
+    db = str(tmp_path / "db")
+    packing.pack(str(tmp_path / "raw"), db)
+    base = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
+            "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
+            "--device", "cpu", "--steps", "4", "--ckpt-every", "2", "--expert-parallel", "2"]
+    full = _train_ranks(2, base + ["--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
+    _train_ranks(2, base + ["--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")], tmp_path,
+                 "part")
+    res = _train_ranks(2, base + ["--resume", "--ckpt-dir", str(tmp_path / "c2")], tmp_path,
+                       "res")
+    a = [r["loss"] for r in full["loss_curve"]][2:]
+    b = [r["loss"] for r in res["loss_curve"]]
+    assert len(b) == 2 and a == b, (a, b)
+
+
+# Guards: an expert shard that is missing or holds other experts is refused, naming both layouts,
+# and a matching one restores the experts' weights and optimizer state.
+def test_expert_shard_round_trip_and_refusals():
+    model = build_model("tiny-moe", seed=0)
+    ep = moe.ExpertParallel(1, 8, 2)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.expert_parameters()[0].grad = torch.ones_like(model.expert_parameters()[0])
+    opt.step()
+    shard = moe.expert_shard(model, opt, ep)
+    shard = {**shard, "model": {k: v.clone() for k, v in shard["model"].items()}}
+    w = model.expert_parameters()[0]
+    before = w.detach().clone()
+    with torch.no_grad():
+        w.add_(1.0)
+    moe.load_expert_shard(model, opt, ep, shard)
+    assert torch.equal(w.detach(), before)
+    with pytest.raises(ValueError, match="no expert shard"):
+        moe.load_expert_shard(model, opt, ep, None)
+    with pytest.raises(ValueError, match=r"holds experts 4\.\.11 of --expert-parallel 2"):
+        moe.load_expert_shard(model, opt, ep, {**shard, "first_expert": 4, "expert_parallel": 2})
