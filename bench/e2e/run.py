@@ -8,11 +8,13 @@
     python bench/e2e/run.py --db DB --config tiny --image-size 112 --batches 8 --steps 20 \
         --warmup 3 --ckpt-every 10 --out /tmp/e2e
 
-Runs, for each batch size: baseline (LeRobot-style), tuned (tuned PyTorch; --compile with
---tuned-compile), loongforge (all modules), all with GR00T's image transforms (--augment). Prints a
-table per batch size (step p50/p95, tokens/GPU/s and its ratios to LeRobot-style and tuned, data
-wait, checkpoint stall and blocking per save, peak allocated/reserved memory, model FLOPs per step
-and MFU) and writes every run's summary JSON plus results.json. With --profile-modules N each run
+Runs, for each batch size: baseline (LeRobot-style), tuned (tuned PyTorch), tuned+compile (tuned
+with torch.compile of the whole model; with --tuned-compile or listed in --modes), loongforge (all
+modules), all with GR00T's image transforms (--augment). Prints a table per batch size (step
+p50/p95, tokens/GPU/s and its ratios to LeRobot-style, tuned and tuned+compile, data wait,
+checkpoint stall and blocking per save, peak allocated/reserved memory, model FLOPs per step, MFU,
+and the warm-up's time beyond steady steps: compilation and graph captures, kept out of the timed
+figures) and writes every run's summary JSON plus results.json. With --profile-modules N each run
 also profiles N steps after warm-up and the per-part step time (data, vision, llm, projector, dit,
 backward, optimizer, other; the trainer's module_breakdown) is printed under the table.
 """
@@ -44,12 +46,13 @@ def table_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
     its ratios to LeRobot-style (baseline) and tuned, data wait, checkpoint stall and blocking
     time per save, peak allocated / reserved memory (GiB; RSS on a CPU), model FLOPs per step and
     MFU (n/a without a known dense bf16 peak)."""
-    out = [f"{'mode':<12}{'step p50':>9}{'p95':>7}{'tok/GPU/s':>11}{'vs base':>8}{'vs tuned':>9}"
-           f"{'data wait':>10}{'ckpt':>7}{'block/save':>11}{'peak alloc/resv':>16}"
-           f"{'TFLOP/step':>11}{'MFU':>7}"]
+    out = [f"{'mode':<14}{'step p50':>9}{'p95':>7}{'tok/GPU/s':>11}{'vs base':>8}{'vs tuned':>9}"
+           f"{'vs t+comp':>10}{'data wait':>10}{'ckpt':>7}{'block/save':>11}"
+           f"{'peak alloc/resv':>16}{'TFLOP/step':>11}{'MFU':>7}{'warm-up+':>9}"]
     fig = {m: r.get("figures", {}) for m, r in runs.items()}
     base = fig.get("baseline", {}).get("tokens_per_gpu_per_s")
     tuned = fig.get("tuned", {}).get("tokens_per_gpu_per_s")
+    compiled = fig.get(COMPILED, {}).get("tokens_per_gpu_per_s")
     for m, f in fig.items():
         mem = f.get("memory", {})
         if mem.get("kind") == "cuda":
@@ -61,12 +64,26 @@ def table_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
         block_s = f"{block:.3f}s" if block == block else "-"
         flops = f.get("flops_per_step", float("nan"))
         mfu = f.get("mfu", float("nan"))
-        out.append(f"{m:<12}{f['step_ms_p50']:>7.0f}ms{f['step_ms_p95']:>5.0f}ms{tok:>11.0f}"
-                   f"{_ratio(tok, base):>8}{_ratio(tok, tuned):>9}{f['data_wait_share']:>10.1%}"
-                   f"{f['ckpt_stall_share']:>7.1%}{block_s:>11}{peak:>16}"
-                   f"{flops / 1e12 if flops == flops else float('nan'):>11.3g}"
-                   f"{f'{mfu:.1%}' if mfu == mfu else 'n/a':>7}")
+        warm = f.get("warmup_excess_s", float("nan"))
+        out.append(f"{m:<14}{f['step_ms_p50']:>7.0f}ms{f['step_ms_p95']:>5.0f}ms{tok:>11.0f}"
+                   f"{_ratio(tok, base):>8}{_ratio(tok, tuned):>9}{_ratio(tok, compiled):>10}"
+                   f"{f['data_wait_share']:>10.1%}{f['ckpt_stall_share']:>7.1%}{block_s:>11}"
+                   f"{peak:>16}{flops / 1e12 if flops == flops else float('nan'):>11.3g}"
+                   f"{f'{mfu:.1%}' if mfu == mfu else 'n/a':>7}"
+                   f"{f'{warm:.1f}s' if warm == warm else '-':>9}")
     return out
+
+
+COMPILED = "tuned+compile"  # tuned mode with --compile: its own row
+
+
+def trainer_mode(mode: str) -> tuple:
+    """The trainer's --mode and extra flags of a bench mode, and its file tag."""
+    if mode == COMPILED:
+        return "tuned", ["--compile"], "tuned_compile"
+    if mode not in ("baseline", "tuned", "loongforge"):
+        raise SystemExit(f"unknown mode '{mode}' (baseline, tuned, {COMPILED}, loongforge)")
+    return mode, [], mode
 
 
 def breakdown_rows(runs: Dict[str, Dict[str, Any]]) -> List[str]:
@@ -95,7 +112,8 @@ def main() -> int:
                    help="LeRobot-style worker count (0: same as --workers)")
     p.add_argument("--loader-threads", type=int, default=12)
     p.add_argument("--modes", default="baseline,tuned,loongforge")
-    p.add_argument("--tuned-compile", action="store_true", help="torch.compile in tuned mode")
+    p.add_argument("--tuned-compile", action="store_true",
+                   help=f"add the {COMPILED} row (tuned with torch.compile of the whole model)")
     p.add_argument("--augment", choices=("groot", "none"), default="groot",
                    help="image transforms of every mode (the trainer's --augment)")
     p.add_argument("--peak-tflops", type=float, default=0.0,
@@ -118,8 +136,12 @@ def main() -> int:
     lines: List[str] = []
     for bs in [int(x) for x in a.batches.split(",")]:
         runs: Dict[str, Dict[str, Any]] = {}
-        for mode in a.modes.split(","):
-            tag = f"{mode}_b{bs}"
+        modes = a.modes.split(",")
+        if a.tuned_compile and COMPILED not in modes:
+            modes.insert(modes.index("tuned") + 1 if "tuned" in modes else len(modes), COMPILED)
+        for mode in modes:
+            tmode, tflags, ttag = trainer_mode(mode)
+            tag = f"{ttag}_b{bs}"
             done = os.path.join(a.out, f"{tag}.json")
             if a.reuse and os.path.exists(done):
                 with open(done) as f:
@@ -127,7 +149,7 @@ def main() -> int:
                 continue
             workers = a.baseline_workers or a.workers if mode == "baseline" else a.workers
             cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
-                   "--mode", mode, "--steps", str(a.steps), "--warmup", str(a.warmup),
+                   "--mode", tmode, "--steps", str(a.steps), "--warmup", str(a.warmup),
                    "--batch-size", str(bs), "--workers", str(workers),
                    "--loader-threads", str(a.loader_threads), "--ckpt-every", str(a.ckpt_every),
                    "--ckpt-dir", os.path.join(a.out, f"ckpt_{tag}"), "--log-every", "10",
@@ -139,8 +161,7 @@ def main() -> int:
                 cmd += ["--image-size", str(a.image_size)]
             if a.profile_modules:
                 cmd += ["--profile-modules", str(a.profile_modules)]
-            if mode == "tuned" and a.tuned_compile:
-                cmd += ["--compile"]
+            cmd += tflags
             if mode == "loongforge" and a.extra:
                 cmd += a.extra.split()
             print("$ " + " ".join(cmd), flush=True)

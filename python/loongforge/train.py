@@ -513,7 +513,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
         guard.check_row(r)
         step = r["step"] - 1
         losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss", "grad_norm",
-                                         "skipped_nonfinite") if k in r})
+                                         "skipped_nonfinite", "step_s") if k in r})
         if step - start_step >= timed_from:
             rows.append(r)
         if jsonl:

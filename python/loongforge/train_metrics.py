@@ -320,6 +320,17 @@ def save_figures(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> Dict[s
             "ckpt_block_s_max": max(saves) if saves else float("nan")}
 
 
+def warmup_figures(args: argparse.Namespace, losses: List[Dict[str, Any]],
+                   step_p50_s: float) -> Dict[str, float]:
+    """The --warmup steps' wall time, and what they took beyond as many steady steps (p50 of the
+    timed ones): torch.compile's compilation, CUDA-graph captures, allocator and cuDNN warm-up,
+    reported apart from the timed figures (a recompile after warm-up shows in p95 instead)."""
+    warm = [r["step_s"] for r in losses[:getattr(args, "warmup", 0)] if "step_s" in r]
+    total = sum(warm)
+    excess = total - len(warm) * step_p50_s if step_p50_s == step_p50_s else float("nan")
+    return {"warmup_s": total, "warmup_excess_s": max(0.0, excess) if excess == excess else excess}
+
+
 def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
               losses: List[Dict[str, Any]], status: Dict[str, str], model: Gr00tPolicy,
               loader: Any, ckpt: Checkpointer, total_s: float) -> Dict[str, Any]:
@@ -341,6 +352,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "ckpt_drain_s": ckpt.drain_s,
         "memory": peak_memory(d.device),
     }
+    fig.update(warmup_figures(args, losses, fig["step_ms_p50"] / 1e3))
     fig.update(save_figures(args, rows))
     fig.update(ckpt.figures())  # per save: bytes written, durable time; skipped saves
     fig.update(mfu_figures(args, d, rows, tot))
@@ -404,7 +416,9 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"{f['timed_steps']} timed steps",
         "   modules: " + ", ".join(f"{k} {v}" for k, v in s["modules"].items()),
         f"   tokens/GPU/s {f['tokens_per_gpu_per_s']:.1f} | samples/s {f['samples_per_s']:.2f} | "
-        f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms",
+        f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms | warm-up "
+        f"{f['warmup_s']:.1f} s ({f['warmup_excess_s']:.1f} s beyond steady steps: compile, "
+        "captures)",
         f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
         f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)"
         + (f" | ckpt {f['ckpt_saves_committed']} committed, "

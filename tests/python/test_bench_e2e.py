@@ -75,3 +75,33 @@ def test_compare_curves_verdicts(tmp_path):
         assert not r[nan]["within_noise"]
     finally:
         sys.argv = argv
+
+
+run = _load("run")
+
+
+def _fig(tok, warm=0.0):
+    return {"figures": {"tokens_per_gpu_per_s": tok, "step_ms_p50": 100.0, "step_ms_p95": 110.0,
+                        "data_wait_share": 0.0, "ckpt_stall_share": 0.0,
+                        "memory": {"kind": "cpu", "peak_rss_bytes": 2**30},
+                        "warmup_excess_s": warm}}
+
+
+# Guards issue 17's strongest-alternative row: tuned+compile runs the trainer in tuned mode with
+# --compile under its own file tag, the table gives every mode its ratio to it, and the warm-up
+# column (compile time, kept out of the timed figures) is printed per mode.
+def test_e2e_table_has_tuned_compile_row_and_warmup():
+    assert run.trainer_mode("tuned+compile") == ("tuned", ["--compile"], "tuned_compile")
+    assert run.trainer_mode("loongforge") == ("loongforge", [], "loongforge")
+    try:
+        run.trainer_mode("fast")
+        raise AssertionError("an unknown mode must be refused")
+    except SystemExit as e:
+        assert "unknown mode 'fast'" in str(e)
+    rows = run.table_rows({"baseline": _fig(1000.0), "tuned": _fig(2000.0),
+                           "tuned+compile": _fig(2500.0, warm=42.0), "loongforge": _fig(5000.0)})
+    assert "vs t+comp" in rows[0] and "warm-up+" in rows[0]
+    lf = next(r for r in rows if r.startswith("loongforge"))
+    assert "5.00x" in lf and "2.50x" in lf and "2.00x" in lf, lf
+    comp = next(r for r in rows if r.startswith("tuned+compile"))
+    assert comp.rstrip().endswith("42.0s"), comp

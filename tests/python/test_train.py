@@ -45,6 +45,9 @@ def test_baseline_three_steps(db, tmp_path):
         assert f[k] == f[k] and f[k] >= 0, k  # not NaN
     assert 0 < f["data_wait_share"] < 1 and f["ckpt_stall_s"] > 0
     assert f["memory"]["peak_rss_bytes"] > 0
+    # The warm-up step's time, and its part beyond a steady step (compile, captures), apart.
+    assert f["warmup_s"] == s["loss_curve"][0]["step_s"] > 0
+    assert f["warmup_excess_s"] == max(0.0, f["warmup_s"] - f["step_ms_p50"] / 1e3)
     assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
     assert os.path.exists(tmp_path / "ck" / "step_00000002.pt")
     assert len(open(tmp_path / "m.jsonl").read().splitlines()) == 3
