@@ -146,6 +146,11 @@ struct LoaderOptions {
 // the trainer's step runner share. SortTokenBuckets: sorted and deduplicated, InvalidArgument
 // naming the first length that is not positive. TokenBucketFor: index of the smallest bucket
 // >= `length` in sorted `buckets`, or -1 when the length exceeds every bucket.
+// Note [Held by]: the stage the oldest unconsumed batch is in, from the pipeline's counts of
+// batches that got a buffer (`started`), left stage 1 (`read`) and were published, against the
+// number the consumer took (`consumed`). One of "ready", "decode", "read", "buffers".
+const char* HeldBy(int64_t started, int64_t read, int64_t published, int64_t consumed);
+
 StatusOr<std::vector<int>> SortTokenBuckets(std::vector<int> buckets);
 int TokenBucketFor(const std::vector<int>& buckets, int length);
 
@@ -171,7 +176,13 @@ struct Batch {
   uint8_t* action_mask = nullptr;     // [rows, horizon]
   int64_t* sample_index = nullptr;    // [rows]
   bool pinned = false;
-  double latency_ms = 0;    // stage-1 start to publication
+  double latency_ms = 0;  // stage-1 start to publication
+  // Where this batch was when the consumer asked for it (Note [Held by] in src/data/loader.cc):
+  // "ready" (published), "device" (published, Next() waited for its GPU work), "decode" (stages
+  // 2-3: image decode, transforms, collation), "read" (stage 1: record reads and checks),
+  // "buffers" (stage 1 had no free batch buffer for it yet). A static string.
+  const char* held_by = "ready";
+  double wait_ms = 0;       // how long Next() waited for it
   int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
   // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
   // `images` holds `image_dtype` elements (bf16 bits when DType::kBFloat16) in `image_layout`. The

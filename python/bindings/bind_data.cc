@@ -193,6 +193,8 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   d["tokens_len"] = b->tokens_len;
   d["pinned"] = b->pinned;
   d["latency_ms"] = b->latency_ms;
+  d["held_by"] = b->held_by;
+  d["wait_ms"] = b->wait_ms;
   return d;
 }
 

@@ -41,6 +41,9 @@ class DataFusionBatch(dict):
         size: real samples; rows ``size..rows-1`` are padding (static shapes, corrupt samples
             skipped): zero, masks off, ``sample_index`` -1.
         epoch, index: the batch's position.
+        held_by: where the batch was when it was asked for: "ready", "device", "decode",
+            "read" or "buffers" (Note [Held by] in src/data/loader.cc); wait_ms: how long the
+            loader's Next() waited for it.
     """
 
     bucket: int = -1
@@ -48,6 +51,8 @@ class DataFusionBatch(dict):
     size: int = 0
     epoch: int = 0
     index: int = 0
+    held_by: str = "ready"
+    wait_ms: float = 0.0
 
 
 class DataFusionLoader:
@@ -218,6 +223,7 @@ class DataFusionLoader:
                     batch["images"] = batch["images"].to(self.dtype)
                 batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
                 batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
+                batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
                 batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
                                    self._horizon)
                 self._yielded = int(raw["index"]) + 1

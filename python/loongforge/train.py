@@ -536,6 +536,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
             if prof is not None:
                 prof.begin_step(step)
             wait = 0.0
+            stage, stage_wait = None, -1.0  # the loader stage behind the longest wait
             samples = 0
             known_tokens = 0
             flops = 0.0
@@ -546,7 +547,10 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     t0 = time.perf_counter()
                     with trace.span("data_wait"), part("data"):
                         batch = next(it)
-                        wait += time.perf_counter() - t0
+                        dt = time.perf_counter() - t0
+                        wait += dt
+                        if dt > stage_wait:
+                            stage, stage_wait = getattr(batch, "held_by", None), dt
                         batch = guard(batch)
                     b = int(batch["tokens"].shape[0])
                     samples += b
@@ -596,6 +600,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     prof.end_step(step)
                 readback.end(acc, {
                     "step": step + 1, "lr": sched.get_last_lr()[0], "data_wait_s": wait,
+                    **({"data_stage": stage} if stage else {}),
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
                     "tokens": known_tokens, "flops": flops, **moe_row, **ckpt.row_fields()},
                     clip=bool(args.clip),

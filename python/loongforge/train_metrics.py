@@ -320,6 +320,16 @@ def save_figures(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> Dict[s
             "ckpt_block_s_max": max(saves) if saves else float("nan")}
 
 
+def wait_by_stage(rows: List[Dict[str, Any]], total_s: float) -> Dict[str, float]:
+    """Share of the timed time spent waiting for data, per loader stage that held the batch
+    (rows' data_stage, DataFusion only: Note [Held by] in src/data/loader.cc); {} without it."""
+    out: Dict[str, float] = {}
+    for r in rows:
+        if "data_stage" in r:
+            out[r["data_stage"]] = out.get(r["data_stage"], 0.0) + r["data_wait_s"] / total_s
+    return out
+
+
 def warmup_figures(args: argparse.Namespace, losses: List[Dict[str, Any]],
                    step_p50_s: float) -> Dict[str, float]:
     """The --warmup steps' wall time, and what they took beyond as many steady steps (p50 of the
@@ -344,6 +354,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
         "step_ms_p50": percentile(step_s, 50) * 1e3,
         "step_ms_p95": percentile(step_s, 95) * 1e3,
         "data_wait_share": sum(r["data_wait_s"] for r in rows) / tot if rows else float("nan"),
+        "data_wait_by_stage": wait_by_stage(rows, tot),
         "comm_exposed_share": sum(r["comm_exposed_s"] for r in rows) / tot if rows else float("nan"),
         "ckpt_stall_share": sum(r["ckpt_stall_s"] for r in rows) / tot if rows else float("nan"),
         "skipped_nonfinite_steps": sum(r.get("skipped_nonfinite", 0) for r in losses),
@@ -404,6 +415,14 @@ def _safe_metrics(loader: Any) -> Dict[str, Any]:
         return {}
 
 
+def _stages_text(by_stage: Dict[str, float]) -> str:
+    """" (decode 0.4%, read 0.1%)": the loader stages behind the data wait, largest first, those
+    of at least 0.05% of the time."""
+    parts = [f"{k} {v:.1%}" for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1])
+             if v >= 0.0005]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_summary(s: Dict[str, Any]) -> str:
     f = s["figures"]
     mem = f["memory"]
@@ -419,7 +438,8 @@ def format_summary(s: Dict[str, Any]) -> str:
         f"step p50 {f['step_ms_p50']:.0f} ms p95 {f['step_ms_p95']:.0f} ms | warm-up "
         f"{f['warmup_s']:.1f} s ({f['warmup_excess_s']:.1f} s beyond steady steps: compile, "
         "captures)",
-        f"   data wait {f['data_wait_share']:.1%} | exposed comm {f['comm_exposed_share']:.1%} | "
+        f"   data wait {f['data_wait_share']:.1%}{_stages_text(f.get('data_wait_by_stage', {}))}"
+        f" | exposed comm {f['comm_exposed_share']:.1%} | "
         f"ckpt stall {f['ckpt_stall_share']:.1%} ({f['ckpt_stall_s']:.2f} s)"
         + (f" | ckpt {f['ckpt_saves_committed']} committed, "
            f"{f['ckpt_saves_skipped']} skipped (writer busy), durable "

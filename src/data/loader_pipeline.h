@@ -225,6 +225,10 @@ struct Pipeline {
   std::atomic<int64_t>* c_slots_grown = nullptr;  // slots allocated after Create
   std::atomic<int64_t>*c_images, *c_batches, *c_corrupt, *c_bytes;
   std::atomic<int64_t> tasks_in_flight{0};  // decode tasks queued or running
+  // Note [Held by]: batches (not epoch markers) since the pipeline started that got a buffer,
+  // left stage 1 and were published; and how many the consumer took (Next()'s thread only).
+  std::atomic<int64_t> seq_started{0}, seq_read{0}, seq_published{0};
+  int64_t seq_consumed = 0;
   RateLimiter corrupt_log{2000};
 
   std::unique_ptr<BoundedQueue<WorkPtr>> work_q;

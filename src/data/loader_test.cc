@@ -2,10 +2,12 @@
 // resume, batch contents and the corrupt-data policies.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "image_ops.h"
 #include "loongforge/loader.h"
@@ -551,6 +553,39 @@ TEST(TokenBuckets, SortAndChoose) {
   EXPECT_EQ(TokenBucketFor(*b, 64), 2);
   EXPECT_EQ(TokenBucketFor(*b, 65), -1);
   EXPECT_EQ(TokenBucketFor({}, 1), -1);
+}
+
+// Guards Note [Held by]: the stage named for the oldest unconsumed batch, from the pipeline's
+// counts (started <= buffers, read <= stage 1, published <= ready).
+TEST(LoaderHeldBy, ClassifiesByStageCounts) {
+  EXPECT_STREQ(HeldBy(3, 2, 1, 0), "ready");
+  EXPECT_STREQ(HeldBy(3, 2, 1, 1), "decode");
+  EXPECT_STREQ(HeldBy(3, 2, 2, 2), "read");
+  EXPECT_STREQ(HeldBy(3, 3, 3, 3), "buffers");
+  EXPECT_STREQ(HeldBy(0, 0, 0, 0), "buffers");
+}
+
+// Guards the batch's held_by/wait_ms: batches the pipeline had published before Next() was
+// called are "ready", and the counts carry on across Next() calls.
+TEST_F(LoaderTest, BatchesPublishedBeforeNextAreReady) {
+  std::string db = Db({});
+  auto dl = DataLoader::Create(Opts(db));
+  ASSERT_TRUE(dl.ok()) << dl.status();
+  ASSERT_TRUE((*dl)->Start(0, 0).ok());
+  // prefetch 2: two batches fit in the output queue; wait (bounded) until both are published.
+  for (int i = 0; i < 2000 && (*dl)->metrics().Counters()["batches"] < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE((*dl)->metrics().Counters()["batches"], 2);
+  for (int i = 0; i < 2; ++i) {
+    auto b = (*dl)->Next();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_STREQ((*b)->held_by, "ready") << "batch " << i;
+    EXPECT_GE((*b)->wait_ms, 0.0);
+  }
+  auto b = (*dl)->Next();  // the third: whatever stage it is in, one of the five names
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string held = (*b)->held_by;
+  EXPECT_TRUE(held == "ready" || held == "decode" || held == "read" || held == "buffers") << held;
 }
 
 // Guards memory flatness: buffers are recycled, so slots stay bounded over many epochs.

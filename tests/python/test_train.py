@@ -70,9 +70,19 @@ def test_tuned_mode_matches_baseline_data(db, tmp_path):
 # Guards: loongforge mode runs end to end once DataFusion is in the build.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_loongforge_three_steps(db, tmp_path):
+    jl = tmp_path / "l.jsonl"
     s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
-                       "--ckpt-dir", str(tmp_path / "v")], tmp_path, "l")
+                       "--ckpt-dir", str(tmp_path / "v"), "--metrics-jsonl", str(jl)],
+             tmp_path, "l")
     assert s["modules"]["datafusion"].startswith("on") and s["modules"]["vault"] == "on"
+    # Each step names the loader stage that held its batch (Note [Held by]); the summary splits
+    # the data wait by stage, and the parts add up to the whole.
+    stages = {"ready", "device", "decode", "read", "buffers"}
+    rows = [json.loads(x) for x in open(jl)]
+    assert len(rows) == 3 and all(r["data_stage"] in stages for r in rows), rows
+    by = s["figures"]["data_wait_by_stage"]
+    assert set(by) <= stages and by
+    assert abs(sum(by.values()) - s["figures"]["data_wait_share"]) < 1e-9
     assert s["modules"]["nexussync"] == "on" and "nexussync_stats" in s
     assert s["modules"]["memsculptor"] in ("off: needs CUDA", "on")
     assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
