@@ -1,7 +1,7 @@
 // Tests of VideoReader on the committed LeRobot fixture videos (tests/data/lerobot, written by
 // make_videos.sh): every frame carries its own index as a block code, so a test can tell which
-// frame was decoded. AV1 (libdav1d) and H.264 (B-frames), v2.1 per-episode files and a v3.0
-// concatenated file; PSNR against the ffmpeg CLI's own decode; bad input.
+// frame was decoded. AV1 (libdav1d), H.264 and HEVC (B-frames), v2.1 per-episode files and a
+// v3.0 concatenated file; PSNR against the ffmpeg CLI's own decode; bad input.
 #include "dataset/video_reader.h"
 
 #include <gtest/gtest.h>
@@ -153,11 +153,9 @@ TEST_P(VideoCodecs, RgbxLayoutMatchesRgb24) {
   }
 }
 
-// Guards: our decode matches FFmpeg's reference decode (YUV->RGB conversion, frame order):
-// PSNR >= 40 dB against `ffmpeg -pix_fmt rgb24`. Skipped where the ffmpeg CLI is absent.
-TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
-  if (std::system("ffmpeg -version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no ffmpeg CLI";
-  const std::string path = V30(GetParam());
+// Our decode of `path`'s first `n` 128x96 frames against FFmpeg's reference decode (YUV->RGB
+// conversion, frame order): PSNR >= 40 dB against `ffmpeg -pix_fmt rgb24`.
+void ExpectMatchesFfmpegCli(const std::string& path, int n) {
   char tmpl[] = "/tmp/lf_video_ref_XXXXXX";
   int fd = ::mkstemp(tmpl);
   ASSERT_GE(fd, 0);
@@ -169,12 +167,12 @@ TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
   std::string ref((std::istreambuf_iterator<char>(in)), {});
   fs::remove(tmpl);
   const size_t frame_bytes = 128 * 96 * 3;
-  ASSERT_EQ(ref.size(), 48 * frame_bytes);
+  ASSERT_EQ(ref.size(), n * frame_bytes);
   auto r = VideoReader::Open(path);
   ASSERT_TRUE(r.ok());
   Decoded d;
-  ASSERT_TRUE(ReadAll(r->get(), Times(0, 48), &d).ok());
-  for (int i = 0; i < 48; ++i) {
+  ASSERT_TRUE(ReadAll(r->get(), Times(0, n), &d).ok());
+  for (int i = 0; i < n; ++i) {
     double se = 0;
     for (size_t k = 0; k < frame_bytes; ++k) {
       double diff =
@@ -183,14 +181,40 @@ TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
     }
     const double mse = se / frame_bytes;
     const double psnr = mse == 0 ? 99.0 : 10 * std::log10(255.0 * 255.0 / mse);
-    EXPECT_GE(psnr, 40.0) << "frame " << i;
+    EXPECT_GE(psnr, 40.0) << path << " frame " << i;
   }
+}
+
+bool HaveFfmpegCli() { return std::system("ffmpeg -version > /dev/null 2>&1") == 0; }
+
+// Guards: our decode matches FFmpeg's reference decode. Skipped where the ffmpeg CLI is absent.
+TEST_P(VideoCodecs, MatchesFfmpegCliDecode) {
+  if (!HaveFfmpegCli()) GTEST_SKIP() << "no ffmpeg CLI";
+  ExpectMatchesFfmpegCli(V30(GetParam()), 48);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VideoCodecs, ::testing::Values("front", "wrist"),
                          [](const auto& info) {
                            return std::string(info.param) == "front" ? "Av1" : "H264";
                          });
+
+// Guards HEVC, which LeRobot datasets also hold (libavcodec's native decoder; the fixture is the
+// v3.0 wrist video re-encoded by make_videos.sh with libx265, GOP 8, B-frames): every frame is
+// the one asked for, a request behind the position seeks back, and the pixels match FFmpeg's.
+TEST(VideoReader, HevcFramesSeeksAndPixels) {
+  const std::string path = LeRobotFixture("hevc") + "/file-000.mp4";
+  auto r = VideoReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Decoded d;
+  ASSERT_TRUE(ReadAll(r->get(), Times(0, 48), &d).ok());
+  for (int i = 0; i < 48; ++i)
+    EXPECT_EQ(DecodeFrameCode(d.frames[i].data(), d.w, d.h).position, i) << "frame " << i;
+  ASSERT_TRUE(ReadAll(r->get(), {5 / kFps, 30 / kFps}, &d).ok());
+  EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 5);
+  EXPECT_EQ(DecodeFrameCode(d.frames[1].data(), d.w, d.h).position, 30);
+  if (!HaveFfmpegCli()) GTEST_SKIP() << "no ffmpeg CLI for the pixel comparison";
+  ExpectMatchesFfmpegCli(path, 48);
+}
 
 // Guards: a missing video is NotFound naming the file.
 TEST(VideoReader, MissingFileIsNamed) {

@@ -15,7 +15,8 @@
 # Without info.json the defaults below are used; make_fixtures.py writes metadata that matches
 # them: 128x96 at 30 fps; episodes 0, 1, 2 of 12, 16 and 20 frames (v3.0: one file per camera,
 # episodes back to back); observation.images.front: AV1 (libsvtav1, GOP 2, yuv420p).
-# observation.images.wrist is always H.264 (libx264, GOP 8, B-frames), so both codecs are covered.
+# observation.images.wrist is always H.264 (libx264, GOP 8, B-frames), so both codecs are covered;
+# hevc/file-000.mp4 (HEVC, libx265) is the v3.0 wrist video re-encoded (end of this script).
 set -euo pipefail
 export SVT_LOG=1  # SVT-AV1: errors only
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -120,3 +121,12 @@ for d in "${dirs[@]}"; do
     *) echo "$d: name must start with v2 or v3" >&2; exit 2 ;;
   esac
 done
+
+# HEVC (libx265, GOP 8, B-frames): the v3.0 wrist video re-encoded, for the reader's HEVC test
+# (the block codes survive a second lossy encode).
+if [ $# -eq 0 ]; then
+  mkdir -p "$here/hevc"
+  ffmpeg -nostdin -v error -y -i "$here/v3.0/videos/observation.images.wrist/chunk-000/file-000.mp4" \
+    -c:v libx265 -pix_fmt yuv420p -x265-params log-level=error:keyint=8:bframes=3 -tag:v hvc1 \
+    "$here/hevc/file-000.mp4"
+fi
