@@ -588,6 +588,32 @@ TEST_F(LoaderTest, BatchesPublishedBeforeNextAreReady) {
   EXPECT_TRUE(held == "ready" || held == "decode" || held == "read" || held == "buffers") << held;
 }
 
+// Guards issue 15's loader-under-load property with a stand-in busy consumer: while the consumer
+// holds its current batch (as a training step does), the pipeline fills the output queue to
+// `prefetch` batches ahead (bounded wait on the published count; a pipeline serialized with its
+// consumer never gets there), so every later batch is "ready" when asked for.
+TEST_F(LoaderTest, KeepsPrefetchQueueFullWhileConsumerHoldsItsBatch) {
+  std::string db = Db({});
+  LoaderOptions o = Opts(db);
+  o.prefetch = 3;
+  auto dl = DataLoader::Create(o);
+  ASSERT_TRUE(dl.ok()) << dl.status();
+  const int64_t nb = (*dl)->batches_per_epoch();
+  ASSERT_GE(nb, 8);
+  ASSERT_TRUE((*dl)->Start(0, 0).ok());
+  std::shared_ptr<Batch> held;
+  for (int64_t i = 0; i < nb; ++i) {
+    auto b = (*dl)->Next();
+    ASSERT_TRUE(b.ok()) << b.status();
+    if (i > 0) EXPECT_STREQ((*b)->held_by, "ready") << "batch " << i;
+    held = *b;  // the step works on this batch; the previous one is released
+    const int64_t want = std::min<int64_t>(i + 1 + o.prefetch, nb);
+    for (int k = 0; k < 2000 && (*dl)->metrics().Counters()["batches"] < want; ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_GE((*dl)->metrics().Counters()["batches"], want) << "while batch " << i << " was held";
+  }
+}
+
 // Guards memory flatness: buffers are recycled, so slots stay bounded over many epochs.
 TEST_F(LoaderTest, BuffersAreRecycledAcrossEpochs) {
   std::string db = Db({});
