@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DataFusion on CUDA: nvJPEG + fused GPU transform (auto: when built)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--memory-cap-gib", type=float, default=0.0,
+                   help="cap this process's GPU memory at this many GiB: torch's allocator "
+                   "(set_per_process_memory_fraction) and MemSculptor's backend (0: no cap; "
+                   "bench/memory/max_batch.py)")
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timings")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
@@ -159,7 +163,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise TrainError(f"--image-size must be positive, got {args.image_size}")
     for flag in ("weight_decay", "clip", "lr_warmup", "min_lr_ratio", "token_pad", "warmup",
                  "ckpt_every", "stop_after", "trace_steps", "workers", "threads", "prefetch",
-                 "profile_modules"):
+                 "profile_modules", "memory_cap_gib"):
         v = getattr(args, flag)
         if not v >= 0:
             raise TrainError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
@@ -275,9 +279,21 @@ def build(args: argparse.Namespace) -> Session:
     auto_lean = lf and args.device != "cpu" and torch.cuda.is_available()
     graphs = args.cuda_graph == "per_microbatch" or (args.cuda_graph == "auto" and auto_lean
                                                      and not args.profile_modules)
+    if args.memory_cap_gib:
+        if args.device == "cpu" or not torch.cuda.is_available():
+            raise TrainError("--memory-cap-gib caps GPU memory: it needs a CUDA device")
+        # Read by MemSculptor's backend when it loads (in setup_dist).
+        os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(int(args.memory_cap_gib * 1024))
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
     log = _log(d)
+    if args.memory_cap_gib:
+        total = torch.cuda.get_device_properties(d.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, args.memory_cap_gib * 2**30 / total), d.device)
+        status["memory_cap"] = (f"{args.memory_cap_gib:g} GiB (torch's allocator and "
+                                "MemSculptor; the loader's and checkpoint staging's own device "
+                                "buffers are outside it)")
 
     from .trainer_data import read_schema
 
@@ -656,6 +672,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TrainError as e:
         print(f"loongforge.train: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        if "out of memory" not in str(e).lower():
+            raise
+        first = str(e).strip().splitlines()[0]
+        print(f"loongforge.train: error: out of memory at --batch-size {args.batch_size}: {first} "
+              "(a smaller --batch-size, --act-ckpt dit, or more memory)", file=sys.stderr)
+        return 3
     if int(os.environ.get("RANK", "0")) == 0:
         print(format_summary(summary))
     if dist.is_initialized():

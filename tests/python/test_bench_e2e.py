@@ -105,3 +105,34 @@ def test_e2e_table_has_tuned_compile_row_and_warmup():
     assert "5.00x" in lf and "2.50x" in lf and "2.00x" in lf, lf
     comp = next(r for r in rows if r.startswith("tuned+compile"))
     assert comp.rstrip().endswith("42.0s"), comp
+
+
+def _load_from(folder, name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", folder,
+                                                                     name + ".py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+# Guards issue 16's largest-batch search: for any threshold it finds the largest multiple of 8
+# that fits (doubling, then bisecting), never probes a batch twice, never passes the limit, and
+# says when nothing fits or everything up to the limit does.
+def test_max_batch_search_finds_the_largest_multiple_of_step():
+    mb = _load_from("memory", "max_batch")
+    for limit_fit in (0, 8, 15, 16, 17, 100, 127, 128, 129, 600, 1024, 5000):
+        tried = []
+
+        def fits(b):
+            assert b % 8 == 0 and 0 < b <= 1024 and b not in tried, (b, tried)
+            tried.append(b)
+            return b <= limit_fit
+
+        lo, hi = mb.largest_fitting(fits, 16, 8, 1024)
+        want = min(limit_fit, 1024) // 8 * 8
+        assert lo == want, (limit_fit, lo, tried)
+        # The first failure is right above the answer, or there is none up to the limit.
+        assert hi == (None if want == 1024 else want + 8), (limit_fit, hi, tried)
+        assert len(tried) <= 16
+    with __import__("pytest").raises(ValueError):
+        mb.largest_fitting(lambda b: True, 12, 8, 64)

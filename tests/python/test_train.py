@@ -223,6 +223,10 @@ def test_cli_errors(db, tmp_path, capsys):
     assert "unknown config 'huge'" in capsys.readouterr().err
     assert train.main(["--data", db, "--image-size", "30", "--mode", "baseline"]) == 2
     assert "multiple of patch_size" in capsys.readouterr().err
+    assert train.main(COMMON + ["--data", db, "--memory-cap-gib", "4"]) == 2
+    assert "--memory-cap-gib caps GPU memory: it needs a CUDA device" in capsys.readouterr().err
+    assert train.main(COMMON + ["--data", db, "--memory-cap-gib", "-1"]) == 2
+    assert "--memory-cap-gib" in capsys.readouterr().err
     if not has_datafusion():
         assert train.main(["--data", db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err

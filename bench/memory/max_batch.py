@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The largest batch that trains under a GPU memory cap (issue 16), through the trainer itself.
+
+For each mode: tuned (torch's caching allocator), tuned+expandable (the same with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and loongforge (MemSculptor, CUDA graphs, the
+GPU loader), `python -m loongforge.train --memory-cap-gib CAP` runs --probe-steps steps at a
+batch size; a batch fits when the run exits 0, and does not when it exits with the trainer's
+out-of-memory error (exit 3). Any other failure stops the search and is reported. The batch
+doubles from --start until a probe fails, then bisects in steps of --step (8), so the answer is
+the largest multiple of --step that trains. No checkpoints (their staging is outside the cap).
+
+    PYTHONPATH=python python3 bench/memory/max_batch.py --db DB --config n16 --cap-gib 40 \\
+        --out results/max_batch
+
+Prints a table (largest batch per mode, and loongforge's ratio to tuned and to tuned+expandable)
+and writes every probe to OUT/max_batch.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODES = ("tuned", "tuned+expandable", "loongforge")
+OOM_EXIT = 3  # loongforge.train: out of memory
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, step: int,
+                    limit: int) -> Tuple[int, Optional[int]]:
+    """(largest multiple of `step` up to `limit` for which fits() is True (0: none), the
+    smallest one found not to fit or None). Doubles from `start` (a positive multiple of `step`)
+    until a batch does not fit (the last try is `limit` rounded down to `step`), then bisects
+    between the last fit and the first failure. Fitting is assumed monotone."""
+    if start <= 0 or start % step:
+        raise ValueError(f"start {start} must be a positive multiple of step {step}")
+    top = limit // step * step
+    lo, hi, b = 0, None, min(start, top)
+    while hi is None and lo < top:
+        if fits(b):
+            lo, b = b, min(b * 2, top)
+        else:
+            hi = b
+    if hi is None:
+        return lo, None
+    while hi - lo > step:
+        mid = max(lo + step, (lo + hi) // 2 // step * step)
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def trainer_cmd(a: argparse.Namespace, mode: str, batch: int) -> Tuple[List[str], Dict[str, str]]:
+    """The trainer's command line and environment for one probe."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if mode == "tuned+expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    cmd = [sys.executable, "-m", "loongforge.train", "--config", a.config, "--data", a.db,
+           "--mode", "tuned" if mode.startswith("tuned") else mode, "--batch-size", str(batch),
+           "--steps", str(a.probe_steps), "--warmup", str(min(2, a.probe_steps - 1)),
+           "--workers", str(a.workers), "--loader-threads", str(a.loader_threads),
+           "--memory-cap-gib", str(a.cap_gib), "--log-every", str(a.probe_steps), "--quiet"]
+    return cmd, env
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--db", required=True)
+    p.add_argument("--config", default="n16")
+    p.add_argument("--cap-gib", type=float, default=40.0)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--start", type=int, default=16)
+    p.add_argument("--step", type=int, default=8)
+    p.add_argument("--limit", type=int, default=1024, help="largest batch tried")
+    p.add_argument("--probe-steps", type=int, default=6)
+    p.add_argument("--probe-timeout", type=int, default=300, help="seconds per probe")
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--loader-threads", type=int, default=12)
+    p.add_argument("--out", default="results/max_batch")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    result: Dict[str, Any] = {"args": vars(a), "modes": {}}
+    for mode in a.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode '{mode}' ({', '.join(MODES)})")
+        probes: List[Dict[str, Any]] = []
+
+        def fits(batch: int, mode: str = mode, probes: List[Dict[str, Any]] = probes) -> bool:
+            cmd, env = trainer_cmd(a, mode, batch)
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                               timeout=a.probe_timeout)
+            rec = {"batch": batch, "rc": r.returncode, "s": round(time.perf_counter() - t0, 1)}
+            probes.append(rec)
+            print(f"{mode} batch {batch}: "
+                  f"{'fits' if r.returncode == 0 else 'out of memory' if r.returncode == OOM_EXIT else 'failed'}"
+                  f" ({rec['s']} s)", flush=True)
+            if r.returncode not in (0, OOM_EXIT):
+                raise RuntimeError(f"{mode} at batch {batch} failed (exit {r.returncode}):\n"
+                                   + "\n".join(r.stderr.strip().splitlines()[-8:]))
+            return r.returncode == 0
+
+        try:
+            lo, hi = largest_fitting(fits, a.start, a.step, a.limit)
+            result["modes"][mode] = {"largest_batch": lo, "smallest_failing": hi,
+                                     "probes": probes}
+        except RuntimeError as e:
+            result["modes"][mode] = {"error": str(e), "probes": probes}
+        with open(os.path.join(a.out, "max_batch.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"\n{a.config}, cap {a.cap_gib:g} GiB, {a.probe_steps} steps a probe, steps of {a.step}")
+    got = {m: r.get("largest_batch") for m, r in result["modes"].items()}
+    for m, r in result["modes"].items():
+        line = f"{m:<18}{r['largest_batch'] if 'largest_batch' in r else 'error':>8}"
+        if m == "loongforge" and got.get(m):
+            for ref in ("tuned", "tuned+expandable"):
+                if got.get(ref):
+                    line += f"  {got[m] / got[ref]:.2f}x {ref}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
