@@ -226,19 +226,26 @@ def test_all_to_all_round_trip_and_dead_rank(tmp_path):
     assert "may have died" in res["error"]
 
 
-# Guards: the trainer runs tiny-moe with NexusSync top-k on the low-load expert group, writes
-# per-expert token counts and drops into each metrics row, and refuses a bad --expert-parallel.
-def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
-    from loongforge import packing, train
+def _tiny_moe_args(tmp_path) -> list:
+    """A small DB under tmp_path (packed by loongforge itself: the GPU machine has no
+    python3-lmdb for lf_testdb) and the trainer flags of a tiny-moe CPU run on it."""
+    from loongforge import packing
 
-    # Packed by loongforge itself (the GPU machine has no python3-lmdb for lf_testdb).
     packing.demo_data(str(tmp_path / "raw"), episodes=2, cameras=2, width=64, height=48,
                       steps_min=6, steps_max=8, state_dim=8, action_dim=7)
     db = str(tmp_path / "db")
     packing.pack(str(tmp_path / "raw"), db)
-    common = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
-              "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
-              "--device", "cpu", "--steps", "2", "--no-vault"]
+    return ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
+            "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
+            "--device", "cpu"]
+
+
+# Guards: the trainer runs tiny-moe with NexusSync top-k on the low-load expert group, writes
+# per-expert token counts and drops into each metrics row, and refuses a bad --expert-parallel.
+def test_trainer_tiny_moe_metrics_and_refusals(tmp_path):
+    from loongforge import train
+
+    common = _tiny_moe_args(tmp_path) + ["--steps", "2", "--no-vault"]
     rows = str(tmp_path / "m.jsonl")
     out = str(tmp_path / "s.json")
     assert train.main(common + ["--topk-ratio", "0.05", "--metrics-jsonl", rows,
@@ -281,15 +288,8 @@ def _train_ranks(world: int, argv: list, tmp_path, name: str) -> dict:
 # 0's state would give rank 1 rank 0's experts and a different loss curve: here a run preempted
 # after step 3 and resumed from its step-2 checkpoint continues exactly as the run that was not.
 def test_expert_parallel_resume_is_exact(tmp_path):
-    from loongforge import packing
-
-    packing.demo_data(str(tmp_path / "raw"), episodes=2, cameras=2, width=64, height=48,
-                      steps_min=6, steps_max=8, state_dim=8, action_dim=7)
-    db = str(tmp_path / "db")
-    packing.pack(str(tmp_path / "raw"), db)
-    base = ["--config", "tiny-moe", "--data", db, "--batch-size", "2", "--warmup", "1",
-            "--workers", "0", "--loader-threads", "1", "--quiet", "--threads", "1",
-            "--device", "cpu", "--steps", "4", "--ckpt-every", "2", "--expert-parallel", "2"]
+    base = _tiny_moe_args(tmp_path) + ["--steps", "4", "--ckpt-every", "2",
+                                       "--expert-parallel", "2"]
     full = _train_ranks(2, base + ["--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
     _train_ranks(2, base + ["--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")], tmp_path,
                  "part")
