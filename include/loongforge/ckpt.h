@@ -168,7 +168,9 @@ struct SaveStats {
   double blocking_s = 0;          // time Save() blocked the caller (back-pressure + snapshot)
   double wait_s = 0;              // back-pressure part of blocking_s: waiting for the writer to
                                   // commit an earlier save (max_inflight saves were pending)
-  double snapshot_s = 0;          // hash + copy part of blocking_s
+  double prepare_s = 0;           // checking the tensors and planning chunks (part of blocking_s)
+  double snapshot_s = 0;          // stage + hash + copy part of blocking_s
+  double stage_s = 0;             //   device staging: taking the arenas and queueing the copies
   double hash_s = 0;              //   hashing every chunk (CPU workers / device kernels)
   double copy_s = 0;              //   copying changed chunks to staging (0 when fused with hashing)
   double write_s = 0;             // background: compress + write + fsync + commit

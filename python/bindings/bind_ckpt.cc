@@ -18,7 +18,9 @@ py::dict StatsDict(const ckpt::SaveStats& s) {
   d["blocking_s"] = s.blocking_s;
   d["wait_s"] = s.wait_s;
   d["durable_s"] = s.durable_s;
+  d["prepare_s"] = s.prepare_s;
   d["snapshot_s"] = s.snapshot_s;
+  d["stage_s"] = s.stage_s;
   d["hash_s"] = s.hash_s;
   d["copy_s"] = s.copy_s;
   d["staging_allocated"] = s.staging_allocated;

@@ -604,7 +604,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     ckpt.prepare({"model": model.state_dict(), "optimizer": opt.state_dict()})
                 if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
                     with trace.span("checkpoint"):
-                        stall = ckpt.save(step + 1, {
+                        # A function: built only when the save happens, timed in the stall.
+                        stall = ckpt.save(step + 1, lambda: {
                             "step": step + 1, "model": model.state_dict(),
                             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                             "loader": loader.state_dict(), "rng": rng_state(noise_gen),

@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -471,11 +471,12 @@ class Checkpointer:
     # file on every requested step; resume reads only the files of the committed step.
     # Per save the summary and the metrics rows report bytes written and durable time (save()
     # call to the manifest commit), from the vault's committed stats.
-    def save(self, step: int, state: Dict[str, Any], model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer) -> float:
-        """Writes `state` (its SHARED keys on rank 0, the rest on every rank). `model` and
-        `optimizer` are the live objects, which DCP's async_save reads (tuned mode). Returns the
-        time it blocked."""
+    def save(self, step: int, state: Union[Dict[str, Any], Callable[[], Dict[str, Any]]],
+             model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Writes `state` (its SHARED keys on rank 0, the rest on every rank). `state` may be a
+        function that builds it: it is then called only when the save happens (not for a skipped
+        one), and its time counts in the stall. `model` and `optimizer` are the live objects,
+        which DCP's async_save reads (tuned mode). Returns the time it blocked."""
         if not self.dir:
             return 0.0
         t = time.perf_counter()
@@ -484,11 +485,15 @@ class Checkpointer:
             dt = time.perf_counter() - t
             self.stall_s += dt
             return dt
+        if callable(state):
+            state = state()
+        t_state = time.perf_counter()
         shared = {k: v for k, v in state.items() if k in self.SHARED}
         mine = {k: v for k, v in state.items() if k not in self.SHARED}
         torch.save(mine, self._rank_path(step))  # small: loader position and RNG
         if self.d.is_main:
             if self.kind == "vault":
+                t_vault = time.perf_counter()
                 # Blocks only for the snapshot, plus (wait) the previous write. Not busy was
                 # checked above and only the writer changes it back, so skip never waits here.
                 if self.when_busy == "skip" and not self.vault.try_save(step, shared):
@@ -498,9 +503,13 @@ class Checkpointer:
                         self.vault.save(step, shared)
                     self._queued = (step, t)
                     st = self.vault.stats()
+                    # Where save() spent its time: building the state (Python), the vault's
+                    # flatten and tensor conversion, and the C++ snapshot's phases.
                     self._blocking[step] = {k: st.get(k) for k in (
-                        "blocking_s", "wait_s", "snapshot_s", "staging_allocated",
-                        "snapshot_path", "snapshot_reason")}
+                        "blocking_s", "wait_s", "prepare_s", "snapshot_s", "stage_s", "hash_s",
+                        "copy_s", "staging_allocated", "snapshot_path", "snapshot_reason")}
+                    self._blocking[step].update(
+                        state_s=t_state - t, vault_call_s=time.perf_counter() - t_vault)
             elif self.kind == "async":
                 self._save_async(step, shared, model, optimizer)
             else:

@@ -46,8 +46,9 @@ struct DeviceSpan {
 //     default stream) is waited on by the vault's stream, so hashing and copies read the tensors
 //     only after the kernels that produce them, without blocking the host or other streams.
 // Then one of two paths (Note [Device staging] in snapshot.cc):
-//   device staging: EnqueueDeviceCopy per tensor into a DeviceArena, then Publish: the arena's
-//     ready event is recorded after the copies and every producer stream waits on it, so the
+//   device staging: EnqueueDeviceCopy per tensor into a DeviceArena, then Publish: the copies
+//     are launched (a few kernels for any number of tensors), the arena's ready event is
+//     recorded after them and every producer stream waits on it, so the
 //     caller's later kernels on those streams cannot overwrite a tensor before it is copied.
 //     Save() returns without waiting for the GPU. Hashing happens later, in the writer
 //     (StagingReader), on the staged copy.
@@ -77,7 +78,8 @@ class DeviceSnapshot {
   virtual Status FetchHashes(std::vector<Hash128>* out, int64_t timeout_ms) = 0;
   // Enqueues a device-to-host copy (host_dst should be pinned for an asynchronous transfer).
   virtual Status EnqueueCopy(void* host_dst, const void* dev_src, size_t n) = 0;
-  // Enqueues a device-to-device copy (into a DeviceArena).
+  // Adds a device-to-device copy (into a DeviceArena); Publish launches every copy added since
+  // Begin, batched (Note [Batched device copies] in device_cuda.cu).
   virtual Status EnqueueDeviceCopy(void* dev_dst, const void* dev_src, size_t n) = 0;
   // Records `arena`'s ready event after every copy enqueued so far and makes each of
   // `producer_streams` wait for it (cudaStreamWaitEvent: no host wait).

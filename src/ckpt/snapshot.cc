@@ -212,7 +212,10 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
   st.writer = cufile_ ? "cufile" : "posix";  // the writer adds details (Note [cuFile writer])
   st.writer_reason = writer_reason_;
   const double ts0 = NowSeconds();
+  st.prepare_s = ts0 - t0 - wait_s;
   LF_RETURN_IF_ERROR(SnapshotDeviceStaged(&p));
+  const double ts_staged = NowSeconds();
+  st.stage_s = ts_staged - ts0;
   // Device tensors left for host staging: their hash kernels run while the host hashes.
   LF_RETURN_IF_ERROR(BeginDeviceHashes(&p));
   p.job->arena = TakeArena();
@@ -222,7 +225,7 @@ Status CheckpointVault::Impl::Save(int64_t step, const std::vector<TensorRef>& t
   LF_RETURN_IF_ERROR(HashHostTensors(&p));
   LF_RETURN_IF_ERROR(FetchDeviceHashes(&p));
   const double ts1 = NowSeconds();
-  st.hash_s = ts1 - ts0;
+  st.hash_s = ts1 - ts_staged;
   ChooseChunksToStage(&p);
   if (!p.fused) LF_RETURN_IF_ERROR(CopyChangedChunks(&p));
   st.copy_s = NowSeconds() - ts1;
@@ -273,6 +276,8 @@ StatusOr<int64_t> CheckpointVault::Impl::ReserveDeviceStaging(const std::vector<
   SaveStats st;
   std::string how;
   for (auto& [dev, bytes] : need) {
+    // The device's snapshot stream and events too: the first Save() creates nothing.
+    LF_RETURN_IF_ERROR(GetDeviceSnapshot(dev).status());
     std::string no = TakeDeviceArena(dev, std::max(bytes, kArenaAlign), &job, &st, &how);
     if (!no.empty()) {
       *why = no;

@@ -1234,6 +1234,48 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   ExpectRestoresMixed(**v, 2, t, t.host);
 }
 
+// Guards Note [Batched device copies]: a state of more tensors than one launch's parameter block
+// holds (several launches), tensors of several pieces, unaligned sources (the byte path) and empty
+// tensors, all views into one random device buffer, restore byte for byte.
+TEST(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> off, len;
+  int64_t total = 0;
+  for (int i = 0; i < 2600; ++i) {
+    const int64_t n = i % 500 == 7  ? (int64_t{5} << 20) + 77  // several 1 MiB pieces
+                      : i % 97 == 3 ? 0
+                                    : static_cast<int64_t>(rng() % 3000) + 1;
+    const int64_t skew = i % 13 == 5 ? 3 : 0;  // unaligned source
+    off.push_back(total + skew);
+    len.push_back(n);
+    total += (n + skew + 255) / 256 * 256;
+  }
+  auto host = RandomBytes(total, 29);
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, total), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, host.data(), total, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<TensorRef> refs;
+  for (size_t i = 0; i < off.size(); ++i)
+    refs.push_back(DeviceRef("t" + std::to_string(i), len[i], static_cast<uint8_t*>(d) + off[i]));
+  VaultOptions o = SmallOpts();
+  o.device_staging = DeviceStaging::kOn;
+  auto v = CheckpointVault::Open(TempDir("cudabatch"), o);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE((*v)->Save(1, refs).ok());
+  EXPECT_EQ((*v)->last_stats().snapshot_path, "device");
+  ASSERT_TRUE((*v)->Wait().ok());
+  cudaFree(d);
+  auto r = (*v)->Restore(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), off.size());
+  for (const HostTensor& t : *r) {
+    const size_t i = std::stoul(t.info.name.substr(1));
+    const auto* want = host.data() + off[i];
+    ASSERT_TRUE(t.data == std::vector<uint8_t>(want, want + len[i])) << "tensor " << t.info.name;
+  }
+}
+
 // Guards the fallback: with the arena above device_staging_max_bytes, auto stages on the host and
 // says why; on refuses with ResourceExhausted and queues nothing.
 // Guards the trainer's first-save latency: staging reserved ahead is what the first Save() takes
