@@ -403,6 +403,15 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
     LF_CKPT_DEVICE_GUARD(device_);
     LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    // Note [Kernel loading]: CUDA loads a kernel on its first launch by default
+    // (CUDA_MODULE_LOADING=LAZY), and loading may wait for the whole device to go idle: the first
+    // save's copy launch then blocked the host until the caller's queued step finished (60 s
+    // behind a held stream in CkptCuda.DeviceStagingOrdersCallerStream...). Loading both kernels
+    // here moves that wait to the snapshot's creation, which reserve_device_staging() (the
+    // trainer's prepare step) does ahead of the first save.
+    cudaFuncAttributes attr;
+    LF_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, CopyItemsKernel));
+    LF_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, HashChunksKernel));
     batch_ = std::make_unique<HashBatch>();
     copies_ = std::make_unique<CopyBatch>();
     return batch_->Init();
