@@ -234,22 +234,28 @@ def test_cli_errors(db, tmp_path, capsys):
 
 # Guards: the GPU paths (bf16 autocast, fused AdamW, GPU DataFusion, MemSculptor, CUDA snapshots)
 # run end to end, each mode in a fresh process, with close first losses.
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_modes(db, tmp_path):
+def _run_gpu(db, tmp_path, name, mode, steps, *extra):
+    """The trainer on CUDA in a fresh process (CUDA graphs and MemSculptor are per process)."""
     import subprocess
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(os.path.dirname(train.__file__), "..") + os.pathsep + \
         env.get("PYTHONPATH", "")
-    out = {}
-    for mode in ("baseline", "tuned", "loongforge"):
-        js = str(tmp_path / f"{mode}.json")
-        cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
-               "--batch-size", "4", "--warmup", "1", "--steps", "4", "--workers", "1",
-               "--device", "cuda", "--data", db, "--mode", mode, "--quiet", "--no-augment",
-               "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / f"ck_{mode}"), "--json-out", js]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        out[mode] = json.load(open(js))
+    js = str(tmp_path / f"{name}.json")
+    cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
+           "--batch-size", "4", "--warmup", "1", "--steps", str(steps), "--workers", "1",
+           "--device", "cuda", "--data", db, "--mode", mode, "--quiet", "--no-augment",
+           "--json-out", js, *extra]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(js) as f:
+        return json.load(f)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_modes(db, tmp_path):
+    out = {mode: _run_gpu(db, tmp_path, mode, mode, 4, "--ckpt-every", "2", "--ckpt-dir",
+                          str(tmp_path / f"ck_{mode}"))
+           for mode in ("baseline", "tuned", "loongforge")}
     lf = out["loongforge"]
     assert lf["modules"]["memsculptor"].startswith("on")
     assert lf["modules"]["datafusion"].startswith("on")
@@ -257,6 +263,23 @@ def test_gpu_modes(db, tmp_path):
     assert lf["figures"]["memory"]["kind"] == "cuda"
     a, b = out["baseline"]["loss_curve"][0]["loss"], lf["loss_curve"][0]["loss"]
     assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
+
+
+# Guards resume on the GPU: loongforge mode (device-staged checkpoint, CUDA graphs, MemSculptor)
+# stopped after step 5 and resumed from its step-4 checkpoint continues the uninterrupted run's
+# loss curve (to 1e-3: GPU kernels may sum in another order; CPU resume is exact, above).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_resume_continues_loss_curve(db, tmp_path):
+    c1, c2 = str(tmp_path / "c1"), str(tmp_path / "c2")
+    full = _run_gpu(db, tmp_path, "full", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c1)
+    _run_gpu(db, tmp_path, "part", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c2,
+             "--stop-after", "5")
+    res = _run_gpu(db, tmp_path, "res", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c2,
+                   "--resume")
+    a = [r["loss"] for r in full["loss_curve"]][4:]
+    b = [r["loss"] for r in res["loss_curve"]]
+    assert full["figures"]["ckpt_snapshot_path"] == "device"
+    assert len(b) == 2 and b == pytest.approx(a, rel=1e-3), (a, b)
 
 
 # ------------------------------------------------------------------------------------------------
