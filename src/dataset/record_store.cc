@@ -486,6 +486,12 @@ StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Create(const std::string& 
                                                              bool overwrite,
                                                              int64_t map_size_bytes) {
   LF_ASSIGN_OR_RETURN(std::string out, OutputPath(path));
+  // Missing parent folders are made, as `mkdir -p` would (the lock file and the staging
+  // directory live beside the output).
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec)
+    return ErrnoToStatus(ec.value(), "create the folder " + parent.string() + " of " + out);
   std::unique_ptr<RecordWriter> w(new RecordWriter());
   w->path_ = out;
   w->overwrite_ = overwrite;

@@ -170,6 +170,24 @@ TEST_F(RecordStoreTest, OverwriteReplacesADataset) {
   EXPECT_EQ(names, std::vector<std::string>{"db"});
 }
 
+// Guards: an output whose parent folders do not exist yet gets them (as `mkdir -p`); a parent
+// that is a file fails naming it, and leaves nothing behind.
+TEST_F(RecordStoreTest, OutputParentFoldersAreMade) {
+  const std::string db = dir_ + "/a/b/db";
+  auto w = RecordWriter::Create(db);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Put("00000000_x", "y").ok());
+  Schema s;
+  s.cameras = {"c"};
+  ASSERT_TRUE((*w)->Commit(s).ok());
+  w->reset();
+  EXPECT_TRUE(RecordReader::Open(db).ok());
+  WriteAll(fs::path(dir_) / "file", "x");
+  auto bad = RecordWriter::Create(dir_ + "/file/db");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(dir_ + "/file"), std::string::npos) << bad.status();
+}
+
 // Guards issue 21 #1: a user's folder named like the old staging directory ("<out>.partial") is
 // never touched by a writer; the staging directory is a new, unique one.
 TEST_F(RecordStoreTest, UserPartialFolderIsKept) {
