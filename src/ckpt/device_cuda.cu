@@ -387,22 +387,41 @@ class CudaDeviceArena final : public DeviceArena {
   cudaEvent_t ready_ = nullptr;
 };
 
-class CudaDeviceSnapshot final : public DeviceSnapshot {
- public:
-  explicit CudaDeviceSnapshot(int device) : device_(device) {}
-  ~CudaDeviceSnapshot() override {
+// What the device snapshot (the caller's thread) and the staging reader (the writer thread) each
+// own on their device: a non-blocking stream, a completion event on it and a hash batch.
+class DeviceStreamOwner {
+ protected:
+  explicit DeviceStreamOwner(int device) : device_(device) {}
+  ~DeviceStreamOwner() {
     DeviceGuard g(device_);
     batch_.reset();
-    copies_.reset();
-    for (cudaEvent_t e : producer_events_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(e));
     if (done_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(done_));
     if (stream_) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream_));
+  }
+  // Call with device_ current.
+  Status InitStream() {
+    LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    batch_ = std::make_unique<HashBatch>();
+    return batch_->Init();
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;  // owned
+  cudaEvent_t done_ = nullptr;
+  std::unique_ptr<HashBatch> batch_;
+};
+
+class CudaDeviceSnapshot final : public DeviceSnapshot, DeviceStreamOwner {
+ public:
+  explicit CudaDeviceSnapshot(int device) : DeviceStreamOwner(device) {}
+  ~CudaDeviceSnapshot() override {
+    DeviceGuard g(device_);
+    for (cudaEvent_t e : producer_events_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(e));
   }
 
   Status Init() {
     LF_CKPT_DEVICE_GUARD(device_);
-    LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     // Note [Kernel loading]: CUDA loads a kernel on its first launch by default
     // (CUDA_MODULE_LOADING=LAZY), and loading may wait for the whole device to go idle: the first
     // save's copy launch then blocked the host until the caller's queued step finished (60 s
@@ -412,9 +431,8 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
     cudaFuncAttributes attr;
     LF_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, CopyItemsKernel));
     LF_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, HashChunksKernel));
-    batch_ = std::make_unique<HashBatch>();
     copies_ = std::make_unique<CopyBatch>();
-    return batch_->Init();
+    return InitStream();
   }
 
   Status Begin(int64_t num_slots, int64_t num_tensors,
@@ -482,41 +500,31 @@ class CudaDeviceSnapshot final : public DeviceSnapshot {
   }
 
  private:
-  int device_;
-  cudaStream_t stream_ = nullptr;  // "ckpt snapshot" stream of this device, owned
-  cudaEvent_t done_ = nullptr;
   std::vector<cudaEvent_t> producer_events_;
-  std::unique_ptr<HashBatch> batch_;
   std::unique_ptr<CopyBatch> copies_;
 };
 
-class CudaStagingReader final : public StagingReader {
+class CudaStagingReader final : public StagingReader, DeviceStreamOwner {
  public:
   CudaStagingReader(int device, int64_t buffer_bytes)
-      : device_(device), buffer_bytes_(buffer_bytes) {}
+      : DeviceStreamOwner(device), buffer_bytes_(buffer_bytes) {}
   ~CudaStagingReader() override {
     DeviceGuard g(device_);
-    batch_.reset();
     for (int k = 0; k < 2; ++k) {
       if (copied_[k]) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(copied_[k]));
       if (buf_[k]) LF_CUDA_WARN_IF_ERROR(cudaFreeHost(buf_[k]));
     }
-    if (done_) LF_CUDA_WARN_IF_ERROR(cudaEventDestroy(done_));
-    if (stream_) LF_CUDA_WARN_IF_ERROR(cudaStreamDestroy(stream_));
   }
 
   Status Init() {
     LF_CKPT_DEVICE_GUARD(device_);
-    LF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     for (int k = 0; k < 2; ++k) {
       LF_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied_[k], cudaEventDisableTiming));
       LF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&buf_[k]),
                                             static_cast<size_t>(buffer_bytes_),
                                             cudaHostAllocDefault));
     }
-    batch_ = std::make_unique<HashBatch>();
-    return batch_->Init();
+    return InitStream();
   }
 
   int64_t buffer_bytes() const override { return buffer_bytes_; }
@@ -601,13 +609,9 @@ class CudaStagingReader final : public StagingReader {
     return WaitEvent(done_, timeout_ms, "staging reader drain");
   }
 
-  int device_;
   int64_t buffer_bytes_;
-  cudaStream_t stream_ = nullptr;  // "ckpt staging reader" stream of this device, owned
-  cudaEvent_t done_ = nullptr;
   cudaEvent_t copied_[2] = {nullptr, nullptr};
   uint8_t* buf_[2] = {nullptr, nullptr};  // pinned, buffer_bytes_ each
-  std::unique_ptr<HashBatch> batch_;
 };
 
 }  // namespace

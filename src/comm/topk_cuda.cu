@@ -95,6 +95,18 @@ using BlockLoadF = cub::BlockLoad<float, kThreads, kItems, cub::BLOCK_LOAD_TRANS
 using BlockScanI = cub::BlockScan<int, kThreads>;
 using BlockReduceI = cub::BlockReduce<int, kThreads>;
 
+// Loads this block's tile of `residual` (zeros past n) into r, in the blocked arrangement, and
+// returns how many of its entries are real; the load's storage is free again on return.
+__device__ __forceinline__ int LoadTile(const float* __restrict__ residual, long long n,
+                                        typename BlockLoadF::TempStorage& storage,
+                                        float (&r)[kItems]) {
+  const long long base = (long long)blockIdx.x * kTile;
+  const int valid = static_cast<int>(n - base < kTile ? n - base : kTile);
+  BlockLoadF(storage).Load(residual + base, r, valid, 0.0f);
+  __syncthreads();
+  return valid;
+}
+
 // Per tile: entries strictly above the threshold key, and entries equal to it.
 __global__ void CountTiles(const float* __restrict__ residual, long long n,
                            const SelectState* __restrict__ st, int* __restrict__ above,
@@ -103,11 +115,8 @@ __global__ void CountTiles(const float* __restrict__ residual, long long n,
     typename BlockLoadF::TempStorage load;
     typename BlockReduceI::TempStorage reduce;
   } tmp;
-  const long long base = (long long)blockIdx.x * kTile;
-  const int valid = static_cast<int>(n - base < kTile ? n - base : kTile);
   float r[kItems];
-  BlockLoadF(tmp.load).Load(residual + base, r, valid, 0.0f);
-  __syncthreads();
+  const int valid = LoadTile(residual, n, tmp.load, r);
   const uint32_t t = st->prefix;
   int a = 0, e = 0;
   for (int j = 0; j < kItems; ++j) {
@@ -172,10 +181,8 @@ __global__ void WriteSelected(float* __restrict__ residual, long long n,
     typename BlockScanI::TempStorage scan;
   } tmp;
   const long long base = (long long)blockIdx.x * kTile;
-  const int valid = static_cast<int>(n - base < kTile ? n - base : kTile);
   float r[kItems];
-  BlockLoadF(tmp.load).Load(residual + base, r, valid, 0.0f);
-  __syncthreads();
+  const int valid = LoadTile(residual, n, tmp.load, r);
   const uint32_t t = st->prefix;
   const long long m = st->k_rem;
   int e = 0;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loongforge/cuda_check.h"
@@ -64,29 +65,54 @@ std::string AllocSoPath() {
   return exe.substr(0, exe.rfind('/')) + "/libloongforge_alloc.so";
 }
 
+// The plug-in's C entry points, looked up with dlsym as torch (or a C program) would. The library
+// stays loaded: its device state lives until process exit, like torch's allocator.
+struct AllocLib {
+  void* (*alloc)(ssize_t, int, cudaStream_t) = nullptr;
+  void (*free)(void*, ssize_t, int, cudaStream_t) = nullptr;
+  int (*begin_step)(int, const char*) = nullptr;
+  int (*end_step)(int) = nullptr;
+  int (*start_recording)(int) = nullptr;
+  int (*plan)(int, char*, size_t, const char*) = nullptr;
+  int (*stats)(int, char*, size_t) = nullptr;
+  int (*close)(int) = nullptr;
+  int (*last_error)(char*, size_t) = nullptr;
+
+  // dlopen with a 256 MiB limit (read at the library's first use); "" on success, else why not.
+  std::string Load() {
+    setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1);
+    void* h = dlopen(AllocSoPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) return dlerror();
+    std::string missing;
+    auto get = [&](auto*& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (fn == nullptr) missing += std::string(" ") + name;
+    };
+    get(alloc, "lf_alloc");
+    get(free, "lf_free");
+    get(begin_step, "lf_begin_step");
+    get(end_step, "lf_end_step");
+    get(start_recording, "lf_start_recording");
+    get(plan, "lf_stop_recording_and_plan");
+    get(stats, "lf_stats_json");
+    get(close, "lf_close");
+    get(last_error, "lf_last_error");
+    return missing.empty() ? "" : "missing symbols:" + missing;
+  }
+};
+
 // Guards the torch plug-in ABI: lf_alloc/lf_free with torch's signatures work on the device,
 // steps are planned after recording, and exhaustion throws with what was live.
 TEST(MemCuda, PluggableAllocatorEntryPoints) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1);  // read at the library's first use
-  void* h = dlopen(AllocSoPath().c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(h, nullptr) << dlerror();
-  using AllocFn = void* (*)(ssize_t, int, cudaStream_t);
-  using FreeFn = void (*)(void*, ssize_t, int, cudaStream_t);
-  using StepFn = int (*)(int, const char*);
-  using RecFn = int (*)(int);
-  using PlanFn = int (*)(int, char*, size_t, const char*);
-  using StatsFn = int (*)(int, char*, size_t);
-  auto lf_alloc = reinterpret_cast<AllocFn>(dlsym(h, "lf_alloc"));
-  auto lf_free = reinterpret_cast<FreeFn>(dlsym(h, "lf_free"));
-  auto lf_begin_step = reinterpret_cast<StepFn>(dlsym(h, "lf_begin_step"));
-  auto lf_start_recording = reinterpret_cast<RecFn>(dlsym(h, "lf_start_recording"));
-  auto lf_plan = reinterpret_cast<PlanFn>(dlsym(h, "lf_stop_recording_and_plan"));
-  auto lf_stats = reinterpret_cast<StatsFn>(dlsym(h, "lf_stats_json"));
-  ASSERT_TRUE(lf_alloc && lf_free && lf_begin_step && lf_start_recording && lf_plan && lf_stats);
+  AllocLib lib;
+  const std::string err = lib.Load();
+  ASSERT_EQ(err, "");
+  auto lf_alloc = lib.alloc;
+  auto lf_free = lib.free;
 
   auto step = [&](const char* sig) {
-    EXPECT_EQ(lf_begin_step(0, sig), 0);
+    EXPECT_EQ(lib.begin_step(0, sig), 0);
     void* a = lf_alloc(3 << 20, 0, nullptr);
     void* b = lf_alloc(1 << 20, 0, nullptr);
     EXPECT_EQ(cudaMemset(a, 1, 3 << 20), cudaSuccess);
@@ -96,16 +122,16 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
     lf_free(b, 1 << 20, 0, nullptr);
     lf_free(c, 2 << 20, 0, nullptr);
   };
-  ASSERT_EQ(lf_start_recording(0), 0);
+  ASSERT_EQ(lib.start_recording(0), 0);
   step("s");
   std::string plans(4096, '\0');
-  int n = lf_plan(0, plans.data(), plans.size(), nullptr);
+  int n = lib.plan(0, plans.data(), plans.size(), nullptr);
   ASSERT_GT(n, 0);
   EXPECT_NE(plans.find("\"signature\": \"s\""), std::string::npos) << plans;
   step("s");
   step("s");
   std::string stats(4096, '\0');
-  ASSERT_GT(lf_stats(0, stats.data(), stats.size()), 0);
+  ASSERT_GT(lib.stats(0, stats.data(), stats.size()), 0);
   EXPECT_NE(stats.find("\"planned_hits\": 6"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"planned_misses\": 0"), std::string::npos) << stats;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -118,12 +144,6 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(threw);
-  // The library stays loaded: its device state lives until process exit, like torch's allocator.
-}
-
-void* OpenAllocLib() {
-  setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1);  // read at the library's first use
-  return dlopen(AllocSoPath().c_str(), RTLD_NOW | RTLD_LOCAL);
 }
 
 // Guards issue 16 on the device: an out-of-memory inside a step throws with the step's signature
@@ -131,23 +151,14 @@ void* OpenAllocLib() {
 // and lf_close returns every byte, reporting a leak only while an allocation is still held.
 TEST(MemCuda, OutOfMemoryInStepThenClose) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  void* h = OpenAllocLib();
-  ASSERT_NE(h, nullptr) << dlerror();
-  using AllocFn = void* (*)(ssize_t, int, cudaStream_t);
-  using FreeFn = void (*)(void*, ssize_t, int, cudaStream_t);
-  using StepFn = int (*)(int, const char*);
-  using DevFn = int (*)(int);
-  using StatsFn = int (*)(int, char*, size_t);
-  using ErrFn = int (*)(char*, size_t);
-  auto lf_alloc = reinterpret_cast<AllocFn>(dlsym(h, "lf_alloc"));
-  auto lf_free = reinterpret_cast<FreeFn>(dlsym(h, "lf_free"));
-  auto lf_begin_step = reinterpret_cast<StepFn>(dlsym(h, "lf_begin_step"));
-  auto lf_end_step = reinterpret_cast<DevFn>(dlsym(h, "lf_end_step"));
-  auto lf_close = reinterpret_cast<DevFn>(dlsym(h, "lf_close"));
-  auto lf_stats = reinterpret_cast<StatsFn>(dlsym(h, "lf_stats_json"));
-  auto lf_last_error = reinterpret_cast<ErrFn>(dlsym(h, "lf_last_error"));
-  ASSERT_TRUE(lf_alloc && lf_free && lf_begin_step && lf_end_step && lf_close && lf_stats &&
-              lf_last_error);
+  AllocLib lib;
+  const std::string err = lib.Load();
+  ASSERT_EQ(err, "");
+  auto lf_alloc = lib.alloc;
+  auto lf_free = lib.free;
+  auto lf_begin_step = lib.begin_step;
+  auto lf_end_step = lib.end_step;
+  auto lf_close = lib.close;
 
   ASSERT_EQ(lf_begin_step(0, "oom"), 0);
   void* a = lf_alloc(8 << 20, 0, nullptr);
@@ -170,13 +181,13 @@ TEST(MemCuda, OutOfMemoryInStepThenClose) {
 
   EXPECT_EQ(lf_close(0), 0);
   std::string stats(4096, '\0');
-  ASSERT_GT(lf_stats(0, stats.data(), stats.size()), 0);
+  ASSERT_GT(lib.stats(0, stats.data(), stats.size()), 0);
   EXPECT_NE(stats.find("\"reserved_bytes\": 0,"), std::string::npos) << stats;
   void* held = lf_alloc(1 << 20, 0, nullptr);
   EXPECT_EQ(lf_close(0), 1);
-  std::string err(4096, '\0');
-  lf_last_error(err.data(), err.size());
-  EXPECT_NE(err.find("closed with 1 live allocations"), std::string::npos) << err;
+  std::string last(4096, '\0');
+  lib.last_error(last.data(), last.size());
+  EXPECT_NE(last.find("closed with 1 live allocations"), std::string::npos) << last;
   lf_free(held, 1 << 20, 0, nullptr);
   EXPECT_EQ(lf_close(0), 0);
 }
@@ -186,12 +197,10 @@ TEST(MemCuda, OutOfMemoryInStepThenClose) {
 TEST(MemCuda, ExitWithLiveAllocationChild) {
   if (std::getenv("LF_MEM_EXIT_CHILD") == nullptr) GTEST_SKIP() << "child of another test";
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  void* h = OpenAllocLib();
-  ASSERT_NE(h, nullptr) << dlerror();
-  using AllocFn = void* (*)(ssize_t, int, cudaStream_t);
-  auto lf_alloc = reinterpret_cast<AllocFn>(dlsym(h, "lf_alloc"));
-  ASSERT_NE(lf_alloc, nullptr);
-  ASSERT_NE(lf_alloc(4 << 20, 0, nullptr), nullptr);
+  AllocLib lib;
+  const std::string err = lib.Load();
+  ASSERT_EQ(err, "");
+  ASSERT_NE(lib.alloc(4 << 20, 0, nullptr), nullptr);
   std::printf("child holds a live allocation at exit\n");
 }
 
