@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import TINY_TRAIN_ARGS  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.models import gr00t  # noqa: E402
+from loongforge.models import gr00t_layers  # noqa: E402
 from loongforge.train_metrics import MODULE_PARTS  # noqa: E402
 
 torch.set_num_threads(1)
@@ -36,7 +36,7 @@ def test_profile_modules_breakdown(train_db, tmp_path, capsys, mode):
     assert sum(p["share"] for p in b["parts"].values()) == pytest.approx(1.0, abs=1e-6)
     assert sum(b["parts"][n]["ms"] for n in MODULE_PARTS) <= b["step_ms"] * 1.001
     assert s["figures"]["timed_steps"] == 5 - 1 - 2
-    assert gr00t._PART_RANGES is None
+    assert gr00t_layers._PART_RANGES is None
     assert "module breakdown (2 profiled steps" in capsys.readouterr().out
 
 
@@ -45,7 +45,7 @@ def test_no_profile_by_default(train_db, tmp_path):
     out = str(tmp_path / "s.json")
     assert train.main(COMMON + ["--data", train_db, "--steps", "2", "--json-out", out]) == 0
     assert "module_breakdown" not in json.load(open(out))
-    assert gr00t._part("vision") is gr00t._NO_RANGE
+    assert gr00t_layers._part("vision") is gr00t_layers._NO_RANGE
 
 
 # Guards: combinations that would hide or blur the ranges are one-line errors, not a
