@@ -108,13 +108,14 @@ class Gr00tConfig:
             raise ValueError(f"config {self.name}: moe_capacity_factor must be >= 0")
 
 
+_TINY = Gr00tConfig(
+    name="tiny", vit_dim=128, vit_layers=4, vit_heads=4, vit_mlp=512, vocab_size=512,
+    llm_dim=128, llm_heads=4, llm_kv_heads=2, llm_head_dim=32, llm_mlp=384, select_layer=4,
+    tune_top_llm_layers=2, vl_self_attn_layers=1, dit_layers=4, dit_heads=4, dit_head_dim=32,
+    action_hidden=128, max_state_dim=32, max_action_dim=32, num_embodiments=1, max_seq_len=64)
+
 CONFIGS: Dict[str, Gr00tConfig] = {
-    "tiny": Gr00tConfig(
-        name="tiny", vit_dim=128, vit_layers=4, vit_heads=4, vit_mlp=512, vocab_size=512,
-        llm_dim=128, llm_heads=4, llm_kv_heads=2, llm_head_dim=32, llm_mlp=384, select_layer=4,
-        tune_top_llm_layers=2, vl_self_attn_layers=1, dit_layers=4, dit_heads=4, dit_head_dim=32,
-        action_hidden=128, max_state_dim=32, max_action_dim=32, num_embodiments=1,
-        max_seq_len=64),
+    "tiny": _TINY,
     "small": Gr00tConfig(
         name="small", vit_dim=384, vit_layers=8, vit_heads=6, vit_mlp=1536, vocab_size=4096,
         llm_dim=512, llm_heads=8, llm_kv_heads=4, llm_head_dim=64, llm_mlp=1536, select_layer=8,
@@ -127,12 +128,9 @@ CONFIGS: Dict[str, Gr00tConfig] = {
     "n16-moe": Gr00tConfig(name="n16-moe", moe_experts=16, moe_top_k=2, moe_expert_hidden=1536),
     # tiny with 8 quarter-width experts and small images: trains on 2 CPU cores, and splits over
     # 1, 2, 4 or 8 expert-parallel ranks.
-    "tiny-moe": Gr00tConfig(
-        name="tiny-moe", image_size=56, vit_dim=128, vit_layers=2, vit_heads=4, vit_mlp=512,
-        vocab_size=512, llm_dim=128, llm_heads=4, llm_kv_heads=2, llm_head_dim=32, llm_mlp=384,
-        select_layer=2, tune_top_llm_layers=1, vl_self_attn_layers=1, dit_layers=4, dit_heads=4,
-        dit_head_dim=32, action_hidden=128, max_state_dim=32, max_action_dim=32,
-        num_embodiments=1, max_seq_len=64, moe_experts=8, moe_top_k=2, moe_expert_hidden=128),
+    "tiny-moe": dataclasses.replace(
+        _TINY, name="tiny-moe", image_size=56, vit_layers=2, select_layer=2, tune_top_llm_layers=1,
+        moe_experts=8, moe_top_k=2, moe_expert_hidden=128),
 }
 
 
