@@ -28,7 +28,9 @@ def _gr00t_module():
         from loongforge.models import gr00t  # the normal way
         return gr00t
     except Exception:  # noqa: BLE001 - _C missing: the model file needs only torch
-        return load_by_path("_lf_gr00t", os.path.join(PYDIR, "loongforge", "models", "gr00t.py"))
+        models = load_by_path("_lf_models",
+                              os.path.join(PYDIR, "loongforge", "models", "__init__.py"))
+        return models.gr00t
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,30 +12,36 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-o
 
 
 def _snapshot():
-    """A hand-built dict with the structure of torch.cuda.memory._snapshot() (torch 2.x)."""
-    mb = 1 << 20
+    """A hand-built dict with the structure of torch.cuda.memory._snapshot() (torch 2.x): two steps
+    of the same allocations (a 4 MiB, b 2 MiB, then 3 MiB at a's address). Step 1 also reports
+    free_completed (b ends by it alone), step 2 only free_requested. The tests count event
+    positions (step boundary at event 10), so every event is written out."""
+    mb, a, b = 1 << 20, 0x7000000, 0x7400000
+
+    def ev(action, addr, size, time_us=None):
+        e = {"action": action, "addr": addr, "size": size, "stream": 0}
+        if time_us is not None:
+            e["time_us"] = time_us
+        return e
+
     trace = [
-        {"action": "segment_alloc", "addr": 0x7000000, "size": 20 * mb, "stream": 0},
-        {"action": "free_requested", "addr": 0x6000000, "size": 512, "stream": 0},  # pre-existing
-        {"action": "free_completed", "addr": 0x6000000, "size": 512, "stream": 0},
-        {"action": "alloc", "addr": 0x7000000, "size": 4 * mb, "stream": 0, "time_us": 10},
-        {"action": "alloc", "addr": 0x7400000, "size": 2 * mb, "stream": 0, "time_us": 11},
-        {"action": "free_requested", "addr": 0x7000000, "size": 4 * mb, "stream": 0, "time_us": 12},
-        {"action": "free_completed", "addr": 0x7000000, "size": 4 * mb, "stream": 0, "time_us": 13},
-        {"action": "alloc", "addr": 0x7000000, "size": 3 * mb, "stream": 0, "time_us": 14},
-        {"action": "free_completed", "addr": 0x7400000, "size": 2 * mb, "stream": 0, "time_us": 15},
-        {"action": "free_requested", "addr": 0x7000000, "size": 3 * mb, "stream": 0, "time_us": 16},
-        # second step: same shape
-        {"action": "alloc", "addr": 0x7000000, "size": 4 * mb, "stream": 0, "time_us": 20},
-        {"action": "alloc", "addr": 0x7400000, "size": 2 * mb, "stream": 0, "time_us": 21},
-        {"action": "free_requested", "addr": 0x7000000, "size": 4 * mb, "stream": 0, "time_us": 22},
-        {"action": "alloc", "addr": 0x7000000, "size": 3 * mb, "stream": 0, "time_us": 24},
-        {"action": "free_requested", "addr": 0x7400000, "size": 2 * mb, "stream": 0, "time_us": 25},
-        {"action": "free_requested", "addr": 0x7000000, "size": 3 * mb, "stream": 0, "time_us": 26},
-        {"action": "snapshot", "addr": 0, "size": 0, "stream": 0},
+        ev("segment_alloc", a, 20 * mb),
+        ev("free_requested", 0x6000000, 512),  # pre-existing
+        ev("free_completed", 0x6000000, 512),
+        # step 1
+        ev("alloc", a, 4 * mb, 10), ev("alloc", b, 2 * mb, 11),
+        ev("free_requested", a, 4 * mb, 12), ev("free_completed", a, 4 * mb, 13),
+        ev("alloc", a, 3 * mb, 14), ev("free_completed", b, 2 * mb, 15),
+        ev("free_requested", a, 3 * mb, 16),
+        # step 2: same shape
+        ev("alloc", a, 4 * mb, 20), ev("alloc", b, 2 * mb, 21),
+        ev("free_requested", a, 4 * mb, 22),
+        ev("alloc", a, 3 * mb, 24), ev("free_requested", b, 2 * mb, 25),
+        ev("free_requested", a, 3 * mb, 26),
+        ev("snapshot", 0, 0),
     ]
     return {
-        "segments": [{"device": 0, "address": 0x7000000, "total_size": 20 * mb,
+        "segments": [{"device": 0, "address": a, "total_size": 20 * mb,
                       "allocated_size": 0, "stream": 0, "segment_type": "large", "blocks": []}],
         "device_traces": [trace],
     }

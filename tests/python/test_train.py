@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import TINY_TRAIN_ARGS, has_datafusion, tiny_train_db  # noqa: E402
+from lf_testdb import TINY_TRAIN_ARGS, has_datafusion  # noqa: E402
 
 from loongforge import train  # noqa: E402
 from loongforge.trainer_data import BaselineLoader, make_sampler  # noqa: E402
@@ -18,11 +18,6 @@ from loongforge.trainer_data import BaselineLoader, make_sampler  # noqa: E402
 torch.set_num_threads(1)
 # In-process runs stay on the CPU; GPU runs go through subprocesses (test_gpu_modes).
 COMMON = list(TINY_TRAIN_ARGS)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    return tiny_train_db(tmp_path_factory.mktemp("db"))
 
 
 def _run(args, tmp_path, name):
@@ -33,9 +28,9 @@ def _run(args, tmp_path, name):
 
 
 # Guards: the baseline (LeRobot-style) trainer runs end to end and reports every figure.
-def test_baseline_three_steps(db, tmp_path):
-    s = _run(COMMON + ["--data", db, "--mode", "baseline", "--steps", "3", "--ckpt-every", "2",
-                       "--ckpt-dir", str(tmp_path / "ck"), "--metrics-jsonl",
+def test_baseline_three_steps(train_db, tmp_path):
+    s = _run(COMMON + ["--data", train_db, "--mode", "baseline", "--steps", "3",
+                       "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "ck"), "--metrics-jsonl",
                        str(tmp_path / "m.jsonl"), "--trace", str(tmp_path / "t.json"),
                        "--trace-steps", "1"], tmp_path, "b")
     f = s["figures"]
@@ -59,8 +54,8 @@ def test_baseline_three_steps(db, tmp_path):
 
 # Guards: the tuned-PyTorch mode (workers collate, persistent workers, async checkpoints) runs
 # and trains on the same data as the baseline (identical first loss with the same seed).
-def test_tuned_mode_matches_baseline_data(db, tmp_path):
-    args = COMMON + ["--data", db, "--steps", "3", "--workers", "1", "--ckpt-every", "2"]
+def test_tuned_mode_matches_baseline_data(train_db, tmp_path):
+    args = COMMON + ["--data", train_db, "--steps", "3", "--workers", "1", "--ckpt-every", "2"]
     t = _run(args + ["--mode", "tuned", "--ckpt-dir", str(tmp_path / "t")], tmp_path, "t")
     b = _run(args + ["--mode", "baseline", "--ckpt-dir", str(tmp_path / "b")], tmp_path, "b")
     assert [r["loss"] for r in t["loss_curve"]] == [r["loss"] for r in b["loss_curve"]]
@@ -69,10 +64,11 @@ def test_tuned_mode_matches_baseline_data(db, tmp_path):
 
 # Guards: loongforge mode runs end to end once DataFusion is in the build.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_loongforge_three_steps(db, tmp_path):
+def test_loongforge_three_steps(train_db, tmp_path):
     jl = tmp_path / "l.jsonl"
-    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--ckpt-every", "2",
-                       "--ckpt-dir", str(tmp_path / "v"), "--metrics-jsonl", str(jl)],
+    s = _run(COMMON + ["--data", train_db, "--mode", "loongforge", "--steps", "3",
+                       "--ckpt-every", "2", "--ckpt-dir", str(tmp_path / "v"),
+                       "--metrics-jsonl", str(jl)],
              tmp_path, "l")
     assert s["modules"]["datafusion"].startswith("on") and s["modules"]["vault"] == "on"
     # Each step names the loader stage that held its batch (Note [Held by]); the summary splits
@@ -91,11 +87,11 @@ def test_loongforge_three_steps(db, tmp_path):
 # Guards: with centre crops the two modes feed (nearly) the same data in the same order, so the
 # same seed gives the same first-step loss up to JPEG-resize differences.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_modes_same_order_and_close_first_loss(db, tmp_path):
+def test_modes_same_order_and_close_first_loss(train_db, tmp_path):
     from loongforge.data import DataFusionLoader
 
-    dl = DataFusionLoader(db, 4, image_size=28, train=False, seed=7, threads=1)
-    bl = BaselineLoader(db, 4, image_size=28, train=False, seed=7, workers=0)
+    dl = DataFusionLoader(train_db, 4, image_size=28, train=False, seed=7, threads=1)
+    bl = BaselineLoader(train_db, 4, image_size=28, train=False, seed=7, workers=0)
     for e in (0, 1):
         dl.set_epoch(e)
         bl.set_epoch(e)
@@ -106,7 +102,7 @@ def test_modes_same_order_and_close_first_loss(db, tmp_path):
             assert torch.allclose(x["action"], y["action"], atol=1e-5)
             # PIL resizes with an antialias filter, DataFusion with DCT scaling + bilinear.
             assert (x["images"] - y["images"]).abs().mean() < 0.12
-    args = COMMON + ["--data", db, "--steps", "1", "--no-augment", "--warmup", "0"]
+    args = COMMON + ["--data", train_db, "--steps", "1", "--no-augment", "--warmup", "0"]
     a = _run(args + ["--mode", "baseline"], tmp_path, "a")
     b = _run(args + ["--mode", "loongforge", "--no-vault"], tmp_path, "b")
     la, lb = a["loss_curve"][0]["loss"], b["loss_curve"][0]["loss"]
@@ -115,18 +111,18 @@ def test_modes_same_order_and_close_first_loss(db, tmp_path):
 
 # Guards: the MoE variant trains through NexusSync with expert buckets and routing-load feedback.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_moe_loongforge_feeds_expert_load(db, tmp_path):
-    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3", "--no-vault",
+def test_moe_loongforge_feeds_expert_load(train_db, tmp_path):
+    s = _run(COMMON + ["--data", train_db, "--mode", "loongforge", "--steps", "3", "--no-vault",
                        "--set", "moe_experts=4", "--set", "moe_top_k=2"], tmp_path, "moe")
     assert s["params"]["dit"] > 0 and all(r["aux_loss"] > 0 for r in s["loss_curve"])
     groups = json.dumps(s["nexussync_stats"])
     assert "expert" in groups, groups[:400]
-    assert train.main(COMMON + ["--data", db, "--mode", "baseline", "--set", "moe=1"]) == 2
+    assert train.main(COMMON + ["--data", train_db, "--mode", "baseline", "--set", "moe=1"]) == 2
 
 
 # Guards: the same seed gives the same init and the same first-step loss on the same batch.
-def test_same_seed_same_init_and_loss(db):
-    bl = BaselineLoader(db, 4, image_size=28, train=False, seed=0, workers=0)
+def test_same_seed_same_init_and_loss(train_db):
+    bl = BaselineLoader(train_db, 4, image_size=28, train=False, seed=0, workers=0)
     batch = next(iter(bl))
     losses = []
     for _ in range(2):
@@ -165,13 +161,13 @@ def test_sampler_order_unchanged():
 # Guards: the baseline visits samples in exactly DataFusion's order (same seed -> same data),
 # including a resumed epoch (mid-epoch start) and a second rank.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_sampler_matches_datafusion(db):
+def test_sampler_matches_datafusion(train_db):
     from loongforge.data import DataFusionLoader
 
     for world, rank in ((1, 0), (2, 1)):
-        dl = DataFusionLoader(db, 3, image_size=28, seed=11, rank=rank, world_size=world,
+        dl = DataFusionLoader(train_db, 3, image_size=28, seed=11, rank=rank, world_size=world,
                               threads=1)
-        bl = BaselineLoader(db, 3, image_size=28, seed=11, rank=rank, world_size=world,
+        bl = BaselineLoader(train_db, 3, image_size=28, seed=11, rank=rank, world_size=world,
                             workers=0)
         for e in (0, 2):
             dl.set_epoch(e)
@@ -197,13 +193,13 @@ def _has_dcp_async_save() -> bool:
 # Guards: resuming from the latest checkpoint continues the identical loss curve (both modes:
 # torch.save + DataLoader position, and CheckpointVault + DataFusion position).
 @pytest.mark.parametrize("mode", ["baseline", "tuned", "loongforge"])
-def test_resume_is_exact(db, tmp_path, mode):
+def test_resume_is_exact(train_db, tmp_path, mode):
     if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     if mode == "tuned" and _has_dcp_async_save():
         pytest.skip("tuned mode writes DCP checkpoints on this torch; --resume reads torch.save "
                     "and CheckpointVault checkpoints only (documented in docs/trainer.md)")
-    base = COMMON + ["--data", db, "--mode", mode, "--ckpt-every", "2"]
+    base = COMMON + ["--data", train_db, "--mode", mode, "--ckpt-every", "2"]
     full = _run(base + ["--steps", "4", "--ckpt-dir", str(tmp_path / "c1")], tmp_path, "full")
     part = _run(base + ["--steps", "4", "--stop-after", "3", "--ckpt-dir", str(tmp_path / "c2")],
                 tmp_path, "part")  # preempted after step 3: the latest checkpoint is step 2
@@ -216,25 +212,25 @@ def test_resume_is_exact(db, tmp_path, mode):
 
 
 # Guards: bad configs and missing DBs fail with one clear line, not a traceback.
-def test_cli_errors(db, tmp_path, capsys):
+def test_cli_errors(train_db, tmp_path, capsys):
     assert train.main(["--data", str(tmp_path / "nope"), "--steps", "1"]) == 2
     assert "missing data.mdb" in capsys.readouterr().err
-    assert train.main(["--data", db, "--config", "huge", "--mode", "baseline"]) == 2
+    assert train.main(["--data", train_db, "--config", "huge", "--mode", "baseline"]) == 2
     assert "unknown config 'huge'" in capsys.readouterr().err
-    assert train.main(["--data", db, "--image-size", "30", "--mode", "baseline"]) == 2
+    assert train.main(["--data", train_db, "--image-size", "30", "--mode", "baseline"]) == 2
     assert "multiple of patch_size" in capsys.readouterr().err
-    assert train.main(COMMON + ["--data", db, "--memory-cap-gib", "4"]) == 2
+    assert train.main(COMMON + ["--data", train_db, "--memory-cap-gib", "4"]) == 2
     assert "--memory-cap-gib caps GPU memory: it needs a CUDA device" in capsys.readouterr().err
-    assert train.main(COMMON + ["--data", db, "--memory-cap-gib", "-1"]) == 2
+    assert train.main(COMMON + ["--data", train_db, "--memory-cap-gib", "-1"]) == 2
     assert "--memory-cap-gib" in capsys.readouterr().err
     if not has_datafusion():
-        assert train.main(["--data", db, "--mode", "loongforge", "--steps", "1"]) == 2
+        assert train.main(["--data", train_db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err
 
 
 # Guards: the GPU paths (bf16 autocast, fused AdamW, GPU DataFusion, MemSculptor, CUDA snapshots)
 # run end to end, each mode in a fresh process, with close first losses.
-def _run_gpu(db, tmp_path, name, mode, steps, *extra):
+def _run_gpu(train_db, tmp_path, name, mode, steps, *extra):
     """The trainer on CUDA in a fresh process (CUDA graphs and MemSculptor are per process)."""
     import subprocess
     env = dict(os.environ)
@@ -243,7 +239,7 @@ def _run_gpu(db, tmp_path, name, mode, steps, *extra):
     js = str(tmp_path / f"{name}.json")
     cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--image-size", "56",
            "--batch-size", "4", "--warmup", "1", "--steps", str(steps), "--workers", "1",
-           "--device", "cuda", "--data", db, "--mode", mode, "--quiet", "--no-augment",
+           "--device", "cuda", "--data", train_db, "--mode", mode, "--quiet", "--no-augment",
            "--json-out", js, *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -252,8 +248,8 @@ def _run_gpu(db, tmp_path, name, mode, steps, *extra):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_modes(db, tmp_path):
-    out = {mode: _run_gpu(db, tmp_path, mode, mode, 4, "--ckpt-every", "2", "--ckpt-dir",
+def test_gpu_modes(train_db, tmp_path):
+    out = {mode: _run_gpu(train_db, tmp_path, mode, mode, 4, "--ckpt-every", "2", "--ckpt-dir",
                           str(tmp_path / f"ck_{mode}"))
            for mode in ("baseline", "tuned", "loongforge")}
     lf = out["loongforge"]
@@ -269,13 +265,14 @@ def test_gpu_modes(db, tmp_path):
 # stopped after step 5 and resumed from its step-4 checkpoint continues the uninterrupted run's
 # loss curve (to 1e-3: GPU kernels may sum in another order; CPU resume is exact, above).
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_resume_continues_loss_curve(db, tmp_path):
+def test_gpu_resume_continues_loss_curve(train_db, tmp_path):
     c1, c2 = str(tmp_path / "c1"), str(tmp_path / "c2")
-    full = _run_gpu(db, tmp_path, "full", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c1)
-    _run_gpu(db, tmp_path, "part", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c2,
+    full = _run_gpu(train_db, tmp_path, "full", "loongforge", 6, "--ckpt-every", "4",
+                    "--ckpt-dir", c1)
+    _run_gpu(train_db, tmp_path, "part", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c2,
              "--stop-after", "5")
-    res = _run_gpu(db, tmp_path, "res", "loongforge", 6, "--ckpt-every", "4", "--ckpt-dir", c2,
-                   "--resume")
+    res = _run_gpu(train_db, tmp_path, "res", "loongforge", 6, "--ckpt-every", "4",
+                   "--ckpt-dir", c2, "--resume")
     a = [r["loss"] for r in full["loss_curve"]][4:]
     b = [r["loss"] for r in res["loss_curve"]]
     assert full["figures"]["ckpt_snapshot_path"] == "device"
@@ -296,8 +293,8 @@ def _one_line_error(capsys, code_ok=(1, 2)):
 
 # Guards: --ckpt-every without --ckpt-dir saved nothing; --resume without a directory restarted
 # at step 1.
-def test_checkpoint_flags_need_a_directory(db, tmp_path, capsys):
-    base = COMMON + ["--data", db, "--mode", "baseline", "--steps", "2"]
+def test_checkpoint_flags_need_a_directory(train_db, tmp_path, capsys):
+    base = COMMON + ["--data", train_db, "--mode", "baseline", "--steps", "2"]
     assert train.main(base + ["--ckpt-every", "1"]) == 2
     assert "--ckpt-every needs --ckpt-dir" in _one_line_error(capsys)
     assert train.main(base + ["--resume"]) == 2
@@ -310,8 +307,8 @@ def test_checkpoint_flags_need_a_directory(db, tmp_path, capsys):
 # Guards: --lr -1 and --image-size 0 ended in tracebacks.
 @pytest.mark.parametrize("flag,value", [("--lr", "-1"), ("--image-size", "0"),
                                         ("--lr", "nan"), ("--clip", "-1")])
-def test_bad_values_are_one_line_errors(db, capsys, flag, value):
-    assert train.main(COMMON + ["--data", db, "--mode", "baseline", "--steps", "1",
+def test_bad_values_are_one_line_errors(train_db, capsys, flag, value):
+    assert train.main(COMMON + ["--data", train_db, "--mode", "baseline", "--steps", "1",
                                 flag, value]) == 2
     assert flag in _one_line_error(capsys)
 
@@ -329,9 +326,9 @@ def _tree(path):
 # Guards: --resume on another mode's / config's / batch size's checkpoints restarted at step 1
 # (or died in a traceback) and overwrote that directory's rank_state/; and a resumed run now
 # says which step it resumed from.
-def test_resume_refuses_another_runs_directory(db, tmp_path, capsys):
+def test_resume_refuses_another_runs_directory(train_db, tmp_path, capsys):
     ck = str(tmp_path / "ck")
-    base = COMMON + ["--data", db, "--steps", "3", "--ckpt-every", "2", "--ckpt-dir", ck]
+    base = COMMON + ["--data", train_db, "--steps", "3", "--ckpt-every", "2", "--ckpt-dir", ck]
     assert train.main(base + ["--mode", "baseline"]) == 0
     capsys.readouterr()
     before = _tree(ck)
@@ -355,9 +352,9 @@ def test_resume_refuses_another_runs_directory(db, tmp_path, capsys):
 # Guards: a directory written before run.json existed is still identified by its files, so
 # another mode cannot resume from (or write into) it either.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_resume_refuses_unmarked_directory_of_another_format(db, tmp_path, capsys):
+def test_resume_refuses_unmarked_directory_of_another_format(train_db, tmp_path, capsys):
     ck = str(tmp_path / "ck")
-    base = COMMON + ["--data", db, "--steps", "2", "--ckpt-every", "2", "--ckpt-dir", ck]
+    base = COMMON + ["--data", train_db, "--steps", "2", "--ckpt-every", "2", "--ckpt-dir", ck]
     assert train.main(base + ["--mode", "loongforge"]) == 0
     os.remove(os.path.join(ck, "run.json"))
     capsys.readouterr()
@@ -367,23 +364,23 @@ def test_resume_refuses_unmarked_directory_of_another_format(db, tmp_path, capsy
     assert _tree(ck) == before
 
 
-def _copy_db(db, tmp_path, name):
+def _copy_db(train_db, tmp_path, name):
     import shutil
 
     lmdb = pytest.importorskip("lmdb")
     dst = str(tmp_path / name)
-    shutil.copytree(db, dst)
+    shutil.copytree(train_db, dst)
     return lmdb.open(dst, subdir=True, map_size=1 << 30), dst
 
 
 # Guards: a token id at or above the vocabulary reached the model (IndexError in the embedding).
 @pytest.mark.parametrize("mode", ["baseline", "loongforge"])
-def test_token_id_outside_vocab_names_the_record(db, tmp_path, capfd, mode):
+def test_token_id_outside_vocab_names_the_record(train_db, tmp_path, capfd, mode):
     if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     import numpy as np
 
-    env, bad_db = _copy_db(db, tmp_path, "bad_vocab")
+    env, bad_db = _copy_db(train_db, tmp_path, "bad_vocab")
     with env.begin(write=True) as txn:
         tok = np.frombuffer(txn.get(b"00000005_tokens"), "<i4").copy()
         tok[1] = 600  # config tiny has 512 ids
@@ -424,11 +421,11 @@ def test_token_guard_deferred_masks_and_reports():
 # Guards: unbounded text: the trainer fed whatever length a record held (a 100k-character
 # instruction grew it to 21 GB). Text is cut to the config's max_text_tokens, with one warning.
 @pytest.mark.parametrize("mode", ["baseline", "loongforge"])
-def test_long_text_is_cut_to_max_text_tokens(db, tmp_path, capsys, mode):
+def test_long_text_is_cut_to_max_text_tokens(train_db, tmp_path, capsys, mode):
     if mode == "loongforge" and not has_datafusion():
         pytest.skip("loongforge.data not in this build yet")
     jl = tmp_path / "m.jsonl"
-    s = _run(COMMON + ["--data", db, "--mode", mode, "--steps", "3", "--no-vault",
+    s = _run(COMMON + ["--data", train_db, "--mode", mode, "--steps", "3", "--no-vault",
                        "--set", "max_text_tokens=8", "--metrics-jsonl", str(jl)], tmp_path, mode)
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "cuts them to 8" in err, err
@@ -458,11 +455,11 @@ def test_text_longer_than_schema_is_cut_by_the_guard():
 # written and durable time in the summary and in a metrics row.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 @pytest.mark.parametrize("when", ["skip", "wait"])
-def test_ckpt_when_busy_accounts_every_save(db, tmp_path, when):
+def test_ckpt_when_busy_accounts_every_save(train_db, tmp_path, when):
     rows = str(tmp_path / "rows.jsonl")
-    s = _run(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "5", "--ckpt-every", "1",
-                       "--ckpt-when-busy", when, "--ckpt-dir", str(tmp_path / "v"),
-                       "--metrics-jsonl", rows], tmp_path, when)
+    s = _run(COMMON + ["--data", train_db, "--mode", "loongforge", "--steps", "5",
+                       "--ckpt-every", "1", "--ckpt-when-busy", when,
+                       "--ckpt-dir", str(tmp_path / "v"), "--metrics-jsonl", rows], tmp_path, when)
     f = s["figures"]
     assert f["ckpt_when_busy"] == when
     assert f["ckpt_saves_committed"] + f["ckpt_saves_skipped"] == 5
@@ -487,7 +484,7 @@ def test_ckpt_when_busy_accounts_every_save(db, tmp_path, when):
 # Guards issue 15: a trainer killed (SIGKILL) while the background writer is writing resumes
 # from the newest committed checkpoint and trains on from there.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
-def test_kill_during_background_write_resumes_from_last_commit(db, tmp_path):
+def test_kill_during_background_write_resumes_from_last_commit(train_db, tmp_path):
     import signal
     import subprocess
     import time
@@ -496,7 +493,7 @@ def test_kill_during_background_write_resumes_from_last_commit(db, tmp_path):
 
     ck = tmp_path / "ck"
     args = [a for a in COMMON if a != "--quiet"] + [
-        "--data", db, "--mode", "loongforge", "--ckpt-every", "1", "--ckpt-dir", str(ck)]
+        "--data", train_db, "--mode", "loongforge", "--ckpt-every", "1", "--ckpt-dir", str(ck)]
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     p = subprocess.Popen([sys.executable, "-m", "loongforge.train"] + args + ["--steps", "400"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

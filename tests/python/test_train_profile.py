@@ -9,28 +9,23 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdb import TINY_TRAIN_ARGS, tiny_train_db  # noqa: E402
+from lf_testdb import TINY_TRAIN_ARGS  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.models import gr00t  # noqa: E402
+from loongforge.models import gr00t_layers  # noqa: E402
 from loongforge.train_metrics import MODULE_PARTS  # noqa: E402
 
 torch.set_num_threads(1)
 COMMON = list(TINY_TRAIN_ARGS)
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    return tiny_train_db(tmp_path_factory.mktemp("db"))
-
-
 # Guards: the breakdown covers every part of the step, each part's range actually ran (> 0),
 # the shares add up to the step, the profiled steps leave the timed figures, and the model's
 # ranges are switched off again after the profile.
 @pytest.mark.parametrize("mode", ["baseline", "loongforge"])
-def test_profile_modules_breakdown(db, tmp_path, capsys, mode):
+def test_profile_modules_breakdown(train_db, tmp_path, capsys, mode):
     out = str(tmp_path / "s.json")
-    assert train.main(COMMON + ["--data", db, "--mode", mode, "--steps", "5",
+    assert train.main(COMMON + ["--data", train_db, "--mode", mode, "--steps", "5",
                                 "--profile-modules", "2", "--json-out", out]) == 0
     s = json.load(open(out))
     b = s["module_breakdown"]
@@ -41,16 +36,16 @@ def test_profile_modules_breakdown(db, tmp_path, capsys, mode):
     assert sum(p["share"] for p in b["parts"].values()) == pytest.approx(1.0, abs=1e-6)
     assert sum(b["parts"][n]["ms"] for n in MODULE_PARTS) <= b["step_ms"] * 1.001
     assert s["figures"]["timed_steps"] == 5 - 1 - 2
-    assert gr00t._PART_RANGES is None
+    assert gr00t_layers._PART_RANGES is None
     assert "module breakdown (2 profiled steps" in capsys.readouterr().out
 
 
 # Guards: without the option no breakdown is made and the model's parts run no profiler range.
-def test_no_profile_by_default(db, tmp_path):
+def test_no_profile_by_default(train_db, tmp_path):
     out = str(tmp_path / "s.json")
-    assert train.main(COMMON + ["--data", db, "--steps", "2", "--json-out", out]) == 0
+    assert train.main(COMMON + ["--data", train_db, "--steps", "2", "--json-out", out]) == 0
     assert "module_breakdown" not in json.load(open(out))
-    assert gr00t._part("vision") is gr00t._NO_RANGE
+    assert gr00t_layers._part("vision") is gr00t_layers._NO_RANGE
 
 
 # Guards: combinations that would hide or blur the ranges are one-line errors, not a
@@ -61,8 +56,8 @@ def test_no_profile_by_default(db, tmp_path):
     (["--compile"], "--compile"),
     (["--steps", "2"], "needs --steps >="),
 ])
-def test_profile_modules_refused_combinations(db, capsys, extra, msg):
-    args = COMMON + ["--data", db, "--steps", "5", "--profile-modules", "2"] + extra
+def test_profile_modules_refused_combinations(train_db, capsys, extra, msg):
+    args = COMMON + ["--data", train_db, "--steps", "5", "--profile-modules", "2"] + extra
     assert train.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0]
@@ -70,7 +65,7 @@ def test_profile_modules_refused_combinations(db, capsys, extra, msg):
 
 # Guards: --fp8-frozen on a machine without FP8 (this CPU, torch 1.13, or a GPU below sm 8.9)
 # stops with one clear line instead of a traceback or a silent bf16 run.
-def test_fp8_frozen_refused_without_fp8(db, capsys):
+def test_fp8_frozen_refused_without_fp8(train_db, capsys):
     from loongforge import fp8
 
     try:
@@ -79,22 +74,23 @@ def test_fp8_frozen_refused_without_fp8(db, capsys):
         pass
     else:  # pragma: no cover - a CPU device is always refused
         pytest.fail("a CPU device passed the FP8 check")
-    assert train.main(COMMON + ["--data", db, "--steps", "2", "--fp8-frozen"]) == 2
+    assert train.main(COMMON + ["--data", train_db, "--steps", "2", "--fp8-frozen"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--fp8-frozen needs" in err[0]
 
 
 # Guards: bench/e2e/run.py passes --profile-modules to the trainer and prints each mode's
 # breakdown under its table (and keeps it in results.json).
-def test_bench_e2e_profile_passthrough(db, tmp_path):
+def test_bench_e2e_profile_passthrough(train_db, tmp_path):
     import subprocess
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "e2e"
-    r = subprocess.run([sys.executable, os.path.join(repo, "bench", "e2e", "run.py"), "--db", db,
-                        "--config", "tiny", "--image-size", "28", "--batches", "4", "--steps", "4",
-                        "--warmup", "1", "--ckpt-every", "0", "--workers", "0",
-                        "--loader-threads", "1", "--modes", "baseline", "--profile-modules", "2",
+    r = subprocess.run([sys.executable, os.path.join(repo, "bench", "e2e", "run.py"),
+                        "--db", train_db, "--config", "tiny", "--image-size", "28",
+                        "--batches", "4", "--steps", "4", "--warmup", "1", "--ckpt-every", "0",
+                        "--workers", "0", "--loader-threads", "1", "--modes", "baseline",
+                        "--profile-modules", "2",
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     line = [x for x in r.stdout.splitlines() if "profile of 2 steps" in x]

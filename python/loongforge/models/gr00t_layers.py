@@ -1,0 +1,77 @@
+"""What every part of the GR00T-shaped policy shares: the device argument type, the profile ranges
+around each part's forward, softmax attention (SDPA where torch has it) and activation
+checkpointing. Nothing here holds parameters."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Device = Optional[Union[str, torch.device]]
+
+# Profile ranges (the trainer's --profile-modules): None in normal runs, where _part() hands back
+# one shared no-op context (no record_function, nothing allocated); the trainer sets a factory
+# of named ranges for the profiled steps only.
+_PART_RANGES: Optional[Callable[[str], Any]] = None
+_NO_RANGE = contextlib.nullcontext()
+
+
+def set_profile_ranges(factory: Optional[Callable[[str], Any]]) -> None:
+    """factory(part) -> a context manager around each model part's forward: "vision" (SigLIP
+    tower), "projector" (pixel shuffle + mlp1, vlln + action-head projector), "llm" (token
+    embeddings + decoder layers) and "dit" (VL self-attention, state/action encoders, DiT,
+    action decoder). None switches the ranges off."""
+    global _PART_RANGES
+    _PART_RANGES = factory
+
+
+def _part(name: str) -> Any:
+    return _NO_RANGE if _PART_RANGES is None else _PART_RANGES(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention
+
+HAS_SDPA: bool = hasattr(F, "scaled_dot_product_attention")
+_force_manual_attention = False
+
+
+def set_manual_attention(flag: bool) -> None:
+    """Force the manual attention path (tests compare it with SDPA where both exist)."""
+    global _force_manual_attention
+    _force_manual_attention = flag
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
+    """Softmax attention. q [B, H, Lq, D], k/v [B, H, Lk, D]; mask bool, broadcastable to
+    [B, H, Lq, Lk], True = attend. Every query row must keep at least one key."""
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        tri = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        mask = tri if mask is None else (mask & tri)
+    if HAS_SDPA and not _force_manual_attention:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+# ------------------------------------------------------------------------------------------------
+# Activation checkpointing
+
+
+def _maybe_checkpoint(module: nn.Module, enabled: bool, *args: Any) -> torch.Tensor:
+    """module(*args), recomputed in backward instead of keeping its activations when enabled.
+    Non-reentrant and without RNG-state stashing: the blocks draw no random numbers (dropout p=0),
+    and stashing the CUDA RNG state is not allowed under CUDA-graph capture."""
+    if enabled and module.training and torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(module, *args, use_reentrant=False, preserve_rng_state=False)
+    return module(*args)
