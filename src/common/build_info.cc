@@ -10,17 +10,9 @@ namespace loongforge {
 
 BuildInfo GetBuildInfo() {
   const auto& c = internal::kCompileTimeBuildInfo;
-  BuildInfo b;
-  b.version = c.version;
-  b.git_hash = c.git_hash;
-  b.build_type = c.build_type;
-  b.compiler = c.compiler;
-  b.cuda = c.cuda;
-  b.cuda_version = c.cuda_version;
-  b.cuda_archs = c.cuda_archs;
-  b.nvjpeg = c.nvjpeg;
-  b.cufile = c.cufile;
-  b.nccl = c.nccl;
+  // CompileTimeBuildInfo lists BuildInfo's compile-time fields, in BuildInfo's order.
+  BuildInfo b{c.version,      c.git_hash,   c.build_type, c.compiler, c.cuda,
+              c.cuda_version, c.cuda_archs, c.nvjpeg,     c.cufile,   c.nccl};
 #ifdef LOONGFORGE_WITH_CUDA
   cudaRuntimeGetVersion(&b.cuda_runtime_version);
   if (cudaDriverGetVersion(&b.cuda_driver_version) != cudaSuccess) b.cuda_driver_version = 0;

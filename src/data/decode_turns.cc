@@ -8,6 +8,15 @@ namespace loongforge {
 namespace data {
 namespace internal {
 
+Status CheckLanesAndStagger(int lanes, float stagger, const std::string& prefix) {
+  if (lanes < 2 || lanes > 16)
+    return InvalidArgumentError(prefix + "lanes must be in [2, 16], got " + std::to_string(lanes));
+  if (!(stagger >= 0.f && stagger <= 1.f))
+    return InvalidArgumentError(prefix + "stagger must be in [0, 1], got " +
+                                std::to_string(stagger));
+  return Status::Ok();
+}
+
 void DecodeTurns::Advance(uint64_t past) {
   next_ = past + 1;
   while (!passed_.empty() && *passed_.begin() == next_) {

@@ -8,12 +8,18 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "loongforge/status.h"
 
 namespace loongforge {
 namespace data {
 namespace internal {
+
+// The decoder's lane count and stagger (DecodeTurns), checked once for the loader's options and
+// the decoder's: InvalidArgument "<prefix>lanes must be in [2, 16], got N" unless 2 <= lanes <= 16,
+// likewise "<prefix>stagger ..." unless 0 <= stagger <= 1.
+Status CheckLanesAndStagger(int lanes, float stagger, const std::string& prefix);
 
 class DecodeTurns {
  public:

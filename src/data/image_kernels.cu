@@ -6,6 +6,7 @@
 #include <string>
 
 #include "image_kernels.h"
+#include "image_ops.h"  // JitterPixel: the jitter arithmetic of every loader path
 #include "loongforge/cuda_check.h"
 
 namespace loongforge {
@@ -23,73 +24,9 @@ struct DeviceParams {
   int gray_step;
 };
 
-__device__ __forceinline__ float Clamp255(float v) { return fminf(fmaxf(v, 0.f), 255.f); }
-
 __device__ __forceinline__ float Sample(const GpuImageTask& t, int c, int x, int y) {
   return static_cast<float>(
       t.plane[c][static_cast<int64_t>(y) * t.pitch + static_cast<int64_t>(x) * t.pixel_stride]);
-}
-
-// torchvision's adjust_hue on 0..255 values: the same code as ApplyHue in image_ops.cc.
-__device__ __forceinline__ void ApplyHue(float hue, float* v) {
-  const float R = v[0], G = v[1], B = v[2];
-  const float maxc = fmaxf(R, fmaxf(G, B)), minc = fminf(R, fminf(G, B));
-  if (maxc == minc) return;  // gray: s = 0, the shift changes nothing
-  const float cr = maxc - minc;
-  const float s = __fdiv_rn(cr, maxc);
-  const float rc = __fdiv_rn(maxc - R, cr), gc = __fdiv_rn(maxc - G, cr),
-              bc = __fdiv_rn(maxc - B, cr);
-  float h;
-  if (maxc == R)
-    h = bc - gc;
-  else if (maxc == G)
-    h = 2.f + rc - bc;
-  else
-    h = 4.f + gc - rc;
-  h = fmodf(__fdiv_rn(h, 6.f) + 1.f, 1.f) + hue;
-  h -= floorf(h);  // Python's % 1.0
-  const float h6 = h * 6.f;
-  const float fi = floorf(h6);
-  const float f = h6 - fi;
-  const int i = static_cast<int>(fi) % 6;
-  const float p = Clamp255(maxc * (1.f - s)), q = Clamp255(maxc * (1.f - s * f));
-  const float t = Clamp255(maxc * (1.f - s * (1.f - f)));
-  const float x = maxc;
-  switch (i) {
-    case 0:
-      v[0] = x, v[1] = t, v[2] = p;
-      break;
-    case 1:
-      v[0] = q, v[1] = x, v[2] = p;
-      break;
-    case 2:
-      v[0] = p, v[1] = x, v[2] = t;
-      break;
-    case 3:
-      v[0] = p, v[1] = q, v[2] = x;
-      break;
-    case 4:
-      v[0] = t, v[1] = p, v[2] = x;
-      break;
-    default:
-      v[0] = x, v[1] = p, v[2] = q;
-      break;
-  }
-}
-
-// Same arithmetic, in the same order, as ApplyJitter in image_ops.cc (Note [Colour jitter]).
-__device__ __forceinline__ void ApplyJitter(const GpuImageTask& t, float gray_mean, float* v) {
-  float R = Clamp255(v[0] * t.brightness), G = Clamp255(v[1] * t.brightness),
-        B = Clamp255(v[2] * t.brightness);
-  float m = gray_mean * t.brightness;
-  R = Clamp255((R - m) * t.contrast + m);
-  G = Clamp255((G - m) * t.contrast + m);
-  B = Clamp255((B - m) * t.contrast + m);
-  float gray = 0.2989f * R + 0.587f * G + 0.114f * B;
-  v[0] = Clamp255((R - gray) * t.saturation + gray);
-  v[1] = Clamp255((G - gray) * t.saturation + gray);
-  v[2] = Clamp255((B - gray) * t.saturation + gray);
-  if (t.hue != 0.f) ApplyHue(t.hue, v);
 }
 
 // One block per image: mean luminance of the crop sampled every `step` pixels, as MeanGray().
@@ -186,7 +123,7 @@ __global__ void CropResizeNormalizeKernel(const GpuImageTask* __restrict__ tasks
     Antialias(t, dx, dy, sx, sy, v);
   else
     Bilinear(t, dx, dy, sx, sy, v);
-  if (t.jitter) ApplyJitter(t, t.gray_mean, v);
+  if (t.jitter) JitterPixel(t.brightness, t.contrast, t.saturation, t.hue, t.gray_mean, v);
   const int64_t base = static_cast<int64_t>(t.out_index) * 3 * plane;
   for (int c = 0; c < 3; ++c) {
     const float y = v[c] * p.scale[c] + p.bias[c];

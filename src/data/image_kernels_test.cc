@@ -13,6 +13,7 @@
 
 #include "image_kernels.h"
 #include "image_ops.h"
+#include "loader_test_util.h"
 #include "test_dataset.h"
 
 namespace loongforge {
@@ -40,13 +41,6 @@ struct DevBuf {
     return static_cast<T*>(p);
   }
 };
-
-float Bf16ToFloat(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // A source image on the device, interleaved (RGBI) or planar, with padded rows.
 struct DeviceImage {
@@ -80,6 +74,19 @@ struct DeviceImage {
     task.height = h;
   }
 };
+
+// A task over the whole interleaved RGB image at `base` (w x h, rows `pitch` bytes apart).
+GpuImageTask InterleavedTask(const uint8_t* base, int w, int h, int64_t pitch) {
+  GpuImageTask t;
+  for (int c = 0; c < 3; ++c) t.plane[c] = base + c;
+  t.pitch = pitch;
+  t.pixel_stride = 3;
+  t.width = w;
+  t.height = h;
+  t.box_w = static_cast<float>(w);
+  t.box_h = static_cast<float>(h);
+  return t;
+}
 
 struct Case {
   OutLayout layout;
@@ -187,14 +194,7 @@ double RunCase(const Case& k, uint64_t seed) {
 // device work (so this runs without a GPU too).
 TEST(ImageKernels, RejectsBadShapes) {
   static uint8_t dummy[16];
-  GpuImageTask t;
-  for (int c = 0; c < 3; ++c) t.plane[c] = dummy + c;
-  t.pitch = 30;
-  t.pixel_stride = 3;
-  t.width = 10;
-  t.height = 8;
-  t.box_w = 10;
-  t.box_h = 8;
+  const GpuImageTask t = InterleavedTask(dummy, 10, 8, 30);
   GpuResizeParams p;
   p.out_w = p.out_h = 4;
   p.out_count = 1;
@@ -323,11 +323,7 @@ TEST(ImageKernels, AntialiasRemovesCheckerboard) {
       for (int c = 0; c < 3; ++c) px[(y * w + x) * 3 + c] = ((x + y) % 2) ? 255 : 0;
   DevBuf src(px.size()), out(4 * 3 * o * o), dtasks(sizeof(GpuImageTask));
   ASSERT_EQ(cudaMemcpy(src.p, px.data(), px.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  GpuImageTask t;
-  for (int c = 0; c < 3; ++c) t.plane[c] = src.as<uint8_t>() + c;
-  t.pitch = 3 * w;
-  t.width = w;
-  t.height = h;
+  GpuImageTask t = InterleavedTask(src.as<uint8_t>(), w, h, 3 * w);
   t.box_w = 127;  // a non-integer phase so that plain bilinear samples between pixels
   t.box_h = 127;
   double spread[2];

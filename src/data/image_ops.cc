@@ -107,70 +107,7 @@ inline float SourceCoord(int d, float scale, float origin, float lo, float hi) {
   return std::min(std::max(s, lo), hi);
 }
 
-// torchvision's adjust_hue (_rgb2hsv, shift, _hsv2rgb) on 0..255 values; the GPU kernel's
-// ApplyHue is the same code.
-void ApplyHue(float hue, float* r, float* g, float* b) {
-  const float R = *r, G = *g, B = *b;
-  const float maxc = std::max(R, std::max(G, B)), minc = std::min(R, std::min(G, B));
-  if (maxc == minc) return;  // gray: s = 0, the shift changes nothing
-  const float cr = maxc - minc;
-  const float s = cr / maxc;
-  const float rc = (maxc - R) / cr, gc = (maxc - G) / cr, bc = (maxc - B) / cr;
-  float h;
-  if (maxc == R)
-    h = bc - gc;
-  else if (maxc == G)
-    h = 2.f + rc - bc;
-  else
-    h = 4.f + gc - rc;
-  h = std::fmod(h / 6.f + 1.f, 1.f) + hue;
-  h -= std::floor(h);  // Python's % 1.0: in [0, 1) for a negative shift too
-  const float h6 = h * 6.f;
-  const float fi = std::floor(h6);
-  const float f = h6 - fi;
-  const int i = static_cast<int>(fi) % 6;
-  auto clamp = [](float v) { return std::min(std::max(v, 0.f), 255.f); };
-  const float v = maxc;
-  const float p = clamp(v * (1.f - s)), q = clamp(v * (1.f - s * f));
-  const float t = clamp(v * (1.f - s * (1.f - f)));
-  switch (i) {
-    case 0:
-      *r = v, *g = t, *b = p;
-      break;
-    case 1:
-      *r = q, *g = v, *b = p;
-      break;
-    case 2:
-      *r = p, *g = v, *b = t;
-      break;
-    case 3:
-      *r = p, *g = q, *b = v;
-      break;
-    case 4:
-      *r = t, *g = p, *b = v;
-      break;
-    default:
-      *r = v, *g = p, *b = q;
-      break;
-  }
-}
-
 }  // namespace
-
-void ApplyJitter(const Jitter& j, float gray_mean, float* r, float* g, float* b) {
-  auto clamp = [](float v) { return std::min(std::max(v, 0.f), 255.f); };
-  float R = clamp(*r * j.brightness), G = clamp(*g * j.brightness), B = clamp(*b * j.brightness);
-  float m = gray_mean * j.brightness;
-  R = clamp((R - m) * j.contrast + m);
-  G = clamp((G - m) * j.contrast + m);
-  B = clamp((B - m) * j.contrast + m);
-  float gray = 0.2989f * R + 0.587f * G + 0.114f * B;
-  R = clamp((R - gray) * j.saturation + gray);
-  G = clamp((G - gray) * j.saturation + gray);
-  B = clamp((B - gray) * j.saturation + gray);
-  if (j.hue != 0.f) ApplyHue(j.hue, &R, &G, &B);
-  *r = R, *g = G, *b = B;
-}
 
 void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
                          const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
@@ -221,7 +158,7 @@ void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int
         float bot = c[ch] + (d[ch] - c[ch]) * wx;
         v[ch] = top + (bot - top) * wy;
       }
-      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, v);
       o0[dx] = v[0] * scale[0] + bias[0];
       o1[dx] = v[1] * scale[1] + bias[1];
       o2[dx] = v[2] * scale[2] + bias[2];
@@ -254,7 +191,7 @@ void CropResizeNormalizeReference(const RgbImage& src, const CropBox& box, int o
         double bot = px(x0, y1, c) * (1 - wx) + px(x1, y1, c) * wx;
         v[c] = static_cast<float>(top * (1 - wy) + bot * wy);
       }
-      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, v);
       for (int c = 0; c < 3; ++c)
         out[(static_cast<size_t>(c) * out_h + dy) * out_w + dx] =
             static_cast<float>((v[c] / 255.0 - norm.mean[c]) / norm.std[c]);
@@ -295,7 +232,7 @@ void CropResizeAntialiasReference(const RgbImage& src, const CropBox& box, int o
             acc += wy * wx * src.pixels[(static_cast<size_t>(y) * src.width + x) * 3 + c];
         v[c] = static_cast<float>(acc);
       }
-      if (jitter.enabled) ApplyJitter(jitter, gray_mean, &v[0], &v[1], &v[2]);
+      if (jitter.enabled) ApplyJitter(jitter, gray_mean, v);
       for (int c = 0; c < 3; ++c)
         out[(static_cast<size_t>(c) * out_h + dy) * out_w + dx] =
             static_cast<float>((v[c] / 255.0 - norm.mean[c]) / norm.std[c]);

@@ -1,6 +1,7 @@
 // Image kernels of the CPU loader: JPEG decode with DCT-domain scaling, and the fused
 // crop + bilinear resize + colour jitter + normalize + HWC->CHW pass that writes straight into the
-// batch buffer. Each has a plain reference twin used by the tests.
+// batch buffer. Each has a plain reference twin used by the tests. The per-pixel colour jitter
+// (JitterPixel) is also the GPU kernel's (image_kernels.cu), so this header compiles under nvcc.
 #pragma once
 
 #include <array>
@@ -9,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/host_device.h"
 #include "loongforge/status.h"
 
 namespace loongforge {
@@ -51,6 +53,9 @@ constexpr float kJitterContrast = 0.4f;
 constexpr float kJitterSaturation = 0.5f;
 constexpr float kJitterHue = 0.08f;
 
+// clamp() of Note [Colour jitter].
+LF_HOST_DEVICE float Clamp255(float v) { return hd::Min(hd::Max(v, 0.f), 255.f); }
+
 // GR00T's jitter drawn from `rng` (anything with Range(lo, hi) -> float, e.g. SampleRng), in the
 // order every loader stage draws it (Note [Colour jitter]).
 template <typename Rng>
@@ -64,9 +69,76 @@ Jitter DrawJitter(Rng* rng) {
   return j;
 }
 
-// Applies `j` to one RGB pixel in 0..255 (Note [Colour jitter]); `gray_mean` is the image's mean
-// gray before brightness. Shared by every CPU path; the GPU kernel repeats the same arithmetic.
-void ApplyJitter(const Jitter& j, float gray_mean, float* r, float* g, float* b);
+// torchvision's adjust_hue (_rgb2hsv, shift by `hue` turns, _hsv2rgb) on the RGB pixel v[0..2] in
+// 0..255. Part of JitterPixel.
+LF_HOST_DEVICE void HuePixel(float hue, float* v) {
+  const float R = v[0], G = v[1], B = v[2];
+  const float maxc = hd::Max(R, hd::Max(G, B)), minc = hd::Min(R, hd::Min(G, B));
+  if (maxc == minc) return;  // gray: s = 0, the shift changes nothing
+  const float cr = maxc - minc;
+  const float s = hd::DivRn(cr, maxc);
+  const float rc = hd::DivRn(maxc - R, cr), gc = hd::DivRn(maxc - G, cr),
+              bc = hd::DivRn(maxc - B, cr);
+  float h;
+  if (maxc == R)
+    h = bc - gc;
+  else if (maxc == G)
+    h = 2.f + rc - bc;
+  else
+    h = 4.f + gc - rc;
+  h = fmodf(hd::DivRn(h, 6.f) + 1.f, 1.f) + hue;
+  h -= floorf(h);  // Python's % 1.0: in [0, 1) for a negative shift too
+  const float h6 = h * 6.f;
+  const float fi = floorf(h6);
+  const float f = h6 - fi;
+  const int i = static_cast<int>(fi) % 6;
+  const float x = maxc;
+  const float p = Clamp255(x * (1.f - s)), q = Clamp255(x * (1.f - s * f));
+  const float t = Clamp255(x * (1.f - s * (1.f - f)));
+  switch (i) {
+    case 0:
+      v[0] = x, v[1] = t, v[2] = p;
+      break;
+    case 1:
+      v[0] = q, v[1] = x, v[2] = p;
+      break;
+    case 2:
+      v[0] = p, v[1] = x, v[2] = t;
+      break;
+    case 3:
+      v[0] = p, v[1] = q, v[2] = x;
+      break;
+    case 4:
+      v[0] = t, v[1] = p, v[2] = x;
+      break;
+    default:
+      v[0] = x, v[1] = p, v[2] = q;
+      break;
+  }
+}
+
+// Applies the jitter factors to the RGB pixel v[0..2] in 0..255 (Note [Colour jitter]);
+// `gray_mean` is the image's mean gray before brightness. The one definition, for every CPU path
+// (ApplyJitter) and the GPU kernel (image_kernels.cu): Note [Host-device twins].
+LF_HOST_DEVICE void JitterPixel(float brightness, float contrast, float saturation, float hue,
+                                float gray_mean, float* v) {
+  float R = Clamp255(v[0] * brightness), G = Clamp255(v[1] * brightness),
+        B = Clamp255(v[2] * brightness);
+  const float m = gray_mean * brightness;
+  R = Clamp255((R - m) * contrast + m);
+  G = Clamp255((G - m) * contrast + m);
+  B = Clamp255((B - m) * contrast + m);
+  const float gray = 0.2989f * R + 0.587f * G + 0.114f * B;
+  v[0] = Clamp255((R - gray) * saturation + gray);
+  v[1] = Clamp255((G - gray) * saturation + gray);
+  v[2] = Clamp255((B - gray) * saturation + gray);
+  if (hue != 0.f) HuePixel(hue, v);
+}
+
+// JitterPixel with the factors of `j`, on rgb[0..2].
+inline void ApplyJitter(const Jitter& j, float gray_mean, float* rgb) {
+  JitterPixel(j.brightness, j.contrast, j.saturation, j.hue, gray_mean, rgb);
+}
 
 struct NormalizeParams {
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};

@@ -62,6 +62,7 @@
 #include <thread>
 #include <tuple>
 
+#include "decode_turns.h"  // CheckLanesAndStagger
 #include "loader_pipeline.h"
 #include "loongforge/loader.h"
 #include "loongforge/logging.h"
@@ -590,12 +591,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   if (!buckets.empty() && o.token_pad > 0)
     return InvalidArgumentError(
         "token_pad and token_buckets are exclusive (token_pad=N is token_buckets=[N])");
-  if (o.decode_lanes < 2 || o.decode_lanes > 16)
-    return InvalidArgumentError("decode_lanes must be in [2, 16], got " +
-                                std::to_string(o.decode_lanes));
-  if (!(o.decode_stagger >= 0.f && o.decode_stagger <= 1.f))
-    return InvalidArgumentError("decode_stagger must be in [0, 1], got " +
-                                std::to_string(o.decode_stagger));
+  LF_RETURN_IF_ERROR(internal::CheckLanesAndStagger(o.decode_lanes, o.decode_stagger, "decode_"));
   LF_RETURN_IF_ERROR(CheckImageDType(o.dtype));
   const bool gpu = o.device == LoaderDevice::kCuda;
   if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != DType::kFloat32 || o.antialias))
@@ -612,15 +608,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   // Readers: decode threads do not open transactions; fetch holds up to prefetch + 2 at once.
   LF_ASSIGN_OR_RETURN(impl->reader, RecordReader::Open(o.db_path, 2 * o.prefetch + 16));
   const Schema& sc = impl->reader->schema();
-  SamplerOptions so;
-  so.num_samples = sc.num_samples;
-  so.batch_size = o.batch_size;
-  so.seed = o.seed;
-  so.rank = o.rank;
-  so.world_size = o.world_size;
-  so.shuffle = o.shuffle;
-  so.drop_last = o.drop_last;
-  auto sampler = Sampler::Create(so);
+  auto sampler = Sampler::Create(SamplerOptions{sc.num_samples, o.batch_size, o.seed, o.rank,
+                                                o.world_size, o.shuffle, o.drop_last});
   if (!sampler.ok()) return sampler.status().WithContext(o.db_path);
   impl->sampler.emplace(std::move(sampler).value());
   // Note [Static batches]

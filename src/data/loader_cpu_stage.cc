@@ -20,18 +20,12 @@ class HostSlotMemory : public SlotMemory {
   explicit HostSlotMemory(bool pin) : pin_(pin) {}
 
   StatusOr<Slot*> Allocate(const SlotShape& shape) override {
-    const size_t b_ = shape.b, k_ = shape.k, hw_ = shape.hw, l_ = shape.l, s_ = shape.s,
-                 a_ = shape.a, h_ = shape.h, raw_ = shape.raw;
-    auto Align = SlotShape::Align;
-    size_t img = Align(sizeof(float) * b_ * k_ * 3 * hw_ * hw_);
-    size_t tok = Align(sizeof(int64_t) * b_ * l_);
-    size_t am = Align(static_cast<size_t>(b_) * l_);
-    size_t st = Align(sizeof(float) * b_ * s_);
-    size_t ac = Align(sizeof(float) * b_ * h_ * a_);
-    size_t amk = Align(static_cast<size_t>(b_) * h_);
-    size_t idx = Align(sizeof(int64_t) * b_);
+    // Float32 images, then the tail every stage lays out alike (SlotShape), then the staging.
+    const size_t hw = shape.hw;
+    const size_t img = SlotShape::Align(sizeof(float) * shape.b * shape.k * 3 * hw * hw);
+    const size_t tail = shape.TailBytes();
     auto* slot = new Slot();
-    slot->bytes = img + tok + am + st + ac + amk + idx + raw_;
+    slot->bytes = img + tail + shape.raw;
     if (pin_) {
       if (void* p = AllocPinned(slot->bytes)) {
         slot->base = static_cast<uint8_t*>(p);
@@ -51,23 +45,10 @@ class HostSlotMemory : public SlotMemory {
       // workers showed up as batch-interval jitter (a fresh GiB costs seconds on some VMs).
       std::memset(slot->base, 0, slot->bytes);
     }
-    uint8_t* p = slot->base;
     Batch& b = slot->batch;
-    b.images = reinterpret_cast<float*>(p);
-    p += img;
-    b.tokens = reinterpret_cast<int64_t*>(p);
-    p += tok;
-    b.attention_mask = p;
-    p += am;
-    b.state = reinterpret_cast<float*>(p);
-    p += st;
-    b.action = reinterpret_cast<float*>(p);
-    p += ac;
-    b.action_mask = p;
-    p += amk;
-    b.sample_index = reinterpret_cast<int64_t*>(p);
-    p += idx;
-    slot->raw = p;
+    b.images = reinterpret_cast<float*>(slot->base);
+    shape.LayoutTail(slot->base + img, &b);
+    slot->raw = slot->base + img + tail;
     b.pinned = slot->pinned;
     slot->published = &slot->batch;
     return slot;

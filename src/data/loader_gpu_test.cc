@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "loader_test_util.h"
 #include "loongforge/loader.h"
 #include "test_dataset.h"
 
@@ -22,14 +23,7 @@ namespace {
 class GpuLoaderTest : public testing::TestDbFixture {
  protected:
   static LoaderOptions Opts(const std::string& db, bool gpu) {
-    LoaderOptions o;
-    o.db_path = db;
-    o.batch_size = 4;
-    o.image_size = 32;
-    o.threads = 2;
-    o.prefetch = 2;
-    o.seed = 5;
-    o.timeout_ms = 30000;
+    LoaderOptions o = SmallLoaderOptions(db);
     o.dct_scaling = false;  // the GPU path decodes at full size: compare like with like
     if (gpu) o.device = LoaderDevice::kCuda;
     return o;
@@ -45,13 +39,6 @@ struct HostBatch {
   std::vector<int64_t> tokens, sample_index;
   std::vector<uint8_t> attention_mask, action_mask;
 };
-
-float Bf16(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 template <typename T>
 std::vector<T> Fetch(const T* p, size_t n, bool device) {
@@ -69,19 +56,14 @@ std::vector<T> Fetch(const T* p, size_t n, bool device) {
 
 HostBatch ToHost(const Batch& b) {
   const bool dev = b.device_type == 2;
-  HostBatch h;
-  h.index = b.index;
-  h.size = b.size;
-  h.rows = b.rows;
-  h.bucket = b.token_bucket;
-  h.tokens_len = b.tokens_len;
+  HostBatch h{b.index, b.size, b.rows, b.tokens_len, b.token_bucket};
   const size_t n = b.rows, hw = static_cast<size_t>(b.height) * b.width;
   const size_t nimg = n * b.cameras;
   std::vector<float> raw;
   if (b.image_dtype == DType::kBFloat16) {
     auto bits = Fetch(reinterpret_cast<const uint16_t*>(b.images), nimg * 3 * hw, dev);
     raw.resize(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) raw[i] = Bf16(bits[i]);
+    for (size_t i = 0; i < bits.size(); ++i) raw[i] = Bf16ToFloat(bits[i]);
   } else {
     raw = Fetch(b.images, nimg * 3 * hw, dev);
   }
@@ -103,18 +85,7 @@ HostBatch ToHost(const Batch& b) {
 
 std::vector<HostBatch> RunEpoch(DataLoader& dl, int64_t ep, Status* err = nullptr) {
   std::vector<HostBatch> out;
-  EXPECT_TRUE(dl.Start(ep, 0).ok());
-  for (;;) {
-    auto b = dl.Next();
-    if (!b.ok()) {
-      if (err)
-        *err = b.status();
-      else
-        EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
-      break;
-    }
-    out.push_back(ToHost(**b));
-  }
+  ForEachBatch(dl, ep, 0, err, [&](const Batch& b) { out.push_back(ToHost(b)); });
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "image_ops.h"
+#include "loader_test_util.h"
 #include "loongforge/loader.h"
 #include "test_dataset.h"
 
@@ -165,38 +166,23 @@ TEST(ImageOps, RejectsNonJpegAndTruncated) {
 
 class LoaderTest : public testing::TestDbFixture {
  protected:
-  static LoaderOptions Opts(const std::string& db) {
-    LoaderOptions o;
-    o.db_path = db;
-    o.batch_size = 4;
-    o.image_size = 32;
-    o.threads = 2;
-    o.prefetch = 2;
-    o.seed = 5;
-    o.timeout_ms = 20000;
+  // SmallLoaderOptions in sampler order (no shuffle): batch b holds samples 4b .. 4b + 3.
+  static LoaderOptions InOrder(const std::string& db) {
+    LoaderOptions o = SmallLoaderOptions(db);
+    o.shuffle = false;
     return o;
   }
   // Runs one epoch from `start`, returning sample indices per batch and a checksum of images.
   static std::vector<std::vector<int64_t>> Epoch(DataLoader& dl, int64_t ep, int64_t start,
                                                  double* img_sum = nullptr, Status* err = nullptr) {
     std::vector<std::vector<int64_t>> out;
-    EXPECT_TRUE(dl.Start(ep, start).ok());
-    while (true) {
-      auto b = dl.Next();
-      if (!b.ok()) {
-        if (err)
-          *err = b.status();
-        else
-          EXPECT_EQ(b.status().code(), StatusCode::kOutOfRange) << b.status();
-        break;
-      }
-      const Batch& x = **b;
+    ForEachBatch(dl, ep, start, err, [&](const Batch& x) {
       out.emplace_back(x.sample_index, x.sample_index + x.size);
       if (img_sum) {
         size_t n = static_cast<size_t>(x.size) * x.cameras * 3 * x.height * x.width;
         for (size_t i = 0; i < n; ++i) *img_sum += x.images[i] * static_cast<double>(i % 97 + 1);
       }
-    }
+    });
     return out;
   }
 };
@@ -207,7 +193,7 @@ TEST_F(LoaderTest, OutputIndependentOfThreadCount) {
   double sums[2] = {0, 0};
   std::vector<std::vector<int64_t>> orders[2];
   for (int t = 0; t < 2; ++t) {
-    LoaderOptions o = Opts(db);
+    LoaderOptions o = SmallLoaderOptions(db);
     o.threads = t == 0 ? 1 : 3;
     o.color_jitter = true;
     auto dl = DataLoader::Create(o);
@@ -222,14 +208,14 @@ TEST_F(LoaderTest, OutputIndependentOfThreadCount) {
 // Guards resume: starting at batch k yields exactly the tail of the full epoch.
 TEST_F(LoaderTest, MidEpochResumeYieldsRemainingSequence) {
   std::string db = Db({});
-  auto dl = DataLoader::Create(Opts(db));
+  auto dl = DataLoader::Create(SmallLoaderOptions(db));
   ASSERT_TRUE(dl.ok());
   auto full = Epoch(**dl, 2, 0);
   // Consume 3 batches, record the position, and resume in a fresh loader.
   ASSERT_TRUE((*dl)->Start(2, 0).ok());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*dl)->Next().ok());
   EXPECT_EQ((*dl)->next_batch(), 3);
-  auto dl2 = DataLoader::Create(Opts(db));
+  auto dl2 = DataLoader::Create(SmallLoaderOptions(db));
   auto tail = Epoch(**dl2, 2, (*dl)->next_batch());
   ASSERT_EQ(tail.size(), full.size() - 3);
   for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 3]);
@@ -239,12 +225,12 @@ TEST_F(LoaderTest, MidEpochResumeYieldsRemainingSequence) {
 // the boundary) yields exactly what fresh loaders yield for each epoch.
 TEST_F(LoaderTest, BackToBackEpochsMatchFreshStarts) {
   std::string db = Db({});
-  auto dl = DataLoader::Create(Opts(db));
+  auto dl = DataLoader::Create(SmallLoaderOptions(db));
   ASSERT_TRUE(dl.ok());
   for (int ep = 0; ep < 3; ++ep) {
     double a = 0, b = 0;
     auto kept = Epoch(**dl, ep, 0, &a);
-    auto fresh_dl = DataLoader::Create(Opts(db));
+    auto fresh_dl = DataLoader::Create(SmallLoaderOptions(db));
     ASSERT_TRUE(fresh_dl.ok());
     auto fresh = Epoch(**fresh_dl, ep, 0, &b);
     EXPECT_EQ(kept, fresh) << "epoch " << ep;
@@ -252,7 +238,7 @@ TEST_F(LoaderTest, BackToBackEpochsMatchFreshStarts) {
   }
   // Jumping elsewhere restarts the pipeline at the requested position.
   auto tail = Epoch(**dl, 7, 4);
-  auto fresh_dl = DataLoader::Create(Opts(db));
+  auto fresh_dl = DataLoader::Create(SmallLoaderOptions(db));
   auto full = Epoch(**fresh_dl, 7, 0);
   ASSERT_EQ(tail.size() + 4, full.size());
   for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 4]);
@@ -262,8 +248,7 @@ TEST_F(LoaderTest, BackToBackEpochsMatchFreshStarts) {
 TEST_F(LoaderTest, BatchContents) {
   testing::TestDbOptions to;
   std::string db = Db(to);
-  LoaderOptions o = Opts(db);
-  o.shuffle = false;
+  LoaderOptions o = InOrder(db);
   auto dl = DataLoader::Create(o);
   ASSERT_TRUE(dl.ok());
   ASSERT_TRUE((*dl)->Start(0).ok());
@@ -302,7 +287,7 @@ TEST_F(LoaderTest, SkipPolicyDropsAndCountsBadRecords) {
   to.truncated_state = {17};
   to.missing_tokens = {22};
   std::string db = Db(to);
-  LoaderOptions o = Opts(db);
+  LoaderOptions o = SmallLoaderOptions(db);
   auto dl = DataLoader::Create(o);
   ASSERT_TRUE(dl.ok());
   auto batches = Epoch(**dl, 0, 0);
@@ -315,31 +300,27 @@ TEST_F(LoaderTest, SkipPolicyDropsAndCountsBadRecords) {
 
 // Guards the error policy: the first bad record stops the loader with a Status naming its key.
 TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
+  using Defect = std::set<int64_t> testing::TestDbOptions::*;
   struct Case {
-    testing::TestDbOptions opts;
+    Defect defect;  // the field of TestDbOptions that breaks `sample`
+    int64_t sample;
     StatusCode code;
-    std::string key;
+    const char* key;
   };
-  std::vector<Case> cases(4);
-  cases[0].opts.truncated_jpeg = {5};
-  cases[0].code = StatusCode::kDataLoss;
-  cases[0].key = "00000005_cam_cam";
-  cases[1].opts.truncated_state = {6};
-  cases[1].code = StatusCode::kDataLoss;
-  cases[1].key = "00000006_state";
-  cases[2].opts.missing_tokens = {7};
-  cases[2].code = StatusCode::kNotFound;
-  cases[2].key = "00000007_tokens";
-  // Token ids outside the vocabulary are caught when read, before they reach an embedding.
-  cases[3].opts.out_of_vocab_tokens = {6};
-  cases[3].code = StatusCode::kDataLoss;
-  cases[3].key = "00000006_tokens";
+  const Case cases[] = {
+      {&testing::TestDbOptions::truncated_jpeg, 5, StatusCode::kDataLoss, "00000005_cam_cam"},
+      {&testing::TestDbOptions::truncated_state, 6, StatusCode::kDataLoss, "00000006_state"},
+      {&testing::TestDbOptions::missing_tokens, 7, StatusCode::kNotFound, "00000007_tokens"},
+      // Token ids outside the vocabulary are caught when read, before they reach an embedding.
+      {&testing::TestDbOptions::out_of_vocab_tokens, 6, StatusCode::kDataLoss, "00000006_tokens"},
+  };
   int n = 0;
-  for (auto& c : cases) {
-    std::string db = Db(c.opts, "db" + std::to_string(n++));
-    LoaderOptions o = Opts(db);
+  for (const Case& c : cases) {
+    testing::TestDbOptions opts;
+    (opts.*c.defect) = {c.sample};
+    std::string db = Db(opts, "db" + std::to_string(n++));
+    LoaderOptions o = InOrder(db);
     o.on_corrupt = CorruptPolicy::kError;
-    o.shuffle = false;
     auto dl = DataLoader::Create(o);
     ASSERT_TRUE(dl.ok());
     Status err;
@@ -392,7 +373,7 @@ TEST_F(LoaderTest, StaticBucketsShapesAndMasks) {
   std::string db = Db({});
   const std::vector<int> buckets = {3, 6, 8};
   for (bool shuffle : {false, true}) {
-    LoaderOptions o = Opts(db);
+    LoaderOptions o = SmallLoaderOptions(db);
     o.batch_size = 2;
     o.shuffle = shuffle;
     o.token_buckets = {8, 3, 6, 3};  // unsorted, duplicated: Create normalizes
@@ -421,8 +402,7 @@ TEST_F(LoaderTest, StaticShapesPadSkippedSamples) {
   testing::TestDbOptions to;
   to.corrupt_jpeg = {1};
   std::string db = Db(to);
-  LoaderOptions o = Opts(db);
-  o.shuffle = false;
+  LoaderOptions o = InOrder(db);
   o.static_shapes = true;  // one bucket: the schema's max_tokens (8)
   auto st = DataLoader::Create(o);
   o.static_shapes = false;
@@ -453,8 +433,7 @@ TEST_F(LoaderTest, StaticBucketsTooLongInstruction) {
   testing::TestDbOptions to;
   to.long_tokens = {6};
   std::string db = Db(to);
-  LoaderOptions o = Opts(db);
-  o.shuffle = false;
+  LoaderOptions o = InOrder(db);
   o.token_buckets = {4, 8};
   auto dl = DataLoader::Create(o);
   ASSERT_TRUE(dl.ok()) << dl.status();
@@ -476,7 +455,7 @@ TEST_F(LoaderTest, StaticBucketsTooLongInstruction) {
     CheckStaticBatch(**b, 4, {4, 8}, to.long_tokens, 8);
   EXPECT_EQ(batches, 10);
 
-  o = Opts(db);
+  o = SmallLoaderOptions(db);
   o.token_buckets = {4, 6};  // schema max_tokens 8
   auto early = DataLoader::Create(o);
   EXPECT_EQ(early.status().code(), StatusCode::kInvalidArgument);
@@ -487,8 +466,7 @@ TEST_F(LoaderTest, StaticBucketsTooLongInstruction) {
   o.token_pad = 8;
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
   // Without static shapes nothing changes: a batch-max loader pads to the batch's longest.
-  o = Opts(db);
-  o.shuffle = false;
+  o = InOrder(db);
   auto plain = DataLoader::Create(o);
   ASSERT_TRUE((*plain)->Start(0).ok());
   auto b0 = (*plain)->Next();
@@ -499,12 +477,12 @@ TEST_F(LoaderTest, StaticBucketsTooLongInstruction) {
 }
 
 TEST_F(LoaderTest, OpenErrorsAreClear) {
-  LoaderOptions o = Opts(dir_ + "/nope");
+  LoaderOptions o = SmallLoaderOptions(dir_ + "/nope");
   auto dl = DataLoader::Create(o);
   EXPECT_EQ(dl.status().code(), StatusCode::kNotFound);
   EXPECT_NE(dl.status().message().find("nope"), std::string::npos);
   std::string db = Db({});
-  o = Opts(db);
+  o = SmallLoaderOptions(db);
   o.token_pad = 3;  // shorter than the longest instruction (8)
   EXPECT_EQ(DataLoader::Create(o).status().code(), StatusCode::kInvalidArgument);
 }
@@ -524,7 +502,7 @@ TEST_F(LoaderTest, TuningOptionsOutOfRangeNameTheOption) {
       {"decode_stagger", [](LoaderOptions& o) { o.decode_stagger = -0.1f; }},
   };
   for (const Case& c : cases) {
-    LoaderOptions o = Opts(db);
+    LoaderOptions o = SmallLoaderOptions(db);
     c.set(o);
     auto dl = DataLoader::Create(o);
     ASSERT_FALSE(dl.ok()) << c.name;
@@ -532,7 +510,7 @@ TEST_F(LoaderTest, TuningOptionsOutOfRangeNameTheOption) {
     EXPECT_NE(dl.status().message().find(c.name), std::string::npos) << dl.status();
   }
   // In range: the CPU loader accepts them (they only steer the GPU stage).
-  LoaderOptions o = Opts(db);
+  LoaderOptions o = SmallLoaderOptions(db);
   o.decode_lanes = 16;
   o.decode_stagger = 0.f;
   o.prefault = PrefaultMode::kPopulate;
@@ -569,7 +547,7 @@ TEST(LoaderHeldBy, ClassifiesByStageCounts) {
 // called are "ready", and the counts carry on across Next() calls.
 TEST_F(LoaderTest, BatchesPublishedBeforeNextAreReady) {
   std::string db = Db({});
-  auto dl = DataLoader::Create(Opts(db));
+  auto dl = DataLoader::Create(SmallLoaderOptions(db));
   ASSERT_TRUE(dl.ok()) << dl.status();
   ASSERT_TRUE((*dl)->Start(0, 0).ok());
   // prefetch 2: two batches fit in the output queue; wait (bounded) until both are published.
@@ -594,7 +572,7 @@ TEST_F(LoaderTest, BatchesPublishedBeforeNextAreReady) {
 // consumer never gets there), so every later batch is "ready" when asked for.
 TEST_F(LoaderTest, KeepsPrefetchQueueFullWhileConsumerHoldsItsBatch) {
   std::string db = Db({});
-  LoaderOptions o = Opts(db);
+  LoaderOptions o = SmallLoaderOptions(db);
   o.prefetch = 3;
   auto dl = DataLoader::Create(o);
   ASSERT_TRUE(dl.ok()) << dl.status();
@@ -617,7 +595,7 @@ TEST_F(LoaderTest, KeepsPrefetchQueueFullWhileConsumerHoldsItsBatch) {
 // Guards memory flatness: buffers are recycled, so slots stay bounded over many epochs.
 TEST_F(LoaderTest, BuffersAreRecycledAcrossEpochs) {
   std::string db = Db({});
-  auto dl = DataLoader::Create(Opts(db));
+  auto dl = DataLoader::Create(SmallLoaderOptions(db));
   ASSERT_TRUE(dl.ok());
   for (int ep = 0; ep < 5; ++ep) Epoch(**dl, ep, 0);
   // A stopped-and-restarted epoch must not leak its in-flight batches either.

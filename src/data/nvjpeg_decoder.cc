@@ -574,12 +574,7 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
 
 StatusOr<std::unique_ptr<NvJpegBatchDecoder>> NvJpegBatchDecoder::Create(
     const NvJpegDecoderOptions& opts) {
-  if (opts.lanes < 2 || opts.lanes > 16)
-    return InvalidArgumentError("nvJPEG decoder: lanes must be in [2, 16], got " +
-                                std::to_string(opts.lanes));
-  if (!(opts.stagger >= 0.f && opts.stagger <= 1.f))
-    return InvalidArgumentError("nvJPEG decoder: stagger must be in [0, 1], got " +
-                                std::to_string(opts.stagger));
+  LF_RETURN_IF_ERROR(CheckLanesAndStagger(opts.lanes, opts.stagger, "nvJPEG decoder: "));
   std::unique_ptr<NvJpegBatchDecoder> d(new NvJpegBatchDecoder());
   d->impl_ = std::make_unique<Impl>();
   Impl& im = *d->impl_;

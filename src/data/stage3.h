@@ -2,8 +2,8 @@
 // normalization, action mask and sample index of one batch, from its raw records packed into one
 // staging buffer. CPU twin: Stage3Reference (stage3.cc), which the CPU loader runs; CUDA kernel:
 // LaunchStage3 (stage3_kernels.cu), which the GPU loader runs after copying the staging buffer to
-// the device. Both produce the same bytes (the normalization is the same IEEE float subtract and
-// divide; no fast-math).
+// the device. Both run Stage3Row, so they produce the same bytes (the normalization is an IEEE
+// float subtract and divide; no fast-math).
 //
 // Note [Stage 3 staging]
 // ----------------------
@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/host_device.h"
 #include "loongforge/status.h"
 
 namespace loongforge {
@@ -78,6 +79,69 @@ struct Stage3Out {
 
 // InvalidArgument unless 0 <= n <= rows <= capacity_rows and 1 <= len.
 Status ValidateStage3(const Stage3Layout& layout, const Stage3Dims& dims);
+
+// Typed pointers to the parts of one staging buffer (host or device memory), and its dims.
+struct Stage3Parts {
+  const int32_t* src_row;
+  const int32_t* tok_off;
+  const int64_t* sample;
+  const float* state;
+  const float* action;
+  const uint8_t* amask;
+  const float* norm;
+  const int32_t* ids;
+  int state_dim, action_dim, horizon;
+};
+
+// The parts of `raw`, a staging buffer laid out by `layout`.
+Stage3Parts Stage3PartsOf(const Stage3Layout& layout, const uint8_t* raw);
+
+// (x - centre) / scale as two IEEE float operations, then with `clip` the clamp to [-1, 1]
+// (fminf/fmaxf: IEEE minNum/maxNum on both sides).
+LF_HOST_DEVICE float Stage3Normalize(float x, float centre, float scale, bool clip) {
+  const float y = hd::DivRn(hd::SubRn(x, centre), scale);
+  return clip ? fminf(fmaxf(y, -1.f), 1.f) : y;
+}
+
+// Output row `o` of one launch: the one body of the CPU twin and the kernel (Note [Host-device
+// twins]). Writes the elements lane, lane + lanes, ... of each of the row's arrays: the twin runs
+// it with (0, 1), a CUDA block with (threadIdx.x, blockDim.x). For o < n, src_row[o] must be a raw
+// row of the buffer.
+LF_HOST_DEVICE void Stage3Row(const Stage3Parts& p, const Stage3Dims& d, const Stage3Out& out,
+                              int o, int lane, int lanes) {
+  const int S = p.state_dim, A = p.action_dim, H = p.horizon;
+  int64_t* tok = out.tokens + static_cast<int64_t>(o) * d.len;
+  uint8_t* am = out.attention_mask + static_cast<int64_t>(o) * d.len;
+  float* st = out.state + static_cast<int64_t>(o) * S;
+  float* ac = out.action + static_cast<int64_t>(o) * H * A;
+  uint8_t* amk = out.action_mask + static_cast<int64_t>(o) * H;
+  if (o >= d.n) {  // static-shape padding row
+    for (int t = lane; t < d.len; t += lanes) tok[t] = 0, am[t] = 0;
+    for (int k = lane; k < S; k += lanes) st[k] = 0.f;
+    for (int k = lane; k < H * A; k += lanes) ac[k] = 0.f;
+    for (int k = lane; k < H; k += lanes) amk[k] = 0;
+    if (lane == 0) out.sample_index[o] = -1;
+    return;
+  }
+  const int i = p.src_row[o];
+  const int row_len = p.tok_off[i + 1] - p.tok_off[i];
+  const int nt = row_len < d.len ? row_len : d.len;  // a row longer than len is cut
+  const int32_t* row_ids = p.ids + p.tok_off[i];
+  for (int t = lane; t < d.len; t += lanes) {
+    tok[t] = t < nt ? static_cast<int64_t>(row_ids[t]) : 0;
+    am[t] = t < nt;
+  }
+  const float* rs = p.state + static_cast<int64_t>(i) * S;
+  const float* ra = p.action + static_cast<int64_t>(i) * H * A;
+  const float *smean = p.norm, *sstd = p.norm + S, *amean = p.norm + 2 * S,
+              *astd = p.norm + 2 * S + A;
+  for (int k = lane; k < S; k += lanes)
+    st[k] = d.normalize ? Stage3Normalize(rs[k], smean[k], sstd[k], d.clip) : rs[k];
+  for (int k = lane; k < H * A; k += lanes)
+    ac[k] = d.normalize ? Stage3Normalize(ra[k], amean[k % A], astd[k % A], d.clip) : ra[k];
+  for (int k = lane; k < H; k += lanes) amk[k] = p.amask[static_cast<int64_t>(i) * H + k];
+  if (lane == 0) out.sample_index[o] = p.sample[i];
+}
 
 // CPU twin of the kernel: fills `out` from the host staging buffer `raw`. src_row entries must be
 // < capacity_rows (LF_CHECK).
