@@ -13,11 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define LF_HD __host__ __device__ __forceinline__
-#else
-#define LF_HD inline
-#endif
+#include "common/host_device.h"  // LF_HOST_DEVICE
 
 namespace loongforge {
 namespace ckpt {
@@ -56,7 +52,7 @@ constexpr uint64_t kPrime64_5 = 0x27D4EB2F165667C5ULL;
   }
 
 // Little-endian 64-bit load from any address (inputs are not always 8-byte aligned).
-LF_HD uint64_t ReadLE64(const uint8_t* p) {
+LF_HOST_DEVICE uint64_t ReadLE64(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
   if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
   uint64_t v = 0;
@@ -69,7 +65,7 @@ LF_HD uint64_t ReadLE64(const uint8_t* p) {
 #endif
 }
 
-LF_HD uint64_t InitAcc(int lane) {
+LF_HOST_DEVICE uint64_t InitAcc(int lane) {
   switch (lane) {
     case 0:
       return kPrime32_3;
@@ -91,22 +87,23 @@ LF_HD uint64_t InitAcc(int lane) {
 }
 
 // One stripe's contribution to accumulator `lane` (see Note [Lane decomposition]).
-LF_HD uint64_t AccumulateLane(uint64_t acc, const uint8_t* stripe, const uint8_t* secret,
-                              int lane) {
+LF_HOST_DEVICE uint64_t AccumulateLane(uint64_t acc, const uint8_t* stripe, const uint8_t* secret,
+                                       int lane) {
   const uint64_t data_val = ReadLE64(stripe + 8 * lane);
   const uint64_t data_key = data_val ^ ReadLE64(secret + 8 * lane);
   const uint64_t swapped = ReadLE64(stripe + 8 * (lane ^ 1));
   return acc + swapped + (data_key & 0xFFFFFFFFULL) * (data_key >> 32);
 }
 
-LF_HD uint64_t ScrambleLane(uint64_t acc, const uint8_t* secret, int lane) {
+LF_HOST_DEVICE uint64_t ScrambleLane(uint64_t acc, const uint8_t* secret, int lane) {
   acc ^= acc >> 47;
   acc ^= ReadLE64(secret + kSecretSize - kStripeLen + 8 * lane);
   return acc * kPrime32_1;
 }
 
 // Accumulator `lane` after XXH3's long loop over `input[0, len)`, len > 240.
-LF_HD uint64_t LongLoopLane(const uint8_t* input, size_t len, const uint8_t* secret, int lane) {
+LF_HOST_DEVICE uint64_t LongLoopLane(const uint8_t* input, size_t len, const uint8_t* secret,
+                                     int lane) {
   uint64_t acc = InitAcc(lane);
   const size_t nb_blocks = (len - 1) / kBlockLen;
   for (size_t n = 0; n < nb_blocks; ++n) {
@@ -139,7 +136,7 @@ LF_HD uint64_t LongLoopLane(const uint8_t* input, size_t len, const uint8_t* sec
   return AccumulateLane(acc, input + len - kStripeLen, secret + kSecretSize - kStripeLen - 7, lane);
 }
 
-LF_HD void Mul128(uint64_t a, uint64_t b, uint64_t* lo, uint64_t* hi) {
+LF_HOST_DEVICE void Mul128(uint64_t a, uint64_t b, uint64_t* lo, uint64_t* hi) {
 #ifdef __CUDA_ARCH__
   *lo = a * b;
   *hi = __umul64hi(a, b);
@@ -150,14 +147,14 @@ LF_HD void Mul128(uint64_t a, uint64_t b, uint64_t* lo, uint64_t* hi) {
 #endif
 }
 
-LF_HD uint64_t Avalanche(uint64_t h) {
+LF_HOST_DEVICE uint64_t Avalanche(uint64_t h) {
   h ^= h >> 37;
   h *= 0x165667919E3779F9ULL;
   h ^= h >> 32;
   return h;
 }
 
-LF_HD uint64_t MergeAccs(const uint64_t* acc, const uint8_t* secret, uint64_t start) {
+LF_HOST_DEVICE uint64_t MergeAccs(const uint64_t* acc, const uint8_t* secret, uint64_t start) {
   uint64_t r = start;
   for (int i = 0; i < 4; ++i) {
     uint64_t lo, hi;
@@ -169,8 +166,8 @@ LF_HD uint64_t MergeAccs(const uint64_t* acc, const uint8_t* secret, uint64_t st
 }
 
 // Final 128-bit hash from the 8 lanes (XXH_SECRET_MERGEACCS_START = 11).
-LF_HD void Finalize128(const uint64_t* acc, size_t len, const uint8_t* secret, uint64_t* lo,
-                       uint64_t* hi) {
+LF_HOST_DEVICE void Finalize128(const uint64_t* acc, size_t len, const uint8_t* secret,
+                                uint64_t* lo, uint64_t* hi) {
   *lo = MergeAccs(acc, secret + 11, static_cast<uint64_t>(len) * kPrime64_1);
   *hi = MergeAccs(acc, secret + kSecretSize - 64 - 11, ~(static_cast<uint64_t>(len) * kPrime64_2));
 }

@@ -4,11 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define LF_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LF_HOST_DEVICE inline
-#endif
+#include "common/host_device.h"  // LF_HOST_DEVICE
 
 namespace loongforge {
 namespace comm {
