@@ -14,6 +14,7 @@
 #include <iterator>
 #include <random>
 
+#include "ckpt/ckpt_test_util.h"
 #include "loongforge/build_info.h"
 #include "loongforge/ckpt.h"
 #include "test_dataset.h"
@@ -93,11 +94,6 @@ bool HaveCufileDevice(std::string* why) {
     return false;
   }
   return true;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // The segment file of `step` in vault `dir` ("" if none).
