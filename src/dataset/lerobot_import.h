@@ -1,6 +1,7 @@
 // The pieces of `pack --from-lerobot` (PackLeRobot in loongforge/pack.h) that tests reach
 // directly: LeRobot metadata (meta/info.json, episodes, tasks), GR00T's modality.json, episode
-// lists, path templates, quantiles.
+// lists, path templates, quantiles (all defined in lerobot_meta.cc; PackLeRobot and ReadEpisode
+// are in lerobot_import.cc).
 //
 // Note [LeRobot layouts] (checked against huggingface/lerobot src/lerobot/datasets/utils.py):
 //   v2.0 / v2.1: data_path "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",

@@ -10,35 +10,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dataset/temp_dir_test_util.h"
 #include "dataset/video_reader.h"
 #include "loongforge/pack.h"
 
 namespace loongforge::data::lerobot {
 namespace {
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "lf_lerobot_test_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string Write(const std::string& rel, const std::string& text) const {
-    fs::path p = path_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 constexpr const char* kInfoV21 = R"({
   "codebase_version": "v2.1", "fps": 30, "chunks_size": 1000,

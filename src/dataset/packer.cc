@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -23,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "dataset/pack_common.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/pack.h"
@@ -33,10 +33,6 @@
 namespace loongforge::data {
 namespace fs = std::filesystem;
 namespace {
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "records are little-endian; add byte swapping for big-endian hosts"
-#endif
 
 constexpr auto kFrameReadTimeout = std::chrono::seconds(300);
 
@@ -310,54 +306,12 @@ struct SampleFrames {
   std::vector<std::string> jpegs;  // per camera, in schema camera order
 };
 
-// Mean and population std in two passes over `rows` (exact enough in double for any dataset size).
-void ComputeStats(const std::vector<const std::vector<float>*>& rows, size_t dims,
-                  std::vector<float>* mean, std::vector<float>* std_out,
-                  std::vector<float>* min_out, std::vector<float>* max_out) {
-  std::vector<double> sum(dims, 0), m2(dims, 0);
-  min_out->assign(dims, INFINITY);
-  max_out->assign(dims, -INFINITY);
-  for (const auto* r : rows)
-    for (size_t d = 0; d < dims; ++d) {
-      sum[d] += (*r)[d];
-      (*min_out)[d] = std::min((*min_out)[d], (*r)[d]);
-      (*max_out)[d] = std::max((*max_out)[d], (*r)[d]);
-    }
-  const double n = static_cast<double>(rows.size());
-  mean->resize(dims);
-  for (size_t d = 0; d < dims; ++d) sum[d] /= n;
-  for (const auto* r : rows)
-    for (size_t d = 0; d < dims; ++d) {
-      double x = (*r)[d] - sum[d];
-      m2[d] += x * x;
-    }
-  std_out->resize(dims);
-  for (size_t d = 0; d < dims; ++d) {
-    (*mean)[d] = static_cast<float>(sum[d]);
-    (*std_out)[d] = static_cast<float>(std::sqrt(m2[d] / n));
-  }
-}
-
-template <typename T>
-std::string_view Bytes(const std::vector<T>& v) {
-  return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
 }  // namespace
 
 StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   static_assert(sizeof(float) == 4, "float32 records");
   if (o.src.empty() || o.out.empty()) return InvalidArgumentError("pack: src and out are required");
-  if (o.horizon < 1 || o.horizon > 4096)
-    return InvalidArgumentError("pack: horizon must be in 1..4096, got " +
-                                std::to_string(o.horizon));
-  if (o.threads < 0 || o.threads > kMaxPackThreads)
-    return InvalidArgumentError("pack: threads must be in 0.." + std::to_string(kMaxPackThreads) +
-                                " (0 = all cores), got " + std::to_string(o.threads));
-  if (o.max_instruction_bytes < 1 || o.max_instruction_bytes > kMaxInstructionBytesLimit)
-    return InvalidArgumentError("pack: max_instruction_bytes must be in 1.." +
-                                std::to_string(kMaxInstructionBytesLimit) + ", got " +
-                                std::to_string(o.max_instruction_bytes));
+  LF_RETURN_IF_ERROR(CheckSharedPackOptions(o.horizon, o.threads, o.max_instruction_bytes));
   const double start = NowSeconds();
   std::error_code ec;
   LF_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.tokenizer));
@@ -417,11 +371,11 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   schema.tokenizer = tokenizer->id();
   schema.vocab_size = tokenizer->vocab_size();
   schema.source = fs::absolute(o.src, ec).string();
-  std::vector<const std::vector<float>*> states, actions;
+  std::vector<const float*> states, actions;
   for (const auto& ep : episodes)
     for (const auto& st : ep.steps) {
-      states.push_back(&st.state);
-      actions.push_back(&st.action);
+      states.push_back(st.state.data());
+      actions.push_back(st.action.data());
     }
   schema.num_samples = static_cast<int64_t>(states.size());
   ComputeStats(states, schema.state_dim, &schema.state_mean, &schema.state_std, &schema.state_min,
@@ -483,15 +437,9 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   };
 
   PackResult result;
-  const size_t window = static_cast<size_t>(4 * threads + 8);
-  std::deque<std::future<SampleFrames>> inflight;
-  size_t next_submit = 0;
-  auto fail = [&](Status s) {
-    cancel.store(true);
-    for (auto& f : inflight)
-      if (f.valid()) f.wait();  // tasks reference locals; cancelled ones return at once
-    return s;
-  };
+  OrderedWindow<SampleFrames> reads(&pool, samples.size(), static_cast<size_t>(4 * threads + 8),
+                                    &cancel, [&](size_t i) { return read_frames(samples[i]); });
+  auto fail = [&](Status s) { return reads.Fail(std::move(s)); };
   ProgressBar bar("pack: write", schema.num_samples, o.progress);
   std::vector<int32_t> tokens;
   std::string last_instruction;
@@ -499,13 +447,9 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   std::vector<float> chunk(static_cast<size_t>(o.horizon) * schema.action_dim);
   std::vector<uint8_t> amask(o.horizon);
   for (size_t i = 0; i < samples.size(); ++i) {
-    while (next_submit < samples.size() && next_submit < i + window) {
-      const SampleRef* s = &samples[next_submit++];
-      inflight.push_back(pool.Async([s, &read_frames] { return read_frames(*s); }));
-      if (!inflight.back().valid()) return fail(CancelledError("pack: thread pool shut down"));
-    }
-    std::future<SampleFrames> fut = std::move(inflight.front());
-    inflight.pop_front();
+    auto next = reads.Next();
+    if (!next.ok()) return fail(next.status());
+    std::future<SampleFrames> fut = std::move(*next);
     if (fut.wait_for(kFrameReadTimeout) != std::future_status::ready)
       return fail(DeadlineExceededError("pack: reading the frames of sample " + std::to_string(i) +
                                         " took over " + std::to_string(kFrameReadTimeout.count()) +
@@ -517,43 +461,23 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
     const std::vector<StepRow>& steps = s.ep->steps;
     const StepRow& row = steps[s.step];
     if (!have_tokens || row.instruction != last_instruction) {
-      tokens = tokenizer->Encode(row.instruction);
-      // A registered tokenizer is outside this library: ids past its vocabulary would index past a
-      // model's embedding table, so they never reach the DB.
-      const int vocab = tokenizer->vocab_size();
-      for (int32_t t : tokens)
-        if (t < 0 || t >= vocab)
-          return fail(InvalidArgumentError(
-              "tokenizer '" + tokenizer->id() + "' returned token id " + std::to_string(t) +
-              ", outside its vocabulary [0, " + std::to_string(vocab) +
-              "), for the instruction at " + Where(s.ep->steps_path, row.line)));
+      auto ids = EncodeChecked(*tokenizer, row.instruction,
+                               "the instruction at " + Where(s.ep->steps_path, row.line));
+      if (!ids.ok()) return fail(ids.status());
+      tokens = std::move(*ids);
       last_instruction = row.instruction;
       have_tokens = true;
       schema.max_tokens = std::max(schema.max_tokens, static_cast<int>(tokens.size()));
     }
-    // Action chunk: the actions of steps t .. t+horizon-1; past the episode end the last action
-    // repeats with mask 0.
-    const int64_t n = static_cast<int64_t>(steps.size());
-    for (int k = 0; k < o.horizon; ++k) {
-      int64_t t = s.step + k;
-      amask[k] = t < n ? 1 : 0;
-      const auto& a = steps[std::min(t, n - 1)].action;
-      std::copy(a.begin(), a.end(), chunk.begin() + static_cast<ptrdiff_t>(k) * schema.action_dim);
-    }
+    FillActionChunk(
+        s.step, static_cast<int64_t>(steps.size()), o.horizon, schema.action_dim,
+        [&](int64_t t) { return steps[t].action.data(); }, chunk.data(), amask.data());
     const int32_t meta[2] = {s.episode_index, s.step};
-    const int64_t id = static_cast<int64_t>(i);
-    // Keys in sorted order (LMDB appends cheaply): action, amask, cam_*, meta, state, tokens.
-    Status st = writer->Put(SampleKey(id, "action"), Bytes(chunk));
-    if (st.ok()) st = writer->Put(SampleKey(id, "amask"), Bytes(amask));
-    for (size_t c = 0; c < cams.size() && st.ok(); ++c) {
-      st = writer->Put(SampleKey(id, CameraModality(cams[c])), frames.jpegs[c]);
-      result.jpeg_bytes += static_cast<int64_t>(frames.jpegs[c].size());
-    }
-    if (st.ok())
-      st = writer->Put(SampleKey(id, "meta"),
-                       std::string_view(reinterpret_cast<const char*>(meta), 8));
-    if (st.ok()) st = writer->Put(SampleKey(id, "state"), Bytes(row.state));
-    if (st.ok()) st = writer->Put(SampleKey(id, "tokens"), Bytes(tokens));
+    Status st = PutSample(writer.get(), static_cast<int64_t>(i), cams,
+                          {AsBytes(chunk), AsBytes(amask),
+                           std::vector<std::string_view>(frames.jpegs.begin(), frames.jpegs.end()),
+                           /*lerobot=*/{}, AsBytes(meta, 2), AsBytes(row.state), AsBytes(tokens)},
+                          &result.jpeg_bytes);
     if (!st.ok()) return fail(st);
     bar.Add(1);
   }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "dataset/temp_dir_test_util.h"
 #include "loongforge/dataset.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
@@ -25,25 +26,6 @@
 namespace loongforge::data {
 namespace {
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "lf_pack_test_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

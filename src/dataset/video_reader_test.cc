@@ -294,19 +294,21 @@ TEST(VideoReader, UnsortedTimestampsAreRefused) {
 
 // Guards: the default output size keeps the aspect ratio with the shortest edge 256, even sizes.
 TEST(VideoReader, ResolveOutputSize) {
-  int w = 0, h = 0;
-  ResolveOutputSize(640, 480, 0, 0, 256, &w, &h);
-  EXPECT_EQ(w, 342);
-  EXPECT_EQ(h, 256);
-  ResolveOutputSize(480, 640, 0, 0, 256, &w, &h);
-  EXPECT_EQ(w, 256);
-  EXPECT_EQ(h, 342);
-  ResolveOutputSize(640, 480, 224, 224, 256, &w, &h);
-  EXPECT_EQ(w, 224);
-  EXPECT_EQ(h, 224);
-  ResolveOutputSize(96, 72, 0, 0, 0, &w, &h);
-  EXPECT_EQ(w, 96);
-  EXPECT_EQ(h, 72);
+  struct Case {
+    int width, height, size_w, size_h, shortest_edge, want_w, want_h;
+  };
+  const Case cases[] = {
+      {640, 480, 0, 0, 256, 342, 256},      // landscape: height becomes 256
+      {480, 640, 0, 0, 256, 256, 342},      // portrait: width becomes 256
+      {640, 480, 224, 224, 256, 224, 224},  // --size wins
+      {96, 72, 0, 0, 0, 96, 72},            // no shortest edge: the source size
+  };
+  for (const Case& c : cases) {
+    int w = 0, h = 0;
+    ResolveOutputSize(c.width, c.height, c.size_w, c.size_h, c.shortest_edge, &w, &h);
+    EXPECT_EQ(w, c.want_w) << c.width << "x" << c.height;
+    EXPECT_EQ(h, c.want_h) << c.width << "x" << c.height;
+  }
 }
 
 }  // namespace

@@ -133,21 +133,29 @@ def stats(x):
             "std": x.std(0).tolist(), "count": [len(x)]}
 
 
-def make_v21(rng):
-    root = os.path.join(ROOT, "v2.1")
-    total = sum(LENGTHS)
+def write_info(root, version, sizes, data_path, video_path):
+    """Writes root/meta/info.json as LeRobot `version` does; `sizes` are its version's size and
+    count fields (they stand between total_tasks and fps)."""
     info = {
-        "codebase_version": "v2.1", "robot_type": "loongforge_fixture",
-        "total_episodes": len(LENGTHS), "total_frames": total, "total_tasks": len(TASKS),
-        "total_videos": len(LENGTHS) * len(CAMERAS), "total_chunks": 1, "chunks_size": 1000,
+        "codebase_version": version, "robot_type": "loongforge_fixture",
+        "total_episodes": len(LENGTHS), "total_frames": sum(LENGTHS), "total_tasks": len(TASKS),
+        **sizes,
         "fps": FPS, "splits": {"train": f"0:{len(LENGTHS)}"},
-        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
-        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
-        "features": features("info", "v2.1"),
+        "data_path": data_path, "video_path": video_path,
+        "features": features("info", version),
     }
     os.makedirs(os.path.join(root, "meta"), exist_ok=True)
     with open(os.path.join(root, "meta/info.json"), "w") as fh:
         json.dump(info, fh, indent=4)
+
+
+def make_v21(rng):
+    root = os.path.join(ROOT, "v2.1")
+    write_info(root, "v2.1",
+               {"total_videos": len(LENGTHS) * len(CAMERAS), "total_chunks": 1,
+                "chunks_size": 1000},
+               "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+               "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4")
     with open(os.path.join(root, "meta/tasks.jsonl"), "w") as fh:
         for i, t in enumerate(TASKS):
             fh.write(json.dumps({"task_index": i, "task": t}) + "\n")
@@ -172,19 +180,10 @@ def make_v21(rng):
 
 def make_v30(rng):
     root = os.path.join(ROOT, "v3.0")
-    total = sum(LENGTHS)
-    info = {
-        "codebase_version": "v3.0", "robot_type": "loongforge_fixture",
-        "total_episodes": len(LENGTHS), "total_frames": total, "total_tasks": len(TASKS),
-        "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 500,
-        "fps": FPS, "splits": {"train": f"0:{len(LENGTHS)}"},
-        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
-        "features": features("info", "v3.0"),
-    }
-    os.makedirs(os.path.join(root, "meta"), exist_ok=True)
-    with open(os.path.join(root, "meta/info.json"), "w") as fh:
-        json.dump(info, fh, indent=4)
+    write_info(root, "v3.0",
+               {"chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 500},
+               "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+               "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4")
     parts, start, ep_cols = [], 0, {k: [] for k in [
         "episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
         "dataset_from_index", "dataset_to_index"]}
