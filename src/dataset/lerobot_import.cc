@@ -469,9 +469,9 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
   std::map<int64_t, std::vector<int32_t>> token_cache;
   int64_t sample = 0;
   for (size_t e = 0; e < eps.size(); ++e) {
-    auto next = loads.Next();
+    auto next = loads.Take();
     if (!next.ok()) return fail_all(next.status());
-    EpisodeOut ep = next->get();
+    EpisodeOut ep = std::move(*next);
     if (!ep.status.ok()) return fail_all(ep.status);
     const int64_t n = ep.length;
     json row = {{"episode_index", eps[e]->episode_index}, {"first_sample", sample}, {"length", n}};

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,9 +80,10 @@ std::string_view AsBytes(const std::vector<T>& v) {
 }
 
 // Runs task(0), task(1), ... task(n-1) on `pool` at most `window` tasks ahead of the single
-// consumer, which takes the results in order with Next(): the packers' readers run in parallel
+// consumer, which takes the results in order with Take(): the packers' readers run in parallel
 // while their writer puts records in order. Tasks reference the caller's locals, so Fail() and the
-// destructor set `cancel` (tasks check it and return at once) and wait for every task in flight.
+// destructor set `cancel` (tasks check it and return at once) and wait for every task in flight,
+// the one Take() gave up on after its timeout included (it stays in the window until done).
 template <typename T>
 class OrderedWindow {
  public:
@@ -91,18 +94,22 @@ class OrderedWindow {
   OrderedWindow& operator=(const OrderedWindow&) = delete;
   ~OrderedWindow() { CancelAndWait(); }
 
-  // Submits tasks up to the window, then hands over the next task's future (the caller chooses
-  // how long to wait on it). Cancelled when the pool is shut down; call at most n times.
-  StatusOr<std::future<T>> Next() {
+  // Submits tasks up to the window, then waits for the next task's result (at most `timeout`
+  // when given) and returns it. DeadlineExceeded (empty message: the caller names the task) when
+  // it is not ready in time; Cancelled when the pool is shut down. Call at most n times.
+  StatusOr<T> Take(std::optional<std::chrono::seconds> timeout = std::nullopt) {
     while (submitted_ < n_ && submitted_ < taken_ + window_) {
       const size_t i = submitted_++;
       inflight_.push_back(pool_->Async([this, i] { return task_(i); }));
       if (!inflight_.back().valid()) return CancelledError("pack: thread pool shut down");
     }
-    std::future<T> f = std::move(inflight_.front());
+    std::future<T>& f = inflight_.front();
+    if (timeout && f.wait_for(*timeout) != std::future_status::ready)
+      return DeadlineExceededError("");
+    T out = f.get();
     inflight_.pop_front();
     ++taken_;
-    return f;
+    return out;
   }
 
   // Cancels the tasks not yet done and waits for those in flight; returns `s`.

@@ -447,14 +447,13 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   std::vector<float> chunk(static_cast<size_t>(o.horizon) * schema.action_dim);
   std::vector<uint8_t> amask(o.horizon);
   for (size_t i = 0; i < samples.size(); ++i) {
-    auto next = reads.Next();
-    if (!next.ok()) return fail(next.status());
-    std::future<SampleFrames> fut = std::move(*next);
-    if (fut.wait_for(kFrameReadTimeout) != std::future_status::ready)
+    auto next = reads.Take(kFrameReadTimeout);
+    if (next.status().code() == StatusCode::kDeadlineExceeded)
       return fail(DeadlineExceededError("pack: reading the frames of sample " + std::to_string(i) +
                                         " took over " + std::to_string(kFrameReadTimeout.count()) +
                                         " s"));
-    SampleFrames frames = fut.get();
+    if (!next.ok()) return fail(next.status());
+    SampleFrames frames = std::move(*next);
     if (!frames.status.ok()) return fail(frames.status);
 
     const SampleRef& s = samples[i];

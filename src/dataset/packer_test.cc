@@ -15,7 +15,9 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
+#include "dataset/pack_common.h"
 #include "dataset/temp_dir_test_util.h"
 #include "loongforge/dataset.h"
 #include "loongforge/pack.h"
@@ -96,6 +98,37 @@ PackOptions Opts(const fs::path& src, const fs::path& out, int horizon = 3) {
 
 // Guards realism of synthetic frames: a 640x480 q90 frame must cost like a camera frame
 // (flat-colour frames would be a few KB and make loader benchmarks meaningless).
+// Guards the packers' read window: a task Take() gave up on after its timeout stays tracked, so
+// Fail() waits for it before the caller's locals it uses go away (it used to be handed out and
+// forgotten: a frame read past the 300 s timeout could outlive pack()).
+TEST(OrderedWindow, FailWaitsForTheTaskTakeGaveUpOn) {
+  ThreadPool pool(2, "window-test");
+  std::atomic<bool> cancel{false}, finished{false};
+  {
+    OrderedWindow<int> w(&pool, 3, 2, &cancel, [&](size_t i) {
+      if (i == 0) {
+        while (!cancel.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // still busy after cancel
+        finished = true;
+      }
+      return static_cast<int>(i);
+    });
+    auto r = w.Take(std::chrono::seconds(1));
+    EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+    Status s = w.Fail(InternalError("give up"));
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    EXPECT_TRUE(finished.load()) << "Fail() returned while task 0 still ran";
+  }
+  // Results come in order when nothing times out.
+  cancel = false;
+  OrderedWindow<int> w(&pool, 4, 2, &cancel, [](size_t i) { return static_cast<int>(10 * i); });
+  for (int i = 0; i < 4; ++i) {
+    auto r = w.Take();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, 10 * i);
+  }
+}
+
 TEST(DemoData, FrameJpegSizeIsRealistic) {
   std::vector<uint8_t> rgb = RenderDemoFrame(640, 480, 7, 0, 0, 0.3);
   ASSERT_EQ(rgb.size(), 640u * 480 * 3);
