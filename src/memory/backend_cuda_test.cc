@@ -106,21 +106,18 @@ struct AllocLib {
 TEST(MemCuda, PluggableAllocatorEntryPoints) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  const std::string err = lib.Load();
-  ASSERT_EQ(err, "");
-  auto lf_alloc = lib.alloc;
-  auto lf_free = lib.free;
+  ASSERT_EQ(lib.Load(), "");
 
   auto step = [&](const char* sig) {
     EXPECT_EQ(lib.begin_step(0, sig), 0);
-    void* a = lf_alloc(3 << 20, 0, nullptr);
-    void* b = lf_alloc(1 << 20, 0, nullptr);
+    void* a = lib.alloc(3 << 20, 0, nullptr);
+    void* b = lib.alloc(1 << 20, 0, nullptr);
     EXPECT_EQ(cudaMemset(a, 1, 3 << 20), cudaSuccess);
-    lf_free(a, 3 << 20, 0, nullptr);
-    void* c = lf_alloc(2 << 20, 0, nullptr);
+    lib.free(a, 3 << 20, 0, nullptr);
+    void* c = lib.alloc(2 << 20, 0, nullptr);
     EXPECT_EQ(cudaMemset(c, 2, 2 << 20), cudaSuccess);
-    lf_free(b, 1 << 20, 0, nullptr);
-    lf_free(c, 2 << 20, 0, nullptr);
+    lib.free(b, 1 << 20, 0, nullptr);
+    lib.free(c, 2 << 20, 0, nullptr);
   };
   ASSERT_EQ(lib.start_recording(0), 0);
   step("s");
@@ -138,7 +135,7 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
 
   bool threw = false;
   try {
-    lf_alloc(size_t{1} << 30, 0, nullptr);
+    lib.alloc(size_t{1} << 30, 0, nullptr);
   } catch (const std::bad_alloc& e) {
     threw = true;
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
@@ -152,44 +149,38 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
 TEST(MemCuda, OutOfMemoryInStepThenClose) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  const std::string err = lib.Load();
-  ASSERT_EQ(err, "");
-  auto lf_alloc = lib.alloc;
-  auto lf_free = lib.free;
-  auto lf_begin_step = lib.begin_step;
-  auto lf_end_step = lib.end_step;
-  auto lf_close = lib.close;
+  ASSERT_EQ(lib.Load(), "");
 
-  ASSERT_EQ(lf_begin_step(0, "oom"), 0);
-  void* a = lf_alloc(8 << 20, 0, nullptr);
+  ASSERT_EQ(lib.begin_step(0, "oom"), 0);
+  void* a = lib.alloc(8 << 20, 0, nullptr);
   std::string what;
   try {
-    lf_alloc(ssize_t{1} << 30, 0, nullptr);
+    lib.alloc(ssize_t{1} << 30, 0, nullptr);
   } catch (const std::bad_alloc& e) {
     what = e.what();
   }
   EXPECT_NE(what.find("out of memory in step 'oom'"), std::string::npos) << what;
   EXPECT_NE(what.find("1073741824 bytes (1.0 GiB) requested"), std::string::npos) << what;
-  lf_free(a, 8 << 20, 0, nullptr);
-  EXPECT_EQ(lf_end_step(0), 1) << "the step was abandoned";
-  ASSERT_EQ(lf_begin_step(0, "small"), 0);
-  void* b = lf_alloc(1 << 20, 0, nullptr);
+  lib.free(a, 8 << 20, 0, nullptr);
+  EXPECT_EQ(lib.end_step(0), 1) << "the step was abandoned";
+  ASSERT_EQ(lib.begin_step(0, "small"), 0);
+  void* b = lib.alloc(1 << 20, 0, nullptr);
   EXPECT_EQ(cudaMemset(b, 3, 1 << 20), cudaSuccess);
-  lf_free(b, 1 << 20, 0, nullptr);
-  EXPECT_EQ(lf_end_step(0), 0);
+  lib.free(b, 1 << 20, 0, nullptr);
+  EXPECT_EQ(lib.end_step(0), 0);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  EXPECT_EQ(lf_close(0), 0);
+  EXPECT_EQ(lib.close(0), 0);
   std::string stats(4096, '\0');
   ASSERT_GT(lib.stats(0, stats.data(), stats.size()), 0);
   EXPECT_NE(stats.find("\"reserved_bytes\": 0,"), std::string::npos) << stats;
-  void* held = lf_alloc(1 << 20, 0, nullptr);
-  EXPECT_EQ(lf_close(0), 1);
+  void* held = lib.alloc(1 << 20, 0, nullptr);
+  EXPECT_EQ(lib.close(0), 1);
   std::string last(4096, '\0');
   lib.last_error(last.data(), last.size());
   EXPECT_NE(last.find("closed with 1 live allocations"), std::string::npos) << last;
-  lf_free(held, 1 << 20, 0, nullptr);
-  EXPECT_EQ(lf_close(0), 0);
+  lib.free(held, 1 << 20, 0, nullptr);
+  EXPECT_EQ(lib.close(0), 0);
 }
 
 // Run only as the child of NormalExitWithLiveAllocationIsQuiet: allocates, keeps the allocation
@@ -198,8 +189,7 @@ TEST(MemCuda, ExitWithLiveAllocationChild) {
   if (std::getenv("LF_MEM_EXIT_CHILD") == nullptr) GTEST_SKIP() << "child of another test";
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  const std::string err = lib.Load();
-  ASSERT_EQ(err, "");
+  ASSERT_EQ(lib.Load(), "");
   ASSERT_NE(lib.alloc(4 << 20, 0, nullptr), nullptr);
   std::printf("child holds a live allocation at exit\n");
 }
