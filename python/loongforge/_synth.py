@@ -62,9 +62,10 @@ def make_db(path: str, samples: int = 64, cameras: int = 1, width: int = 640, he
 
 def write_arrays(w: "_C.RecordWriter", i: int, state_dim: int, action_dim: int,
                  horizon: int) -> None:
-    """Sample i's non-image records: (i % 5) + 2 tokens from 3 + i, state[d] = i + d,
-    action[k] = 0.1 k + i, the last future step masked on odd samples."""
-    tok = np.arange(3 + i, 3 + i + (i % 5) + 2, dtype="<i4")
+    """Sample i's non-image records: (i % 5) + 2 tokens 3 + (i + j) % 256 (inside the byte
+    tokenizer's vocabulary of 259, which the loader checks), state[d] = i + d, action[k] =
+    0.1 k + i, the last future step masked on odd samples."""
+    tok = (3 + (i + np.arange((i % 5) + 2)) % 256).astype("<i4")
     w.put(f"{i:08d}_tokens", tok.tobytes())
     w.put(f"{i:08d}_state", _state(i, state_dim).tobytes())
     w.put(f"{i:08d}_action", _action(i, action_dim, horizon).tobytes())
