@@ -83,18 +83,12 @@ def _self_check(device: torch.device) -> bool:
     """Runs torch's grouped GEMM once against the fallback (forward and backward, an empty
     expert included); a mismatch or an error disables it for the process, with a warning."""
     global _gmm_checked
+    # Gradients on even when the first grouped_mm call runs under no_grad or inference_mode (an
+    # evaluation, a benchmark's forward): the check's backward would fail there and disable
+    # torch's kernel for the whole process.
     try:
-        g = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(24, 32, device=device, generator=g).bfloat16().requires_grad_()
-        w = torch.randn(3, 16, 32, device=device, generator=g).bfloat16().requires_grad_()
-        counts = torch.tensor([10, 0, 14], device=device)
-        y = _torch_gmm(x, w, counts)
-        gy = torch.randn_like(y)
-        gx, gw = torch.autograd.grad(y, (x, w), gy)
-        y2 = _padded_bmm(x.float(), w.float(), counts)
-        gx2, gw2 = torch.autograd.grad(y2, (x, w), gy.float())
-        ok = all(torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-1)
-                 for a, b in ((y, y2), (gx, gx2), (gw, gw2)))
+        with torch.inference_mode(False), torch.enable_grad():
+            ok = _compare_with_fallback(device)
     except (RuntimeError, TypeError) as e:  # torch's refusals (dtype, arch) are RuntimeErrors
         warnings.warn(f"torch grouped GEMM unusable here ({e}); using the padded-bmm fallback")
         ok = False
@@ -104,6 +98,21 @@ def _self_check(device: torch.device) -> bool:
                           "using the fallback")
     _gmm_checked = ok
     return ok
+
+
+def _compare_with_fallback(device: torch.device) -> bool:
+    """torch's grouped GEMM against the padded-bmm fallback, forward and backward."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(24, 32, device=device, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(3, 16, 32, device=device, generator=g).bfloat16().requires_grad_()
+    counts = torch.tensor([10, 0, 14], device=device)
+    y = _torch_gmm(x, w, counts)
+    gy = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), gy)
+    y2 = _padded_bmm(x.float(), w.float(), counts)
+    gx2, gw2 = torch.autograd.grad(y2, (x, w), gy.float())
+    return all(torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-1)
+               for a, b in ((y, y2), (gx, gx2), (gw, gw2)))
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,21 @@ def test_grouped_mm_matches_per_expert_loop(counts):
     assert moe.grouped_mm_backend(x, w) == "padded_bmm"  # CPU: the reference fallback
 
 
+# Guards the grouped GEMM's self-check: when the first grouped_mm call runs under no_grad or
+# inference_mode (an evaluation, a benchmark's forward), the check still takes its gradients
+# instead of failing and disabling torch's kernel for the process (bench/moe/grouped_gemm.py on
+# the H200 measured the fallback that way). torch's kernel is stood in for by the fallback here.
+def test_grouped_mm_self_check_runs_under_no_grad(monkeypatch):
+    from loongforge import moe
+    monkeypatch.setattr(moe, "_torch_gmm", lambda x, w, c: moe._padded_bmm(
+        x.float(), w.float(), c).to(x.dtype))
+    for mode in (torch.no_grad, torch.inference_mode):
+        monkeypatch.setattr(moe, "_gmm_checked", None)
+        with mode():
+            assert moe._self_check(torch.device("cpu")) is True
+        assert moe._gmm_checked is True
+
+
 # Guards: shapes that cannot be a grouped GEMM are refused with the shapes named.
 def test_grouped_mm_refuses_bad_shapes():
     x, w, c = _gmm_case([2, 2])
