@@ -1,23 +1,23 @@
 // Tests of `loongforge ckpt`: the subcommands, exit codes and damaged vaults.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "ckpt/ckpt_test_util.h"
+#include "test_cli.h"
 
 namespace loongforge {
 namespace ckpt {
 namespace {
 namespace fs = std::filesystem;
 
-int RunCli(const std::string& args) {
-  int rc = std::system((std::string(LF_TEST_CLI) + " " + args + " > /dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+// `loongforge ARGS`: the exit code, and its stdout + stderr in *out when given.
+int RunCli(const std::string& args, std::string* out = nullptr) {
+  testing::CliResult r = testing::RunCli(args);
+  if (out) *out = r.output;
+  return r.exit_code;
 }
 
 // Guards the CLI: ls/show/verify/export/merge/gc/restore run, and corruption gives exit code 4.
@@ -48,14 +48,6 @@ TEST(CkptCli, SubcommandsAndDataLossExitCode) {
   EXPECT_EQ(RunCli("ckpt verify " + dir + " --all"), 4);
 }
 
-// Runs the CLI; returns the exit code and puts stdout + stderr in *out.
-int RunCliOut(const std::string& args, std::string* out) {
-  const std::string log = TempDir("cli_out") + "/log";
-  int rc = std::system((std::string(LF_TEST_CLI) + " " + args + " > " + log + " 2>&1").c_str());
-  *out = ReadFile(log);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 // Guards the CLI on damaged and odd vaults: ls lists every step and marks the damaged one, an
 // unreadable path is a one-line error below 128 (was an abort, 134), restore refuses a non-empty
 // --out unless --force, and gc reports what it leaves alone.
@@ -73,29 +65,29 @@ TEST(CkptCli, DamagedVaultsAndUserFiles) {
   }
   std::ofstream(dir + "/manifests/ckpt-000000000001.manifest", std::ios::trunc) << "garbage";
   std::string out;
-  EXPECT_EQ(RunCliOut("ckpt ls " + dir, &out), 0) << out;
+  EXPECT_EQ(RunCli("ckpt ls " + dir, &out), 0) << out;
   EXPECT_NE(out.find("DAMAGED"), std::string::npos) << out;
   EXPECT_NE(out.find("ckpt-000000000001.manifest"), std::string::npos) << out;
   EXPECT_NE(out.find("1000000000000"), std::string::npos) << out;
   fs::create_symlink("loop", dir + "/loop");
-  const int rc = RunCliOut("ckpt ls " + dir + "/loop", &out);
+  const int rc = RunCli("ckpt ls " + dir + "/loop", &out);
   EXPECT_GT(rc, 0);
   EXPECT_LT(rc, 128) << out;
   EXPECT_NE(out.find(dir + "/loop"), std::string::npos) << out;
   const std::string user = TempDir("cli2_user");
   std::ofstream(user + "/keep.txt") << "mine";
-  EXPECT_NE(RunCliOut("ckpt restore " + dir + " --out " + user, &out), 0);
+  EXPECT_NE(RunCli("ckpt restore " + dir + " --out " + user, &out), 0);
   EXPECT_NE(out.find("--force"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(user + "/0.bin"));
-  EXPECT_EQ(RunCliOut("ckpt restore " + dir + " --out " + user + " --force", &out), 0) << out;
+  EXPECT_EQ(RunCli("ckpt restore " + dir + " --out " + user + " --force", &out), 0) << out;
   EXPECT_EQ(fs::file_size(user + "/0.bin"), 4096u * 4);
   EXPECT_EQ(ReadFile(user + "/keep.txt"), "mine");
   std::ofstream(dir + "/segments/notes.txt") << "mine";
   fs::remove(dir + "/manifests/ckpt-000000000001.manifest");  // gc stops at a damaged one
-  EXPECT_EQ(RunCliOut("ckpt gc " + dir, &out), 0) << out;
+  EXPECT_EQ(RunCli("ckpt gc " + dir, &out), 0) << out;
   EXPECT_NE(out.find("notes.txt"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(dir + "/segments/notes.txt"));
-  EXPECT_EQ(RunCliOut("ckpt verify " + dir + " --all", &out), 0) << out;
+  EXPECT_EQ(RunCli("ckpt verify " + dir + " --all", &out), 0) << out;
 }
 
 }  // namespace
