@@ -11,13 +11,14 @@ other noise draws in training, gives the noise floor of that comparison. Prints 
 the evaluation losses and their relative gap, the noise floor, the training loss's last-20-step
 means, and bytes sent per group.
 
-With --seeds N (N >= 2) every configuration is repeated over the noise seeds 0..N-1: within a seed,
+With --seeds N (N >= 2) every configuration is repeated over N noise seeds (from --seed-start): within a seed,
 dense and top-k see the same batches, init and noise draws (a paired comparison); across seeds only
 the flow-matching noise draws differ. The JSON then also holds, per top-k ratio, the paired relative
 gap per seed with its mean, std and standard error, and the floor: the relative eval-loss
 difference of every pair of dense runs with different seeds (dense vs dense-with-other-noise; seed
 1 is the run that the default's floor uses). Several --topk-ratio values share the dense runs. A
-larger per-rank --batch makes both the training loss and the divergence between runs smaller.
+larger per-rank --batch makes the training loss less noisy. --merge summarizes the runs of several
+--out files of one setup (seeds run in separate sweeps).
 
   PYTHONPATH=python python3 bench/moe/topk_vs_dense.py --steps 200 --procs 4 --topk-ratio 0.05
   PYTHONPATH=python python3 bench/moe/topk_vs_dense.py --steps 200 --procs 4 --batch 16 \
@@ -127,69 +128,98 @@ def _tail(losses, n=20):
 
 
 def seeded(a, out_path):
-    """--seeds N: dense and each top-k ratio per noise seed, paired within a seed; the floor from
-    pairs of dense runs with different seeds. Writes the JSON so far to out_path after each run, so
-    that an interrupted sweep leaves its finished seeds."""
+    """--seeds N: dense and each top-k ratio per noise seed (--seed-start .. +N-1), paired within a
+    seed. Writes the JSON so far to out_path after each run, so that an interrupted sweep leaves
+    its finished runs (--merge summarizes them)."""
     res = {"steps": a.steps, "procs": a.procs, "batch_per_rank": a.batch,
            "global_batch": a.batch * a.procs, "lr": a.lr, "feed_every": a.feed_every,
-           "load_threshold": a.load_threshold, "seeds": a.seeds, "topk_ratios": a.topk_ratio,
-           "runs": []}
+           "load_threshold": a.load_threshold, "seeds": a.seeds, "seed_start": a.seed_start,
+           "topk_ratios": a.topk_ratio, "runs": []}
 
     def dump():
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(res, f, indent=1)
 
-    dense, topk = {}, {r: {} for r in a.topk_ratio}
-    for s in range(a.seeds):
+    for s in range(a.seed_start, a.seed_start + a.seeds):
         for r in [None] + list(a.topk_ratio):
             t = time.perf_counter()
             o = run(a, r, noise_seed=s)
-            o["run_wall_s"] = time.perf_counter() - t
-            (dense if r is None else topk[r])[s] = o
             res["runs"].append({"seed": s, "topk_ratio": r, "eval_loss": o["eval_loss"],
                                 "train_tail20": _tail(o["losses"]), "first_loss": o["losses"][0],
                                 "bytes_sent": o["bytes_sent"], "byte_counters": o["stats"],
                                 "low_load_experts": o["low_load_experts"],
-                                "train_wall_s": o["wall_s"], "run_wall_s": o["run_wall_s"],
-                                "losses": o["losses"]})
+                                "train_wall_s": o["wall_s"],
+                                "run_wall_s": time.perf_counter() - t, "losses": o["losses"]})
             dump()
+    res.update(summarize(res["runs"]))
+    dump()
+    return res
+
+
+def summarize(runs):
+    """Paired gaps per top-k ratio and the dense-vs-dense floor from a list of run records (a
+    record per (seed, ratio); ratio None is dense sync). The floor is the relative eval-loss
+    difference of every pair of dense runs with different seeds."""
+    dense = {x["seed"]: x for x in runs if x["topk_ratio"] is None}
     seeds = sorted(dense)
+    out = {}
+    if not seeds:
+        return out
     ed = {s: dense[s]["eval_loss"] for s in seeds}
+    td = {s: dense[s]["train_tail20"] for s in seeds}
     pairs = [(s, q, (ed[q] - ed[s]) / ed[s]) for i, s in enumerate(seeds) for q in seeds[i + 1:]]
-    res["dense"] = {"eval_loss": [ed[s] for s in seeds], "eval_loss_stats": _mean_std(list(ed.values())),
-                    "train_tail20": [_tail(dense[s]["losses"]) for s in seeds],
+    st = _mean_std(list(ed.values()))
+    out["dense"] = {"seeds": seeds, "eval_loss": [ed[s] for s in seeds], "eval_loss_stats": st,
+                    "train_tail20": [td[s] for s in seeds],
                     "bytes_sent": dense[seeds[0]]["bytes_sent"],
-                    "byte_counters": dense[seeds[0]]["stats"]}
+                    "byte_counters": dense[seeds[0]]["byte_counters"],
+                    "run_wall_s": [dense[s]["run_wall_s"] for s in seeds]}
     if pairs:
-        res["floor"] = {"pairs": [{"seeds": [s, q], "relative_diff": d} for s, q, d in pairs],
+        out["floor"] = {"pairs": [{"seeds": [s, q], "relative_diff": d} for s, q, d in pairs],
                         "abs": _mean_std([abs(d) for _, _, d in pairs]),
                         "max_abs": max(abs(d) for _, _, d in pairs),
-                        "dense_eval_cv": res["dense"]["eval_loss_stats"]["std"] /
-                        res["dense"]["eval_loss_stats"]["mean"]}
-        tails = {s: _tail(dense[s]["losses"]) for s in seeds}
-        res["floor"]["train_tail20_abs"] = _mean_std(
-            [abs(tails[q] - tails[s]) / tails[s] for s, q, _ in pairs])
-    res["topk"] = []
-    for r in a.topk_ratio:
-        ss = [s for s in seeds if s in topk[r]]
+                        "dense_eval_cv": st["std"] / st["mean"],
+                        "train_tail20_abs": _mean_std(
+                            [abs(td[q] - td[s]) / td[s] for s, q, _ in pairs])}
+    out["topk"] = []
+    for r in sorted({x["topk_ratio"] for x in runs if x["topk_ratio"] is not None}, reverse=True):
+        tk = {x["seed"]: x for x in runs if x["topk_ratio"] == r and x["seed"] in dense}
+        ss = sorted(tk)
         if not ss:
             continue
-        gaps = [(topk[r][s]["eval_loss"] - ed[s]) / ed[s] for s in ss]
-        tgaps = [(_tail(topk[r][s]["losses"]) - _tail(dense[s]["losses"])) /
-                 _tail(dense[s]["losses"]) for s in ss]
+        gaps = [(tk[s]["eval_loss"] - ed[s]) / ed[s] for s in ss]
+        tgaps = [(tk[s]["train_tail20"] - td[s]) / td[s] for s in ss]
         g = _mean_std(gaps)
-        res["topk"].append({
-            "ratio": r, "seeds": ss, "eval_loss": [topk[r][s]["eval_loss"] for s in ss],
-            "eval_loss_stats": _mean_std([topk[r][s]["eval_loss"] for s in ss]),
+        out["topk"].append({
+            "ratio": r, "seeds": ss, "eval_loss": [tk[s]["eval_loss"] for s in ss],
+            "eval_loss_stats": _mean_std([tk[s]["eval_loss"] for s in ss]),
             "relative_gap": gaps, "relative_gap_stats": g,
             "relative_gap_train_tail20": tgaps, "relative_gap_train_tail20_stats": _mean_std(tgaps),
             # Each seed within 1%, and the mean gap with two standard errors inside 1%.
             "all_seeds_within_1pct": all(abs(x) <= 0.01 for x in gaps),
             "mean_within_1pct_2sem": abs(g["mean"]) + 2 * g["sem"] <= 0.01,
-            "bytes_sent": topk[r][ss[0]]["bytes_sent"], "byte_counters": topk[r][ss[0]]["stats"],
-            "low_load_experts": topk[r][ss[0]]["low_load_experts"]})
-    dump()
+            "bytes_sent": tk[ss[0]]["bytes_sent"], "byte_counters": tk[ss[0]]["byte_counters"],
+            "low_load_experts": tk[ss[0]]["low_load_experts"],
+            "run_wall_s": [tk[s]["run_wall_s"] for s in ss]})
+    return out
+
+
+def merge(paths, out_path):
+    """Summarizes the runs of several --out files of one setup (e.g. seeds 0-2 and 3-5)."""
+    keys = ("steps", "procs", "batch_per_rank", "lr", "feed_every", "load_threshold")
+    docs = [json.load(open(p)) for p in paths]
+    for d, p in zip(docs, paths):
+        if any(d.get(k) != docs[0].get(k) for k in keys):
+            raise SystemExit(f"--merge: {p} differs from {paths[0]} in one of {keys}")
+    runs = {(x["seed"], x["topk_ratio"]): x for d in docs for x in d["runs"]}
+    res = {k: docs[0][k] for k in keys}
+    res.update(global_batch=res["batch_per_rank"] * res["procs"], merged_from=list(paths),
+               runs=[runs[k] for k in sorted(runs, key=lambda k: (k[0], -(k[1] or 0)))])
+    res.update(summarize(res["runs"]))
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
     return res
 
 
@@ -206,8 +236,15 @@ def main():
                    help="low-load: routed count < this x the mean (1.0: the below-mean experts)")
     p.add_argument("--seeds", type=int, default=1,
                    help="noise seeds per configuration (>= 2: paired gaps and floor with mean/std)")
+    p.add_argument("--seed-start", type=int, default=0, help="first noise seed of --seeds")
     p.add_argument("--out", default=None, help="also write the JSON here (updated after each run)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="run nothing: summarize the runs of these --out files (one setup) into --out")
     a = p.parse_args()
+    if a.merge:
+        res = merge(a.merge, a.out)
+        print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+        return 0
     if a.seeds < 1:
         p.error("--seeds must be >= 1")
     if a.seeds >= 2:
