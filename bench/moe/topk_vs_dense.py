@@ -11,11 +11,23 @@ other noise draws in training, gives the noise floor of that comparison. Prints 
 the evaluation losses and their relative gap, the noise floor, the training loss's last-20-step
 means, and bytes sent per group.
 
+With --seeds N (N >= 2) every configuration is repeated over N noise seeds (from --seed-start): within a seed,
+dense and top-k see the same batches, init and noise draws (a paired comparison); across seeds only
+the flow-matching noise draws differ. The JSON then also holds, per top-k ratio, the paired relative
+gap per seed with its mean, std and standard error, and the floor: the relative eval-loss
+difference of every pair of dense runs with different seeds (dense vs dense-with-other-noise; seed
+1 is the run that the default's floor uses). Several --topk-ratio values share the dense runs. A
+larger per-rank --batch makes the training loss less noisy. --merge summarizes the runs of several
+--out files of one setup (seeds run in separate sweeps).
+
   PYTHONPATH=python python3 bench/moe/topk_vs_dense.py --steps 200 --procs 4 --topk-ratio 0.05
+  PYTHONPATH=python python3 bench/moe/topk_vs_dense.py --steps 200 --procs 4 --batch 16 \
+      --seeds 3 --topk-ratio 0.05 0.01 --out result.json
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -103,17 +115,145 @@ def run(a, topk, noise_seed=0):
             return json.load(f)
 
 
+def _mean_std(xs):
+    """Mean, sample std (0 for one value) and standard error of the mean."""
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return {"mean": m, "std": sd, "sem": sd / math.sqrt(len(xs))}
+
+
+def _tail(losses, n=20):
+    n = min(n, len(losses))
+    return sum(losses[-n:]) / n
+
+
+def seeded(a, out_path):
+    """--seeds N: dense and each top-k ratio per noise seed (--seed-start .. +N-1), paired within a
+    seed. Writes the JSON so far to out_path after each run, so that an interrupted sweep leaves
+    its finished runs (--merge summarizes them)."""
+    res = {"steps": a.steps, "procs": a.procs, "batch_per_rank": a.batch,
+           "global_batch": a.batch * a.procs, "lr": a.lr, "feed_every": a.feed_every,
+           "load_threshold": a.load_threshold, "seeds": a.seeds, "seed_start": a.seed_start,
+           "topk_ratios": a.topk_ratio, "runs": []}
+
+    def dump():
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
+
+    for s in range(a.seed_start, a.seed_start + a.seeds):
+        for r in [None] + list(a.topk_ratio):
+            t = time.perf_counter()
+            o = run(a, r, noise_seed=s)
+            res["runs"].append({"seed": s, "topk_ratio": r, "eval_loss": o["eval_loss"],
+                                "train_tail20": _tail(o["losses"]), "first_loss": o["losses"][0],
+                                "bytes_sent": o["bytes_sent"], "byte_counters": o["stats"],
+                                "low_load_experts": o["low_load_experts"],
+                                "train_wall_s": o["wall_s"],
+                                "run_wall_s": time.perf_counter() - t, "losses": o["losses"]})
+            dump()
+    res.update(summarize(res["runs"]))
+    dump()
+    return res
+
+
+def summarize(runs):
+    """Paired gaps per top-k ratio and the dense-vs-dense floor from a list of run records (a
+    record per (seed, ratio); ratio None is dense sync). The floor is the relative eval-loss
+    difference of every pair of dense runs with different seeds."""
+    dense = {x["seed"]: x for x in runs if x["topk_ratio"] is None}
+    seeds = sorted(dense)
+    out = {}
+    if not seeds:
+        return out
+    ed = {s: dense[s]["eval_loss"] for s in seeds}
+    td = {s: dense[s]["train_tail20"] for s in seeds}
+    pairs = [(s, q, (ed[q] - ed[s]) / ed[s]) for i, s in enumerate(seeds) for q in seeds[i + 1:]]
+    st = _mean_std(list(ed.values()))
+    out["dense"] = {"seeds": seeds, "eval_loss": [ed[s] for s in seeds], "eval_loss_stats": st,
+                    "train_tail20": [td[s] for s in seeds],
+                    "bytes_sent": dense[seeds[0]]["bytes_sent"],
+                    "byte_counters": dense[seeds[0]]["byte_counters"],
+                    "run_wall_s": [dense[s]["run_wall_s"] for s in seeds]}
+    if pairs:
+        out["floor"] = {"pairs": [{"seeds": [s, q], "relative_diff": d} for s, q, d in pairs],
+                        "abs": _mean_std([abs(d) for _, _, d in pairs]),
+                        "max_abs": max(abs(d) for _, _, d in pairs),
+                        "dense_eval_cv": st["std"] / st["mean"],
+                        "train_tail20_abs": _mean_std(
+                            [abs(td[q] - td[s]) / td[s] for s, q, _ in pairs])}
+    out["topk"] = []
+    for r in sorted({x["topk_ratio"] for x in runs if x["topk_ratio"] is not None}, reverse=True):
+        tk = {x["seed"]: x for x in runs if x["topk_ratio"] == r and x["seed"] in dense}
+        ss = sorted(tk)
+        if not ss:
+            continue
+        gaps = [(tk[s]["eval_loss"] - ed[s]) / ed[s] for s in ss]
+        tgaps = [(tk[s]["train_tail20"] - td[s]) / td[s] for s in ss]
+        g = _mean_std(gaps)
+        out["topk"].append({
+            "ratio": r, "seeds": ss, "eval_loss": [tk[s]["eval_loss"] for s in ss],
+            "eval_loss_stats": _mean_std([tk[s]["eval_loss"] for s in ss]),
+            "relative_gap": gaps, "relative_gap_stats": g,
+            "relative_gap_train_tail20": tgaps, "relative_gap_train_tail20_stats": _mean_std(tgaps),
+            # Each seed within 1%, and the mean gap with two standard errors inside 1%.
+            "all_seeds_within_1pct": all(abs(x) <= 0.01 for x in gaps),
+            "mean_within_1pct_2sem": abs(g["mean"]) + 2 * g["sem"] <= 0.01,
+            "bytes_sent": tk[ss[0]]["bytes_sent"], "byte_counters": tk[ss[0]]["byte_counters"],
+            "low_load_experts": tk[ss[0]]["low_load_experts"],
+            "run_wall_s": [tk[s]["run_wall_s"] for s in ss]})
+    return out
+
+
+def merge(paths, out_path):
+    """Summarizes the runs of several --out files of one setup (e.g. seeds 0-2 and 3-5)."""
+    keys = ("steps", "procs", "batch_per_rank", "lr", "feed_every", "load_threshold")
+    docs = [json.load(open(p)) for p in paths]
+    for d, p in zip(docs, paths):
+        if any(d.get(k) != docs[0].get(k) for k in keys):
+            raise SystemExit(f"--merge: {p} differs from {paths[0]} in one of {keys}")
+    runs = {(x["seed"], x["topk_ratio"]): x for d in docs for x in d["runs"]}
+    res = {k: docs[0][k] for k in keys}
+    res.update(global_batch=res["batch_per_rank"] * res["procs"], merged_from=list(paths),
+               runs=[runs[k] for k in sorted(runs, key=lambda k: (k[0], -(k[1] or 0)))])
+    res.update(summarize(res["runs"]))
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--procs", type=int, default=4)
     p.add_argument("--batch", type=int, default=2, help="per-rank batch")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--topk-ratio", type=float, default=0.05)
+    p.add_argument("--topk-ratio", type=float, nargs="+", default=[0.05],
+                   help="one or more ratios (several only with --seeds >= 2: they share the dense runs)")
     p.add_argument("--feed-every", type=int, default=10)
     p.add_argument("--load-threshold", type=float, default=1.0,
                    help="low-load: routed count < this x the mean (1.0: the below-mean experts)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="noise seeds per configuration (>= 2: paired gaps and floor with mean/std)")
+    p.add_argument("--seed-start", type=int, default=0, help="first noise seed of --seeds")
+    p.add_argument("--out", default=None, help="also write the JSON here (updated after each run)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="run nothing: summarize the runs of these --out files (one setup) into --out")
     a = p.parse_args()
+    if a.merge:
+        res = merge(a.merge, a.out)
+        print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+        return 0
+    if a.seeds < 1:
+        p.error("--seeds must be >= 1")
+    if a.seeds >= 2:
+        res = seeded(a, a.out)
+        print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+        return 0
+    if len(a.topk_ratio) != 1:
+        p.error("several --topk-ratio values need --seeds >= 2")
+    a.topk_ratio = a.topk_ratio[0]
     dense = run(a, None)
     topk = run(a, a.topk_ratio)
     # Noise floor: dense sync again with other flow-matching noise draws in training.
@@ -122,8 +262,8 @@ def main():
     fd = sum(dense["losses"][-tail:]) / tail
     ft = sum(topk["losses"][-tail:]) / tail
     ed, et, eb = dense["eval_loss"], topk["eval_loss"], dense_b["eval_loss"]
-    print(json.dumps({
-        "steps": a.steps, "procs": a.procs, "topk_ratio": a.topk_ratio,
+    res = {
+        "steps": a.steps, "batch_per_rank": a.batch, "procs": a.procs, "topk_ratio": a.topk_ratio,
         "first_loss": dense["losses"][0], "final_loss_dense": fd, "final_loss_topk": ft,
         "relative_gap_train_tail": (ft - fd) / fd,
         "eval_loss_dense": ed, "eval_loss_topk": et, "eval_loss_dense_other_noise": eb,
@@ -132,7 +272,12 @@ def main():
         "bytes_sent_dense_sync": dense["bytes_sent"], "bytes_sent_topk": topk["bytes_sent"],
         "byte_counters_topk": topk["stats"],
         "low_load_experts": topk["low_load_experts"],
-        "wall_s": {"dense": dense["wall_s"], "topk": topk["wall_s"]}}, indent=1))
+        "wall_s": {"dense": dense["wall_s"], "topk": topk["wall_s"]},
+        "train_tail20_dense_other_noise": _tail(dense_b["losses"])}
+    print(json.dumps(res, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
     return 0
 
 
