@@ -24,11 +24,13 @@
   microbatch then issues every bucket (at world size 1: nothing to send). At world size > 1 the
   all-reduce is therefore not overlapped with the graphed backward (Note [Graphs and NexusSync]
   in docs/trainer.md).
-* **Memory.** Captures use torch's private graph memory pool, shared by the buckets' graphs
-  (they replay one at a time on one stream, and each graph's outputs are consumed before the next
-  replay). Replays allocate nothing. MemSculptor, when on, serves persistent tensors through a
-  scoped pool (see train.py); it does not serve the captured region (Note [Graph capture] in
-  src/memory/torch_allocator.cc says why).
+* **Memory.** Captures go to one graph memory pool, shared by the buckets' graphs (they replay
+  one at a time on one stream, and each graph's outputs are consumed before the next replay), so
+  the pool holds the largest bucket's step, not the sum. Replays allocate nothing. With
+  ``mem_pool`` (the trainer passes MemSculptor's, ``MemSculptor.graph_pool()``) the pool's
+  segments come from MemSculptor; otherwise from torch's own graph pool. Before each capture the
+  warm-up's cached blocks are given back (``empty_cache``), so the captured step does not stack
+  on top of the eager warm-up's memory (Note [Graphs and MemSculptor] in docs/trainer.md).
 """
 from __future__ import annotations
 
@@ -185,13 +187,16 @@ class GraphedStep:
       autocast_dtype: bf16 on CUDA (None: no autocast).
       max_graphs: buckets captured at most (the rest run eager).
       log: one-line logger.
+      mem_pool: a ``torch.cuda.MemPool`` the captures allocate from (None: torch's own graph
+        pool). The runner keeps it alive as long as its graphs.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *,
                  runner: Optional[Callable[..., Dict[str, torch.Tensor]]] = None,
                  token_buckets: Sequence[int] = (), warmup: int = 3, graphs: bool = True,
                  sync: Any = None, autocast_dtype: Optional[torch.dtype] = torch.bfloat16,
-                 max_graphs: int = 8, log: Callable[[str], None] = print) -> None:
+                 max_graphs: int = 8, log: Callable[[str], None] = print,
+                 mem_pool: Any = None) -> None:
         self.model, self.device = model, device
         self.runner = runner if runner is not None else model
         self.buckets = tuple(token_buckets)
@@ -207,7 +212,9 @@ class GraphedStep:
         if graphs and not self.graphs_on:
             log(f"[cuda-graph] per-microbatch graphs off: {self.disabled_reason}; running eager")
         self._buckets: Dict[Tuple[Any, ...], _Bucket] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self._mem_pool = mem_pool if self.graphs_on else None
+        self._pool = ((mem_pool.id if mem_pool is not None else torch.cuda.graph_pool_handle())
+                      if self.graphs_on else None)
         self._side = torch.cuda.Stream(device) if self.graphs_on else None
         self._grads_ready = False
         self.captures = 0
@@ -264,7 +271,7 @@ class GraphedStep:
                 self._released_graphs += 1
             b.graph, b.inputs, b.noise, b.outputs = None, {}, None, {}
         self.model = self.runner = self.sync = None
-        self._pool = self._side = None
+        self._pool = self._side = self._mem_pool = None
 
     def static_inputs(self, batch: Mapping[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:
         """The fixed buffers the graph of this batch's bucket reads (None: not graphed)."""
@@ -349,6 +356,10 @@ class GraphedStep:
                    else contextlib.nullcontext())
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
+        # The eager warm-up's activations are freed but cached by torch's allocator (on the side
+        # stream); give them back so that the graph pool does not stack on top of them. Once per
+        # bucket, at capture: the steady state never pays for it.
+        torch.cuda.empty_cache()
         try:
             # thread_local: the loader's threads keep calling CUDA (decode, copies on their own
             # streams) while this thread captures; only this thread's unsafe calls are refused.

@@ -227,6 +227,20 @@ class MemSculptor:
         with torch.cuda.use_mem_pool(self._pool):
             yield self
 
+    def graph_pool(self) -> Any:
+        """A new ``torch.cuda.MemPool`` whose segments come from MemSculptor, for CUDA-graph
+        captures: ``torch.cuda.graph(g, pool=ms.graph_pool().id)`` (GraphedStep's ``mem_pool``).
+        torch's caching allocator places the captured step's blocks inside the segments and
+        reuses a block freed earlier in the same capture; MemSculptor serves each segment from its
+        persistent pool and holds it for the graphs' life (Note [Graph capture] in
+        src/memory/torch_allocator.cc). Keep the pool alive as long as its graphs."""
+        self._require()
+        import torch
+        if not hasattr(torch.cuda, "MemPool"):
+            raise RuntimeError(f"MemSculptor.graph_pool() needs torch.cuda.MemPool (torch >= 2.5); "
+                               f"torch {torch.__version__} has none")
+        return torch.cuda.MemPool(self._load().allocator())
+
     def _err(self) -> str:
         buf = ctypes.create_string_buffer(4096)
         self._lib.lf_last_error(buf, len(buf))
@@ -354,7 +368,7 @@ class MemSculptor:
         self._load()
         self._lib.lf_release_cached(self.device)
 
-    def close(self) -> Dict[str, Any]:
+    def close(self, graphs_released: bool = False) -> Dict[str, Any]:
         """The orderly end (docs/memory.md, "Shutdown"): call it after dropping the model, the
         optimizer and every other CUDA tensor of the run.
 
@@ -366,6 +380,8 @@ class MemSculptor:
         largest. The allocator stays usable (tensors still live can be freed; new allocations
         reserve anew). Without it nothing is reported at exit: the allocator lives as long as
         the process, so tensors freed during interpreter shutdown are freed safely.
+        ``graphs_released=True`` says every CUDA graph captured into MemSculptor's memory is
+        destroyed: the memory held for them is returned too (:meth:`release_graph_memory`).
         Idempotent; a no-op when the allocator was never loaded.
         """
         if self._hook is not None:
@@ -382,6 +398,8 @@ class MemSculptor:
         if clear_workspaces is not None:
             clear_workspaces()
         torch.cuda.empty_cache()
+        if graphs_released:
+            self._lib.lf_release_graph_memory(self.device)
         n = self._lib.lf_close(self.device)
         if n < 0:
             raise RuntimeError(f"MemSculptor close: {self._err()}")

@@ -425,7 +425,9 @@ def build(args: argparse.Namespace) -> Session:
         stepper = GraphedStep(model, d.device, runner=runner, token_buckets=buckets,
                               warmup=args.graph_warmup, graphs=graphs, sync=sync,
                               autocast_dtype=torch.bfloat16 if cuda else None,
-                              max_graphs=args.graph_max, log=log)
+                              max_graphs=args.graph_max, log=log,
+                              mem_pool=mem.graph_pool() if graphs else None)
+        status["memsculptor"] = mem.status
         status["cuda_graph"] = ("per_microbatch" if stepper.graphs_on else
                                 f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"

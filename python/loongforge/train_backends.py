@@ -699,16 +699,17 @@ class MemoryPlanner:
             raise TrainError("MemSculptor is not usable here (allocator library missing or torch "
                              "lacks CUDAPluggableAllocator); run with --no-memsculptor")
         if self.scoped:
-            # CUDA graphs: captured steps live in torch's graph pool (fixed addresses, nothing
-            # allocated in replay); MemSculptor serves the persistent tensors through a scoped
-            # torch.cuda.MemPool (docs/trainer.md, Note [Graphs and MemSculptor]).
+            # CUDA graphs: MemSculptor serves the persistent tensors through a scoped
+            # torch.cuda.MemPool, and the captured steps' segments through a second one (fixed
+            # addresses, nothing allocated in replay; docs/trainer.md, Note [Graphs and
+            # MemSculptor]).
             import torch as _t
             if not hasattr(_t.cuda, "MemPool"):
                 self.status = (f"off: --cuda-graph needs torch.cuda.MemPool (torch >= 2.5) to "
                                f"scope MemSculptor; torch {_t.__version__} has none")
                 return
             self.ms = MemSculptor(device.index or 0)
-            self.status = "on (scoped: persistent tensors; CUDA graphs use their own pool)"
+            self.status = "on (scoped: persistent tensors and the CUDA graphs' pool)"
             return
         self.ms = MemSculptor(device.index or 0).install()
         self.status = "on"
@@ -729,6 +730,18 @@ class MemoryPlanner:
             self.ms = None
         return stack
 
+    def graph_pool(self) -> Any:
+        """The MemPool CUDA-graph captures allocate from (None: torch's own graph pool)."""
+        if self.ms is None or not self.scoped:
+            return None
+        try:
+            return self.ms.graph_pool()
+        except (RuntimeError, TypeError, AttributeError) as e:  # torch without a usable MemPool
+            self.status = f"on (scoped: persistent tensors; graphs in torch's pool: {e})"
+            print(f"[memsculptor] graph pool unavailable ({e}); captures use torch's graph pool",
+                  file=sys.stderr)
+            return None
+
     def record(self, steps: int, trace_path: Optional[str] = None) -> None:
         if self.ms is not None and not self.scoped:
             self.ms.record(steps=steps, trace_path=trace_path)
@@ -743,8 +756,10 @@ class MemoryPlanner:
 
     def close(self) -> Optional[Dict[str, Any]]:
         """MemSculptor.close(), once the run dropped its model and optimizer (docs/memory.md,
-        "Shutdown"): returns every cached byte, warns only about tensors still held."""
-        return self.ms.close() if self.ms is not None else None
+        "Shutdown"): returns every cached byte, warns only about tensors still held. The step
+        runner has destroyed its graphs by then (Session.release), so the memory MemSculptor held
+        for them (scoped mode: the graph pool's segments) goes back too."""
+        return self.ms.close(graphs_released=self.scoped) if self.ms is not None else None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -303,3 +303,88 @@ def test_fused_step_skips_nonfinite_gradients():
     train.optimizer_step(opt, params, 1.0, acc)
     assert acc[5].item() == 0.0 and not torch.equal(before[0], params[0])
     assert all(torch.isfinite(p).all() for p in params)
+
+
+# ---- captures in MemSculptor's graph pool (issue 16) ---------------------------------------------
+
+
+def _memsculptor_graph_pool():
+    from loongforge.memory import MemSculptor
+    if not MemSculptor.available() or not hasattr(torch.cuda, "MemPool"):
+        pytest.skip("MemSculptor's allocator library or torch.cuda.MemPool missing")
+    ms = MemSculptor(0)
+    return ms, ms.graph_pool()
+
+
+def _graphed_run(batches, seed, mem_pool=None, buckets=(8,)):
+    """Loss and grads after each microbatch of `batches`, through a GraphedStep (fp32)."""
+    model = _model("cuda")
+    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=buckets, warmup=1,
+                              autocast_dtype=None, log=lambda m: None, mem_pool=mem_pool)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for batch in batches:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+        res = step(batch, gen)
+        torch.cuda.synchronize()
+        out.append((res["loss"].clone(), _grads(model)))
+    return out, step
+
+
+# Guards issue 16, item 1: replays captured into MemSculptor's graph pool give the same loss and
+# gradients, bit for bit, as replays in torch's own graph pool; the segments came from MemSculptor
+# and go back to it once the graphs are destroyed.
+@needs_cuda
+def test_capture_in_memsculptor_pool_is_bitwise_torch_pool():
+    ms, pool = _memsculptor_graph_pool()
+    batches = [_batch(device="cuda", seed=i % 2) for i in range(5)]
+    torch.use_deterministic_algorithms(True, warn_only=True)  # bitwise needs no atomics races
+    try:
+        ref, ref_step = _graphed_run(batches, seed=21)
+        got, step = _graphed_run(batches, seed=21, mem_pool=pool)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for st in (ref_step.stats(), step.stats()):
+        assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st
+    for i, ((l0, g0), (l1, g1)) in enumerate(zip(ref, got)):
+        assert torch.equal(l0, l1), (i, l0, l1)
+        assert g0.keys() == g1.keys()
+        for n in g0:
+            assert torch.equal(g0[n], g1[n]), (i, n)
+    assert ms.stats()["peak_allocated_bytes"] > 0, ms.stats()  # the captures' segments
+    step.release()
+    del pool, step, got
+    res = ms.close(graphs_released=True)
+    assert res["live_allocations"] == 0, res
+
+
+# Guards issue 16: two bucket graphs sharing MemSculptor's pool, replayed back to back in
+# alternation, each give the eager loss of their own batch (neither overwrites the other's
+# buffers while it runs).
+@needs_cuda
+def test_two_bucket_graphs_share_memsculptor_pool():
+    ms, pool = _memsculptor_graph_pool()
+    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
+    batches = [short, long_] * 4
+    got, step = _graphed_run(batches, seed=5, mem_pool=pool, buckets=(5, 8))
+    st = step.stats()
+    assert st["captures"] == 2 and st["replays"] == 4 and not st["capture_failures"], st
+    model = _model("cuda")  # eager reference: the same draws in the same order
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for i, batch in enumerate(batches):
+        padded, _ = graphs.pad_to_bucket(batch, (5, 8))
+        for p in model.parameters():
+            p.grad = None
+        noise = model.draw_noise(batch["action"].shape[0], batch["action"].shape[1],
+                                 torch.device("cuda"), gen)
+        loss = model(padded, noise=noise[0], time_u=noise[1])["loss"]
+        loss.backward()
+        assert torch.allclose(got[i][0], loss.detach(), rtol=1e-5, atol=1e-6), (i, got[i][0], loss)
+        ref_grads = _grads(model)
+        for n, g in ref_grads.items():
+            assert torch.allclose(got[i][1][n], g, rtol=1e-4, atol=1e-6), (i, n)
+    step.release()
+    del pool, step, got
+    assert ms.close(graphs_released=True)["live_allocations"] == 0
