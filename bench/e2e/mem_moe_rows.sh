@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
+# (space-separated, default all): tests (the GPU tests of graphs.py: captures in MemSculptor's pool),
+# gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
+# checkpoints: peak allocated / reserved), moe16 and moe64 (n16-moe at batch 16 / 64 in MOE_MODES).
+#   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
+set -uo pipefail
+source bench/gpu_env.sh
+gpu_build
+parts=" ${PARTS:-tests gemm mem moe16 moe64} "
+has() { [[ "$parts" == *" $1 "* ]]; }
+if has tests; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py \
+    >"$OUT/pytest_graphs.log" 2>&1
+  tail -n 4 "$OUT/pytest_graphs.log"
+  echo "tests $(($(date +%s) - t0)) s"
+fi
+if has gemm; then
+  timeout 150 python3 bench/moe/grouped_gemm.py >"$OUT/grouped_gemm.json" 2>"$OUT/grouped_gemm.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['backend'], [(r['tokens'], round(r['fwd_ratio'],3), round(r['fwdbwd_ratio'],3)) for r in d['rows']])" "$OUT/grouped_gemm.json"
+  echo "gemm $(($(date +%s) - t0)) s"
+fi
+db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
+rows() {  # name config batches modes steps
+  timeout "${ROW_T:-330}" python3 bench/e2e/run.py --db "$db" --config "$2" --batches "$3" \
+    --modes "$4" --steps "$5" --warmup 10 --ckpt-every 0 --workers 16 --loader-threads 12 \
+    --out "/tmp/e2e_$1" >"$OUT/e2e_$1.log" 2>&1
+  echo "== $1: rc $?"
+  grep -A12 -E "^$2, batch" "$OUT/e2e_$1.log" | grep -vE "^\s*$" | head -40
+  echo "$1 done $(($(date +%s) - t0)) s"
+}
+has mem && rows mem n16 16,64 tuned,loongforge 80
+has moe16 && rows moe16 n16-moe 16 "${MOE_MODES:-baseline,tuned,loongforge}" 40
+has moe64 && rows moe64 n16-moe 64 "${MOE_MODES:-baseline,tuned,loongforge}" 30
+echo "total $(($(date +%s) - t0)) s"
