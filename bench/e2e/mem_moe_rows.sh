@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
-# (space-separated, default all): tests (the GPU tests of graphs.py: captures in MemSculptor's pool),
+# (space-separated, default all): tests (the GPU tests of graphs.py; PYTEST_K selects),
 # gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
-# checkpoints: peak allocated / reserved), moe16 and moe64 (n16-moe at batch 16 / 64 in MOE_MODES).
+# checkpoints: peak allocated / reserved; MEM_MODES), moe16 and moe64 (n16-moe at batch 16 / 64 in MOE_MODES).
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
 source bench/gpu_env.sh
@@ -10,7 +10,7 @@ gpu_build
 parts=" ${PARTS:-tests gemm mem moe16 moe64} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 if has tests; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest_graphs.log" 2>&1
   tail -n 4 "$OUT/pytest_graphs.log"
   echo "tests $(($(date +%s) - t0)) s"
@@ -29,7 +29,7 @@ rows() {  # name config batches modes steps
   grep -A12 -E "^$2, batch" "$OUT/e2e_$1.log" | grep -vE "^\s*$" | head -40
   echo "$1 done $(($(date +%s) - t0)) s"
 }
-has mem && rows mem n16 16,64 tuned,loongforge 80
+has mem && rows mem n16 16,64 "${MEM_MODES:-tuned,loongforge}" 80
 has moe16 && rows moe16 n16-moe 16 "${MOE_MODES:-baseline,tuned,loongforge}" 40
 has moe64 && rows moe64 n16-moe 64 "${MOE_MODES:-baseline,tuned,loongforge}" 30
 echo "total $(($(date +%s) - t0)) s"

@@ -28,9 +28,8 @@
   one at a time on one stream, and each graph's outputs are consumed before the next replay), so
   the pool holds the largest bucket's step, not the sum. Replays allocate nothing. With
   ``mem_pool`` (the trainer passes MemSculptor's, ``MemSculptor.graph_pool()``) the pool's
-  segments come from MemSculptor; otherwise from torch's own graph pool. Before each capture the
-  warm-up's cached blocks are given back (``empty_cache``), so the captured step does not stack
-  on top of the eager warm-up's memory (Note [Graphs and MemSculptor] in docs/trainer.md).
+  segments come from MemSculptor; otherwise from torch's own graph pool (Note [Graphs and
+  MemSculptor] in docs/trainer.md).
 """
 from __future__ import annotations
 
@@ -356,10 +355,6 @@ class GraphedStep:
                    else contextlib.nullcontext())
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
-        # The eager warm-up's activations are freed but cached by torch's allocator (on the side
-        # stream); give them back so that the graph pool does not stack on top of them. Once per
-        # bucket, at capture: the steady state never pays for it.
-        torch.cuda.empty_cache()
         try:
             # thread_local: the loader's threads keep calling CUDA (decode, copies on their own
             # streams) while this thread captures; only this thread's unsafe calls are refused.

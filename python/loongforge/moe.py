@@ -74,9 +74,22 @@ def _padded_bmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch
     return out[gid, pos]
 
 
+class _DenseGrad(torch.autograd.Function):
+    """Identity whose backward hands on a dense gradient: torch's grouped GEMM refuses a
+    broadcast one (zero strides, as ``y.sum().backward()`` gives: "Invalid strides/sizes")."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return g.contiguous()
+
+
 def _torch_gmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     offs = torch.cumsum(counts, 0).to(torch.int32)
-    return _TORCH_GMM(x, w.transpose(-2, -1), offs=offs)
+    return _DenseGrad.apply(_TORCH_GMM(x, w.transpose(-2, -1), offs=offs))
 
 
 def _self_check(device: torch.device) -> bool:
@@ -111,8 +124,11 @@ def _compare_with_fallback(device: torch.device) -> bool:
     gx, gw = torch.autograd.grad(y, (x, w), gy)
     y2 = _padded_bmm(x.float(), w.float(), counts)
     gx2, gw2 = torch.autograd.grad(y2, (x, w), gy.float())
+    # A broadcast gradient (y.sum()) must work too: it is what a loss summing y hands back.
+    gs = torch.autograd.grad(_torch_gmm(x, w, counts).sum(), (x, w))
+    gs2 = torch.autograd.grad(_padded_bmm(x.float(), w.float(), counts).sum(), (x, w))
     return all(torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-1)
-               for a, b in ((y, y2), (gx, gx2), (gw, gw2)))
+               for a, b in ((y, y2), (gx, gx2), (gw, gw2), *zip(gs, gs2)))
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
