@@ -2,10 +2,7 @@
 # Issue 9 ablation on one GPU ($1 = output dir; run from the repo root after building build-gpu,
 # e.g. by `bash bench/gpu_suite.sh test`). ROWS / BATCHES / STEPS / WARMUP / CONFIG override.
 set -uo pipefail
-out=${1:-results/gpu}
-mkdir -p "$out"
-PY=${PY:-python3}
-db=$(bash bench/e2e/make_db.sh "${BUILD:-build-gpu}/loongforge")
+source bench/e2e/common.sh "${1:-results/gpu}"  # out, PY, db
 $PY bench/e2e/ablation.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATCHES:-16,64}" \
   --rows "${ROWS:-default,eager,static,syncfree,graphs,compile,fused}" --steps "${STEPS:-30}" \
   --warmup "${WARMUP:-10}" --buckets "${BUCKETS:-64}" --steps-for "${STEPS_FOR:-}" \

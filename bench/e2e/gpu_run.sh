@@ -3,10 +3,7 @@
 # dir). n16 at batch 16, the three modes, 640x480 two-camera data. Kept inside one device call:
 # STEPS/WARMUP/CKPT_EVERY/MODES/BATCHES override the defaults.
 set -uo pipefail
-out=${1:-results/gpu}
-mkdir -p "$out"
-PY=${PY:-python3}
-db=$(bash bench/e2e/make_db.sh "${BUILD:-build-gpu}/loongforge")
+source bench/e2e/common.sh "${1:-results/gpu}"  # out, PY, db
 $PY bench/e2e/run.py --db "$db" --config "${CONFIG:-n16}" --batches "${BATCHES:-16}" \
   --modes "${MODES:-baseline,tuned,loongforge}" --steps "${STEPS:-40}" --warmup "${WARMUP:-10}" \
   --ckpt-every "${CKPT_EVERY:-0}" --workers 16 --loader-threads 12 --out "$out/e2e"

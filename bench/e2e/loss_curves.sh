@@ -5,10 +5,7 @@
 # not bitwise reproducible: atomics in the backward). Runs go two at a time (step time does not
 # matter here), then bench/e2e/compare_curves.py prints the comparison.
 set -uo pipefail
-out=${1:-/tmp/lf_curves}
-mkdir -p "$out"
-PY=${PY:-python3}
-db=$(bash bench/e2e/make_db.sh "${BUILD:-build-gpu}/loongforge")
+source bench/e2e/common.sh "${1:-/tmp/lf_curves}"  # out, PY, db
 EAGER=(--cuda-graph off --sync-free off --token-buckets "" --adamw foreach)
 run() {  # name args...
   local name=$1; shift

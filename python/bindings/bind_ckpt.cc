@@ -85,11 +85,7 @@ void BindCkpt(py::module_& m) {
              o.device_staging_max_bytes = device_staging_max_bytes;
              o.d2h_buffer_bytes = d2h_buffer_bytes;
              o.writer = ValueOrThrow(ckpt::ParseWriter(writer));
-             StatusOr<std::unique_ptr<CheckpointVault>> v = [&] {
-               py::gil_scoped_release nogil;
-               return CheckpointVault::Open(dir, o);
-             }();
-             return ValueOrThrow(std::move(v));
+             return ValueOrThrowWithoutGil([&] { return CheckpointVault::Open(dir, o); });
            }),
            py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
            py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
@@ -102,12 +98,7 @@ void BindCkpt(py::module_& m) {
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {
             std::vector<PyTensor> held;  // keeps each tensor's memory alive through Save()
             std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
-            Status s;
-            {
-              py::gil_scoped_release nogil;
-              s = v.Save(step, refs);
-            }
-            ThrowIfError(s);
+            ThrowIfErrorWithoutGil([&] { return v.Save(step, refs); });
           },
           py::arg("step"), py::arg("tensors"),
           "Snapshots the (name, tensor) pairs (contiguous; host or CUDA memory) and queues the "
@@ -118,11 +109,7 @@ void BindCkpt(py::module_& m) {
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {
             std::vector<PyTensor> held;
             std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
-            StatusOr<bool> r = [&] {
-              py::gil_scoped_release nogil;
-              return v.TrySave(step, refs);
-            }();
-            return ValueOrThrow(std::move(r));
+            return ValueOrThrowWithoutGil([&] { return v.TrySave(step, refs); });
           },
           py::arg("step"), py::arg("tensors"),
           "save() that never waits for the writer: False (nothing snapshotted) while "
@@ -133,11 +120,9 @@ void BindCkpt(py::module_& m) {
             std::vector<PyTensor> held;
             std::vector<ckpt::TensorRef> refs = ToRefs(tensors, &held);
             std::string why;
-            StatusOr<int64_t> r = [&] {
-              py::gil_scoped_release nogil;
-              return v.ReserveDeviceStaging(refs, &why);
-            }();
-            return py::make_tuple(ValueOrThrow(std::move(r)), why);
+            const int64_t bytes =
+                ValueOrThrowWithoutGil([&] { return v.ReserveDeviceStaging(refs, &why); });
+            return py::make_tuple(bytes, why);
           },
           py::arg("tensors"),
           "Allocates ahead the device staging a save of these tensors takes: (bytes allocated, "
@@ -146,46 +131,23 @@ void BindCkpt(py::module_& m) {
            "True while max_inflight saves are pending (save() would wait).")
       .def(
           "take_committed_stats",
-          [](CheckpointVault& v) {
-            py::list out;
-            for (const auto& s : v.TakeCommittedStats()) out.append(StatsDict(s));
-            return out;
-          },
+          [](CheckpointVault& v) { return ListOf(v.TakeCommittedStats(), StatsDict); },
           "Stats of the saves committed since the previous call, oldest first.")
-      .def("wait",
-           [](CheckpointVault& v) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.Wait();
-             }
-             ThrowIfError(s);
-           })
-      .def("close",
-           [](CheckpointVault& v) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.Close();
-             }
-             ThrowIfError(s);
-           })
+      .def("wait", [](CheckpointVault& v) { ThrowIfErrorWithoutGil([&] { return v.Wait(); }); })
+      .def("close", [](CheckpointVault& v) { ThrowIfErrorWithoutGil([&] { return v.Close(); }); })
       .def("list", [](const CheckpointVault& v) { return ValueOrThrow(v.List()); })
       .def("latest", [](const CheckpointVault& v) { return v.Latest(); })
       .def("describe",
            [](const CheckpointVault& v, int64_t step) {
-             auto infos = ValueOrThrow(v.Describe(step));
-             py::list out;
-             for (const auto& i : infos) {
+             return ListOf(ValueOrThrow(v.Describe(step)), [](const auto& i) {
                py::dict d;
                d["name"] = i.name;
                d["dtype"] = i.dtype;
                d["shape"] = i.shape;
                d["nbytes"] = i.nbytes;
                d["num_chunks"] = i.num_chunks;
-               out.append(d);
-             }
-             return out;
+               return d;
+             });
            })
       .def("summary",
            [](const CheckpointVault& v, int64_t step) {
@@ -214,50 +176,22 @@ void BindCkpt(py::module_& m) {
               held.push_back(ToTensorViewOrThrow(t[1], name));
               tg[name] = ValueOrThrow(ckpt::RestoreTarget::FromView(name, held.back().view));
             }
-            Status s;
-            {
-              py::gil_scoped_release nogil;
-              s = v.RestoreInto(step, tg);
-            }
-            ThrowIfError(s);
+            ThrowIfErrorWithoutGil([&] { return v.RestoreInto(step, tg); });
           },
           py::arg("step"), py::arg("targets"),
           "Restores into (name, tensor) pairs: contiguous, writable, of the stored size.")
-      .def("verify",
-           [](const CheckpointVault& v, int64_t step) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.Verify(step);
-             }
-             ThrowIfError(s);
-           })
+      .def("verify", [](const CheckpointVault& v,
+                        int64_t step) { ThrowIfErrorWithoutGil([&] { return v.Verify(step); }); })
       .def("export_safetensors",
            [](const CheckpointVault& v, int64_t step, const std::string& path) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.ExportSafetensors(step, path);
-             }
-             ThrowIfError(s);
+             ThrowIfErrorWithoutGil([&] { return v.ExportSafetensors(step, path); });
            })
-      .def("merge",
-           [](CheckpointVault& v, int64_t step) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.Merge(step);
-             }
-             ThrowIfError(s);
-           })
+      .def("merge", [](CheckpointVault& v,
+                       int64_t step) { ThrowIfErrorWithoutGil([&] { return v.Merge(step); }); })
       .def(
           "gc",
           [](CheckpointVault& v, bool dry_run) {
-            StatusOr<ckpt::GcStats> r = [&] {
-              py::gil_scoped_release nogil;
-              return v.Gc(dry_run);
-            }();
-            auto s = ValueOrThrow(std::move(r));
+            ckpt::GcStats s = ValueOrThrowWithoutGil([&] { return v.Gc(dry_run); });
             py::dict d;
             d["segments_deleted"] = s.segments_deleted;
             d["bytes_freed"] = s.bytes_freed;
@@ -267,14 +201,7 @@ void BindCkpt(py::module_& m) {
           },
           py::arg("dry_run") = false)
       .def("apply_retention",
-           [](CheckpointVault& v) {
-             Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = v.ApplyRetention();
-             }
-             ThrowIfError(s);
-           })
+           [](CheckpointVault& v) { ThrowIfErrorWithoutGil([&] { return v.ApplyRetention(); }); })
       .def("stats", [](const CheckpointVault& v) { return StatsDict(v.last_stats()); });
 }
 

@@ -25,13 +25,10 @@ void RegisterComm(py::module_& m) {
         const PyTensor r = ToTensorViewOrThrow(residual, "residual");
         const PyTensor v = ToTensorViewOrThrow(values, "values");
         const PyTensor i = ToTensorViewOrThrow(indices, "indices");
-        Status s;
-        {
-          py::gil_scoped_release release;
-          s = comm::TopKErrorFeedback(g ? &g->view : nullptr, r.view, k, v.view, i.view,
-                                      num_threads);
-        }
-        ThrowIfError(s);
+        ThrowIfErrorWithoutGil([&] {
+          return comm::TopKErrorFeedback(g ? &g->view : nullptr, r.view, k, v.view, i.view,
+                                         num_threads);
+        });
       },
       py::arg("grad"), py::arg("residual"), py::arg("k"), py::arg("values"), py::arg("indices"),
       py::arg("num_threads") = 0,
@@ -44,13 +41,10 @@ void RegisterComm(py::module_& m) {
         const PyTensor v = ToTensorViewOrThrow(values, "values");
         const PyTensor i = ToTensorViewOrThrow(indices, "indices");
         const PyTensor d = ToTensorViewOrThrow(dense, "dense");
-        Status s;
-        {
-          py::gil_scoped_release release;
-          s = comm::ScatterAdd(v.view, i.view, num_segments, d.view, scale, zero_dense_first,
-                               num_threads);
-        }
-        ThrowIfError(s);
+        ThrowIfErrorWithoutGil([&] {
+          return comm::ScatterAdd(v.view, i.view, num_segments, d.view, scale, zero_dense_first,
+                                  num_threads);
+        });
       },
       py::arg("values"), py::arg("indices"), py::arg("dense"), py::arg("num_segments") = 1,
       py::arg("scale") = 1.0f, py::arg("zero_dense_first") = false, py::arg("num_threads") = 0,

@@ -261,19 +261,14 @@ void BindData(py::module_& m) {
           "commit",
           [](RecordWriter& w, const std::string& schema_json) {
             Schema s = ValueOrThrow(Schema::FromJson(schema_json, "schema_json"));
-            py::gil_scoped_release nogil;
-            ThrowIfError(w.Commit(s));
+            ThrowIfErrorWithoutGil([&] { return w.Commit(s); });
           },
           py::arg("schema_json"), "Writes the schema record and publishes the DB atomically.");
 
   py::class_<DataLoader>(m, "DataLoader", "DataFusion loader (use loongforge.DataFusionLoader)")
       .def(py::init([](const std::string& db, py::kwargs kw) {
              LoaderOptions o = OptionsFromKwargs(db, kw);
-             StatusOr<std::unique_ptr<DataLoader>> dl = [&] {
-               py::gil_scoped_release nogil;
-               return DataLoader::Create(o);
-             }();
-             return ValueOrThrow(std::move(dl));
+             return ValueOrThrowWithoutGil([&] { return DataLoader::Create(o); });
            }),
            py::arg("db"))
       .def(
@@ -285,10 +280,7 @@ void BindData(py::module_& m) {
       .def(
           "next",
           [](DataLoader& d) -> py::object {
-            StatusOr<std::shared_ptr<Batch>> b = [&] {
-              py::gil_scoped_release nogil;
-              return d.Next();
-            }();
+            StatusOr<std::shared_ptr<Batch>> b = CallWithoutGil([&] { return d.Next(); });
             if (!b.ok() && b.status().code() == StatusCode::kOutOfRange) return py::none();
             return BatchDict(ValueOrThrow(std::move(b)));
           },

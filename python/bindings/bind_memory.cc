@@ -85,36 +85,24 @@ void BindMemory(py::module_& m) {
       .def_static(
           "load",
           [](const std::string& path) {
-            StatusOr<Trace> t = [&] {
-              py::gil_scoped_release nogil;
-              return Trace::Load(path);
-            }();
-            return ValueOrThrow(std::move(t));
+            return ValueOrThrowWithoutGil([&] { return Trace::Load(path); });
           },
           py::arg("path"), "Reads a trace file: text, plain or zstd-compressed.")
       .def(
           "save",
           [](const Trace& t, const std::string& path, bool compress) {
-            Status s;
-            {
-              py::gil_scoped_release nogil;
-              s = t.Save(path, compress);
-            }
-            ThrowIfError(s);
+            ThrowIfErrorWithoutGil([&] { return t.Save(path, compress); });
           },
           py::arg("path"), py::arg("compress") = true,
           "Writes the text form (zstd-compressed when compress) through a temp file + rename.")
       .def("lifetimes", [](const Trace& t) {
-        auto tables = ValueOrThrow(t.Lifetimes());
-        py::list out;
-        for (const auto& tb : tables) {
+        return ListOf(ValueOrThrow(t.Lifetimes()), [](const mem::LifetimeTable& tb) {
           py::dict d;
           d["step"] = tb.step;
           d["signature"] = tb.signature;
           d["num_events"] = tb.num_events;
           d["foreign_frees"] = tb.foreign_frees;
-          py::list allocs;
-          for (const auto& lt : tb.allocs) {
+          d["allocs"] = ListOf(tb.allocs, [](const auto& lt) {
             py::dict a;
             a["id"] = lt.id;
             a["size"] = lt.size;
@@ -124,12 +112,10 @@ void BindMemory(py::module_& m) {
             a["freed_in_step"] = lt.freed_in_step;
             a["alloc_ns"] = lt.alloc_ns;
             a["free_ns"] = lt.free_ns;
-            allocs.append(a);
-          }
-          d["allocs"] = allocs;
-          out.append(d);
-        }
-        return out;
+            return a;
+          });
+          return d;
+        });
       });
 
   m.def(
@@ -166,11 +152,7 @@ void BindMemory(py::module_& m) {
         o.capacity_bytes = capacity;
         o.segment_bytes = segment_bytes;
         o.max_plans = max_plans;
-        StatusOr<mem::AllocatorStats> s = [&] {
-          py::gil_scoped_release nogil;
-          return mem::ReplayTrace(t, o);
-        }();
-        return StatsToDict(ValueOrThrow(std::move(s)));
+        return StatsToDict(ValueOrThrowWithoutGil([&] { return mem::ReplayTrace(t, o); }));
       },
       py::arg("trace"), py::arg("mode") = "planned", py::arg("capacity_bytes") = size_t{1} << 36,
       py::arg("segment_bytes") = size_t{32} << 20, py::arg("max_plans") = 64,

@@ -56,27 +56,12 @@ py::dict PackResultDict(const PackResult& v) {
 }
 
 void RegisterPack(py::module_& m) {
-  m.def(
-      "demo_data",
-      [](const std::string& out, int episodes, int cameras, int width, int height, uint64_t seed,
-         int steps_min, int steps_max, int state_dim, int action_dim, int quality, int threads,
-         bool overwrite, bool progress, std::vector<std::string> camera_names) {
-        DemoDataOptions o;
-        o.out_dir = out;
-        o.episodes = episodes;
-        o.cameras = cameras;
-        o.camera_names = std::move(camera_names);
-        o.width = width;
-        o.height = height;
-        o.seed = seed;
-        o.steps_min = steps_min;
-        o.steps_max = steps_max;
-        o.state_dim = state_dim;
-        o.action_dim = action_dim;
-        o.quality = quality;
-        o.threads = threads;
-        o.overwrite = overwrite;
-        o.progress = progress;
+  using D = DemoDataOptions;
+  DefWithOptions<D>(
+      m, "demo_data",
+      "Writes a synthetic robot dataset to <out>/episodes (episode-folder format). Returns "
+      "counts.",
+      [](const D& o) {
         DemoDataResult v = ValueOrThrowWithoutGil([&] { return GenerateDemoData(o); });
         py::dict d;
         d["episodes"] = v.episodes;
@@ -86,76 +71,50 @@ void RegisterPack(py::module_& m) {
         d["seconds"] = v.seconds;
         return d;
       },
-      py::arg("out"), py::arg("episodes") = 8, py::arg("cameras") = 2, py::arg("width") = 640,
-      py::arg("height") = 480, py::arg("seed") = 0, py::arg("steps_min") = 40,
-      py::arg("steps_max") = 80, py::arg("state_dim") = 14, py::arg("action_dim") = 14,
-      py::arg("quality") = 90, py::arg("threads") = 0, py::arg("overwrite") = false,
-      py::arg("progress") = false, py::arg("camera_names") = std::vector<std::string>{},
-      "Writes a synthetic robot dataset to <out>/episodes (episode-folder format). Returns "
-      "counts.");
+      Arg("out", &D::out_dir), Arg("episodes", &D::episodes, 8), Arg("cameras", &D::cameras, 2),
+      Arg("width", &D::width, 640), Arg("height", &D::height, 480), Arg("seed", &D::seed, 0),
+      Arg("steps_min", &D::steps_min, 40), Arg("steps_max", &D::steps_max, 80),
+      Arg("state_dim", &D::state_dim, 14), Arg("action_dim", &D::action_dim, 14),
+      Arg("quality", &D::quality, 90), Arg("threads", &D::threads, 0),
+      Arg("overwrite", &D::overwrite, false), Arg("progress", &D::progress, false),
+      Arg("camera_names", &D::camera_names, std::vector<std::string>{}));
 
-  m.def(
-      "pack",
-      [](const std::string& src, const std::string& out, int horizon, bool overwrite,
-         const std::string& tokenizer, int threads, bool progress, int max_instruction_bytes) {
-        PackOptions o;
-        o.src = src;
-        o.out = out;
-        o.horizon = horizon;
-        o.overwrite = overwrite;
-        o.tokenizer = tokenizer;
-        o.threads = threads;
-        o.progress = progress;
-        o.max_instruction_bytes = max_instruction_bytes;
+  using P = PackOptions;
+  DefWithOptions<P>(
+      m, "pack",
+      "Validates the episode folder `src` and packs it into the LMDB `out`. Bad input raises "
+      "ValueError / FileNotFoundError naming the file (and line); an `out` that exists and is not "
+      "a LoongForge DB raises FileExistsError even with overwrite. Returns the schema and sizes.",
+      [](const P& o) {
         PackResult v = ValueOrThrowWithoutGil([&] { return PackEpisodes(o); });
         py::dict d = PackResultDict(v);
         d["scan_seconds"] = v.scan_seconds;
         d["write_seconds"] = v.write_seconds;
         return d;
       },
-      py::arg("src"), py::arg("out"), py::arg("horizon") = 16, py::arg("overwrite") = false,
-      py::arg("tokenizer") = "byte-v1", py::arg("threads") = 0, py::arg("progress") = false,
-      py::arg("max_instruction_bytes") = kDefaultMaxInstructionBytes,
-      "Validates the episode folder `src` and packs it into the LMDB `out`. Bad input raises "
-      "ValueError / FileNotFoundError naming the file (and line); an `out` that exists and is not "
-      "a LoongForge DB raises FileExistsError even with overwrite. Returns the schema and sizes.");
+      Arg("src", &P::src), Arg("out", &P::out), Arg("horizon", &P::horizon, 16),
+      Arg("overwrite", &P::overwrite, false), Arg("tokenizer", &P::tokenizer, "byte-v1"),
+      Arg("threads", &P::threads, 0), Arg("progress", &P::progress, false),
+      Arg("max_instruction_bytes", &P::max_instruction_bytes, kDefaultMaxInstructionBytes));
 
-  m.def(
-      "pack_lerobot",
-      [](const std::string& src, const std::string& out, const std::string& episodes,
-         std::vector<std::string> cameras, int width, int height, int shortest_edge, int quality,
-         const std::string& modality, int horizon, const std::string& tokenizer, int threads,
-         bool overwrite, bool progress, int max_instruction_bytes, double tolerance_s) {
-        LeRobotPackOptions o;
-        o.src = src;
-        o.out = out;
-        o.episodes = episodes;
-        o.cameras = std::move(cameras);
-        o.width = width;
-        o.height = height;
-        o.shortest_edge = shortest_edge;
-        o.quality = quality;
-        o.modality = modality;
-        o.horizon = horizon;
-        o.tokenizer = tokenizer;
-        o.threads = threads;
-        o.overwrite = overwrite;
-        o.progress = progress;
-        o.max_instruction_bytes = max_instruction_bytes;
-        o.tolerance_s = tolerance_s;
-        PackResult v = ValueOrThrowWithoutGil([&] { return PackLeRobot(o); });
-        py::dict d = PackResultDict(v);
-        return d;
-      },
-      py::arg("src"), py::arg("out"), py::arg("episodes") = "",
-      py::arg("cameras") = std::vector<std::string>{}, py::arg("width") = 0, py::arg("height") = 0,
-      py::arg("shortest_edge") = 256, py::arg("quality") = 90, py::arg("modality") = "",
-      py::arg("horizon") = 16, py::arg("tokenizer") = "byte-v1", py::arg("threads") = 0,
-      py::arg("overwrite") = false, py::arg("progress") = false,
-      py::arg("max_instruction_bytes") = kDefaultMaxInstructionBytes, py::arg("tolerance_s") = 1e-4,
+  using L = LeRobotPackOptions;
+  DefWithOptions<L>(
+      m, "pack_lerobot",
       "Packs the LeRobot dataset `src` (v2.0/v2.1/v3.0) into the LMDB `out` (PackLeRobot in "
       "loongforge/pack.h). Bad input raises ValueError / FileNotFoundError naming the file; a "
-      "build without FFmpeg raises RuntimeError saying so.");
+      "build without FFmpeg raises RuntimeError saying so.",
+      [](const L& o) {
+        return PackResultDict(ValueOrThrowWithoutGil([&] { return PackLeRobot(o); }));
+      },
+      Arg("src", &L::src), Arg("out", &L::out), Arg("episodes", &L::episodes, ""),
+      Arg("cameras", &L::cameras, std::vector<std::string>{}), Arg("width", &L::width, 0),
+      Arg("height", &L::height, 0), Arg("shortest_edge", &L::shortest_edge, 256),
+      Arg("quality", &L::quality, 90), Arg("modality", &L::modality, ""),
+      Arg("horizon", &L::horizon, 16), Arg("tokenizer", &L::tokenizer, "byte-v1"),
+      Arg("threads", &L::threads, 0), Arg("overwrite", &L::overwrite, false),
+      Arg("progress", &L::progress, false),
+      Arg("max_instruction_bytes", &L::max_instruction_bytes, kDefaultMaxInstructionBytes),
+      Arg("tolerance_s", &L::tolerance_s, 1e-4));
 
   m.def("have_video_decoder", &HaveVideoDecoder,
         "True when this build decodes video (FFmpeg), as pack_lerobot needs.");

@@ -15,27 +15,20 @@ using data::SamplerOptions;
 // Sampler caches the last epoch's order in mutable members and is not thread-safe; the GIL stays
 // held in every method (they are short), which serializes the calls.
 void RegisterSampler(py::module_& m) {
-  py::class_<Sampler>(m, "Sampler",
-                      "This rank's sample order per epoch: a Fisher-Yates shuffle driven by "
-                      "splitmix64 with Lemire's bounded draw, identical on every platform and to "
-                      "DataFusionLoader's. Every rank gets the same number of batches.")
-      .def(py::init([](int64_t num_samples, int batch_size, uint64_t seed, int rank, int world_size,
-                       bool shuffle, bool drop_last) {
-             SamplerOptions o;
-             o.num_samples = num_samples;
-             o.batch_size = batch_size;
-             o.seed = seed;
-             o.rank = rank;
-             o.world_size = world_size;
-             o.shuffle = shuffle;
-             o.drop_last = drop_last;
-             return ValueOrThrow(Sampler::Create(o));
-           }),
-           py::arg("num_samples"), py::arg("batch_size"), py::arg("seed") = 0, py::arg("rank") = 0,
-           py::arg("world_size") = 1, py::arg("shuffle") = true, py::arg("drop_last") = true,
-           "ValueError for no samples, batch_size <= 0, a rank outside the world, or too few "
-           "samples for one batch per rank.")
-      .def_property_readonly("batches_per_epoch", &Sampler::batches_per_epoch)
+  py::class_<Sampler> cls(m, "Sampler",
+                          "This rank's sample order per epoch: a Fisher-Yates shuffle driven by "
+                          "splitmix64 with Lemire's bounded draw, identical on every platform and "
+                          "to DataFusionLoader's. Every rank gets the same number of batches.");
+  using O = SamplerOptions;
+  InitWithOptions<O>(
+      cls,
+      "ValueError for no samples, batch_size <= 0, a rank outside the world, or too few "
+      "samples for one batch per rank.",
+      [](const O& o) { return ValueOrThrow(Sampler::Create(o)); },
+      Arg("num_samples", &O::num_samples), Arg("batch_size", &O::batch_size),
+      Arg("seed", &O::seed, 0), Arg("rank", &O::rank, 0), Arg("world_size", &O::world_size, 1),
+      Arg("shuffle", &O::shuffle, true), Arg("drop_last", &O::drop_last, true));
+  cls.def_property_readonly("batches_per_epoch", &Sampler::batches_per_epoch)
       .def(
           "epoch_order", [](const Sampler& s, int64_t epoch) { return s.EpochOrder(epoch); },
           py::arg("epoch"),

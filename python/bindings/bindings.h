@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loongforge/status.h"
@@ -39,15 +40,92 @@ T ValueOrThrow(StatusOr<T>&& v) {
   return std::move(v).value();
 }
 
-// Calls f() with the GIL released (a long C++ call that touches no Python object) and returns
-// its StatusOr's value, throwing its error as the Python exception above once the GIL is back.
+// Returns f() called with the GIL released: for a long C++ call that touches no Python object (nor
+// does its result). The GIL is held again when it returns.
+template <typename F>
+auto CallWithoutGil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+// CallWithoutGil for an f that returns a Status: throws its error as the Python exception above
+// once the GIL is back.
+template <typename F>
+void ThrowIfErrorWithoutGil(F&& f) {
+  ThrowIfError(CallWithoutGil(std::forward<F>(f)));
+}
+
+// CallWithoutGil for an f that returns a StatusOr: its value, or its error thrown as above.
 template <typename F>
 auto ValueOrThrowWithoutGil(F&& f) {
-  auto r = [&] {
-    py::gil_scoped_release release;
-    return f();
-  }();
-  return ValueOrThrow(std::move(r));
+  return ValueOrThrow(CallWithoutGil(std::forward<F>(f)));
+}
+
+// A Python list of to_py(item) for each item of `items`, in order.
+template <typename Range, typename F>
+py::list ListOf(const Range& items, F&& to_py) {
+  py::list out;
+  for (const auto& item : items) out.append(to_py(item));
+  return out;
+}
+
+// Note [Option arguments]
+// -----------------------
+// A function whose Python arguments fill an options struct names each argument once, in
+// positional order, with the field it sets and, unless the argument is required, its default:
+//   DefWithOptions<PackOptions>(m, "pack", "doc", run,
+//                               Arg("src", &PackOptions::src), Arg("horizon",
+//                               &PackOptions::horizon, 16));
+// binds pack(src: str, horizon: int = 16) (the parameter types are the fields'), which copies its
+// arguments into a default-constructed PackOptions and returns run(options). Parameter list, field
+// copies and py::arg list can then not drift apart. The Python defaults are given here, not taken
+// from the struct: some differ on purpose (progress is off from Python).
+template <typename O, typename T, bool kRequired>
+struct OptionArg {
+  using Type = T;
+  const char* name;
+  T O::*field;
+  T default_value;  // unused when kRequired
+};
+
+template <typename O, typename T>
+OptionArg<O, T, true> Arg(const char* name, T O::*field) {
+  return {name, field, T{}};
+}
+template <typename O, typename T, typename V>
+OptionArg<O, T, false> Arg(const char* name, T O::*field, V&& default_value) {
+  return {name, field, T(std::forward<V>(default_value))};
+}
+
+template <typename O, typename T>
+py::arg PyArg(const OptionArg<O, T, true>& a) {
+  return py::arg(a.name);
+}
+template <typename O, typename T>
+py::arg_v PyArg(const OptionArg<O, T, false>& a) {
+  return py::arg(a.name) = a.default_value;
+}
+
+// The function of Note [Option arguments]: one parameter per OptionArg, copied into an O.
+template <typename O, typename Run, typename... Args>
+auto FillOptionsThen(Run run, Args... args) {
+  return [run, args...](typename Args::Type... values) {
+    O o;
+    ((o.*(args.field) = std::move(values)), ...);
+    return run(o);
+  };
+}
+
+// m.def(name, ...) of Note [Option arguments].
+template <typename O, typename Run, typename... Args>
+void DefWithOptions(py::module_& m, const char* name, const char* doc, Run run, Args... args) {
+  m.def(name, FillOptionsThen<O>(std::move(run), args...), PyArg(args)..., doc);
+}
+
+// A py::class_ constructor of Note [Option arguments]: `create` takes the O and returns the object.
+template <typename O, typename Class, typename Create, typename... Args>
+void InitWithOptions(Class& cls, const char* doc, Create create, Args... args) {
+  cls.def(py::init(FillOptionsThen<O>(std::move(create), args...)), PyArg(args)..., doc);
 }
 
 }  // namespace loongforge

@@ -18,10 +18,14 @@ namespace ckpt {
 namespace {
 namespace fs = std::filesystem;
 
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+// Every test needs a CUDA device and skips without one.
+class CkptCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
 
 // A TensorRef to `n` bytes of CUDA device 0, produced by the work queued on `stream`.
 TensorRef DeviceRef(std::string name, int64_t n, void* data, cudaStream_t stream = nullptr) {
@@ -96,8 +100,7 @@ void ExpectRestoresMixed(const CheckpointVault& v, int64_t step, const MixedStat
 }
 
 // Guards the CUDA hash kernel: same bytes, same XXH3-128 as the CPU, on random data and odd sizes.
-TEST(CkptCuda, DeviceHashMatchesCpu) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, DeviceHashMatchesCpu) {
   for (int64_t chunk : {int64_t{4096}, int64_t{1} << 20}) {
     for (int64_t n : {int64_t{1}, int64_t{200}, int64_t{241}, int64_t{4096}, int64_t{4097 + 100},
                       int64_t{3 << 20} + 13, int64_t{9} << 20}) {
@@ -120,8 +123,7 @@ TEST(CkptCuda, DeviceHashMatchesCpu) {
 }
 
 // Guards the device save/restore path: a device tensor saved and restored into device memory.
-TEST(CkptCuda, DeviceSaveAndRestoreInto) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, DeviceSaveAndRestoreInto) {
   std::string dir = TempDir("cuda");
   const int64_t n = 3 * 4096 + 100;
   auto host = RandomBytes(n, 3);
@@ -139,8 +141,7 @@ TEST(CkptCuda, DeviceSaveAndRestoreInto) {
 // producer's stream (no host sync by the caller), it is complete when Save() returns (the caller
 // overwrites right after), mixed CPU/device states work, odd sizes with short tails hash like the
 // CPU, and a second save copies only the chunks that changed (60% of the tensors).
-TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
   const int kTensors = 10;
   const int64_t n = 64 * 4096 + 100;  // 65 chunks, the last one a 100-byte short tail
   MixedState t;
@@ -158,13 +159,12 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
     ASSERT_EQ(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, t.producer),
               cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(t.dev[0], pinned, n, cudaMemcpyHostToDevice, t.producer), cudaSuccess);
-  auto refs = [&] { return t.Refs(); };
   VaultOptions o = SmallOpts();
   o.max_inflight = 2;
   o.device_staging = DeviceStaging::kOff;  // this test covers the host-staging device path
   auto v = CheckpointVault::Open(TempDir("cudabatch"), o);
   ASSERT_TRUE(v.ok()) << v.status();
-  ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  ASSERT_TRUE((*v)->Save(1, t.Refs()).ok());
   EXPECT_EQ((*v)->last_stats().snapshot_path, "host");
   EXPECT_EQ((*v)->last_stats().snapshot_reason, "device_staging=off");
   // Overwrite right after Save() returned: must not reach checkpoint 1.
@@ -180,7 +180,7 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
                          4096, cudaMemcpyHostToDevice),
               cudaSuccess);
   }
-  ASSERT_TRUE((*v)->Save(2, refs()).ok());
+  ASSERT_TRUE((*v)->Save(2, t.Refs()).ok());
   SaveStats st = (*v)->last_stats();
   // Tensor 1: 64 chunks of 0xab are one distinct chunk + the tail; tensors 2..7: one chunk each.
   EXPECT_EQ(st.bytes_copied, 4096 + 100 + 6 * 4096);
@@ -195,13 +195,11 @@ TEST(CkptCuda, BatchedSnapshotOrdersAfterProducerStreamAndCopiesOnlyChanged) {
 // producer stream is still busy (no host wait for the GPU), a kernel the caller queues on its
 // stream right after Save() cannot reach the checkpoint, mixed CPU/device states work, the second
 // save recycles the arena (nothing allocated) and writes only the changed chunks.
-TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   const int kTensors = 8;
   const int64_t n = 32 * 4096 + 100;  // 33 chunks, the last one a 100-byte short tail
   MixedState t;
   ASSERT_NO_FATAL_FAILURE(t.Init(3000, 8, kTensors, n, 300));
-  auto refs = [&] { return t.Refs(); };
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   o.d2h_buffer_bytes = 3 * 4096;  // several double-buffer rounds per save
@@ -210,7 +208,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
   // Reserved first, as the trainer does: the arena, and the snapshot stream whose creation loads
   // the copy kernels (Note [Kernel loading] in device_cuda.cu: loading may wait for the device).
   std::string why;
-  auto reserved = (*v)->ReserveDeviceStaging(refs(), &why);
+  auto reserved = (*v)->ReserveDeviceStaging(t.Refs(), &why);
   ASSERT_TRUE(reserved.ok()) << reserved.status();
   EXPECT_GT(*reserved, kTensors * n) << why;
   // The producer stream is held by a host function until the test opens the gate, so "Save()
@@ -234,7 +232,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
     }
     ~OpenOnExit() { Open(); }
   } release{&gate};
-  ASSERT_TRUE((*v)->Save(1, refs()).ok());
+  ASSERT_TRUE((*v)->Save(1, t.Refs()).ok());
   EXPECT_EQ(cudaStreamQuery(t.producer), cudaErrorNotReady) << "Save() waited for the GPU";
   // The caller overwrites right after Save() on its stream: must not reach checkpoint 1.
   for (int i = 0; i < kTensors; ++i)
@@ -252,7 +250,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
     if (i < 3) t.host[i][5 * 4096 + 9] ^= 0xff;
     ASSERT_EQ(cudaMemcpy(t.dev[i], t.host[i].data(), n, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  ASSERT_TRUE((*v)->Save(2, refs()).ok());
+  ASSERT_TRUE((*v)->Save(2, t.Refs()).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   SaveStats st2 = (*v)->last_stats();
   EXPECT_EQ(st2.snapshot_path, "device");
@@ -266,8 +264,7 @@ TEST(CkptCuda, DeviceStagingOrdersCallerStreamAfterCopyAndRecyclesArena) {
 // Guards Note [Batched device copies]: a state of more tensors than one launch's parameter block
 // holds (several launches), tensors of several pieces, unaligned sources (the byte path) and empty
 // tensors, all views into one random device buffer, restore byte for byte.
-TEST(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
   std::mt19937_64 rng(7);
   std::vector<int64_t> off, len;
   int64_t total = 0;
@@ -309,8 +306,7 @@ TEST(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
 // says why; on refuses with ResourceExhausted and queues nothing.
 // Guards the trainer's first-save latency: staging reserved ahead is what the first Save() takes
 // (no allocation inside it), a second reservation allocates nothing, and the save restores.
-TEST(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   const int64_t n = 3 * 4096 + 100;
   auto host = RandomBytes(n, 91);
   void* d = nullptr;
@@ -347,8 +343,7 @@ TEST(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   cudaFree(d);
 }
 
-TEST(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+TEST_F(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   const int64_t n = 4 * 4096;
   auto host = RandomBytes(n, 77);
   void* d = nullptr;

@@ -255,3 +255,17 @@ def test_image_dtype_and_stream_through_the_converter(db):
         impl.set_consumer_stream("stream")
     with pytest.raises(ValueError, match="must be a torch.cuda.Stream"):
         impl.set_consumer_stream(1.5)
+
+
+# Guards RecordWriter.commit's error path: the error of a failed Commit is raised once the GIL is
+# held again (it was raised with the GIL released), as the RuntimeError naming the misuse.
+def test_record_writer_second_commit_raises(tmp_path):
+    from loongforge import _C, _synth
+    path = str(tmp_path / "twice")
+    w = _C.RecordWriter(path, True)
+    w.put("00000000_cam_cam0", _synth.jpeg(_synth.frame(64, 48, 1), 90))
+    _synth.write_arrays(w, 0, 6, 4, 3)
+    _synth.commit_schema(w, 1, ["cam0"], 64, 48, 6, 4, 3, "test_record_writer_second_commit")
+    schema_json = _C.RecordReader(path).schema_json
+    with pytest.raises(RuntimeError, match="after Commit"):
+        w.commit(schema_json)
