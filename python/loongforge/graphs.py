@@ -17,8 +17,9 @@
   trainer's generator, into static buffers (``Gr00tPolicy.draw_noise``): the same stream of
   numbers as eager mode, new on every replay.
 * **Fallback.** A bucket that cannot be graphed runs eager, with one log line naming the reason:
-  text longer than the largest bucket, MoE routing (data-dependent shapes), DDP's reducer hooks,
-  no CUDA, or a capture that failed.
+  text longer than the largest bucket, MoE with data-dependent shapes or host reads (a capacity
+  limit, expert parallelism, no grouped GEMM: Note [Graphed MoE]), DDP's reducer hooks, no CUDA,
+  or a capture that failed.
 * **Gradient sync.** Captured backward passes run inside ``NexusSync.no_sync()``: its hooks do
   nothing during capture and never run during replay. The trainer's ``finish()`` after the last
   microbatch then issues every bucket (at world size 1: nothing to send). At world size > 1 the
@@ -89,10 +90,33 @@ def graph_unavailable(model: torch.nn.Module, device: torch.device, sync_kind: s
         return f"torch {torch.__version__} has no torch.cuda.graph"
     cfg = getattr(model, "cfg", None)
     if cfg is not None and getattr(cfg, "moe_experts", 0):
-        return ("MoE routing has data-dependent shapes (tokens per expert) and host syncs, which "
-                "a CUDA graph cannot capture")
+        why = _moe_unavailable(model, cfg)
+        if why:
+            return why
     if sync_kind == "ddp":
         return "DDP's reducer hooks cannot be captured (use NexusSync)"
+    return None
+
+
+def _moe_unavailable(model: torch.nn.Module, cfg: Any) -> Optional[str]:
+    """Why a MoE model's step cannot be captured (None: it can). Note [Graphed MoE]: with every
+    assignment kept (no capacity limit), the experts on this rank (no expert parallelism) and
+    torch's grouped GEMM (offsets on the device), the MoE layer's shapes depend only on the
+    token count (tokens x top-k rows, sorted by expert on the device) and nothing is read back to
+    the host, so the step captures like a dense one. A capacity limit keeps a data-dependent
+    number of rows, expert parallelism exchanges host-side split sizes, and the padded-bmm
+    fallback reads the largest expert's row count back."""
+    from .moe import grouped_mm_backend
+
+    if getattr(cfg, "moe_capacity_factor", 0.0) > 0:
+        return ("MoE with a capacity limit keeps a data-dependent number of rows, which a CUDA "
+                "graph cannot capture")
+    layers = model.moe_layers() if hasattr(model, "moe_layers") else []
+    if any(getattr(m, "ep", None) is not None and m.ep.size > 1 for m in layers):
+        return "expert parallelism exchanges host-side split sizes, which a CUDA graph cannot capture"
+    if grouped_mm_backend() != "torch":
+        return ("MoE without torch's grouped GEMM (the padded-bmm fallback reads expert sizes back "
+                "to the host), which a CUDA graph cannot capture")
     return None
 
 

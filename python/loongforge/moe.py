@@ -182,7 +182,10 @@ def route(idx: torch.Tensor, experts: int, capacity: int = 0) -> Routing:
     sync); otherwise each expert keeps its first ``capacity`` assignments in token order."""
     flat = idx.reshape(-1)
     sorted_e, order = torch.sort(flat, stable=True)
-    routed = torch.bincount(flat, minlength=experts)
+    # Not bincount: on CUDA it reads the largest id back to size its output (a host sync, which
+    # a CUDA graph cannot capture); the expert count is known.
+    routed = torch.zeros(experts, dtype=torch.long, device=idx.device).index_add_(
+        0, flat, torch.ones_like(flat))
     if capacity <= 0:
         return Routing(order, routed, routed, torch.zeros((), dtype=torch.long, device=idx.device))
     starts = torch.cumsum(routed, 0) - routed

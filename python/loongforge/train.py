@@ -35,10 +35,10 @@ from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
-                             TrainError, auto_buckets, build_model, compile_frozen, lr_lambda,
-                             make_loader, make_optimizer, moe_metrics, optimizer_step,
-                             parse_overrides,
-                             rng_state, set_rng_state, setup_dist)
+                             TrainError, auto_buckets, build_model, compile_frozen,
+                             init_optimizer_state, lr_lambda, make_loader, make_optimizer,
+                             moe_metrics, optimizer_step, parse_overrides, rng_state,
+                             set_rng_state, setup_dist)
 from .train_metrics import (ModuleProfiler, Readback, Trace, _safe_metrics, add_module_figures,
                             format_summary, summarize)
 
@@ -397,6 +397,9 @@ def build(args: argparse.Namespace) -> Session:
     params = [p for p in model.parameters() if p.requires_grad]
     with mem.persistent():
         opt = make_optimizer(params, args, d.device)
+    if mem.ms is not None:  # Note [Optimizer state up front] in train_backends.py
+        init_optimizer_state(opt, mem.persistent)
+        torch.cuda.empty_cache()  # the temporary zero gradients (MemSculptor is on: CUDA)
     status["adamw"] = ("fused" if opt.defaults.get("fused") else
                        "foreach" if opt.defaults.get("foreach") else "default")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.steps, args.lr_warmup,

@@ -133,11 +133,24 @@ def test_cpu_step_runner_runs_eager_with_reason():
     assert any("running eager" in m for m in logs)
 
 
-# Guards: MoE configs are refused for capture with the reason (data-dependent routing shapes).
-def test_moe_is_not_graphed():
-    cfg = get_config("n16-moe")
-    reason = graphs.graph_unavailable(type("M", (), {"cfg": cfg})(), torch.device("cuda"), "none")
-    assert reason and "MoE" in reason
+# Guards: a MoE config is captured only without a capacity limit, expert parallelism or the
+# padded-bmm fallback; each refusal names its reason (Note [Graphed MoE] in graphs.py).
+def test_moe_graph_conditions(monkeypatch):
+    from loongforge import moe
+
+    def reason(**over):
+        cfg = get_config("n16-moe", **over)
+        return graphs.graph_unavailable(type("M", (), {"cfg": cfg})(), torch.device("cuda"), "none")
+
+    assert "capacity limit" in reason(moe_capacity_factor=1.25)
+    monkeypatch.setenv("LOONGFORGE_GROUPED_MM", "fallback")
+    assert "grouped GEMM" in reason()
+    monkeypatch.delenv("LOONGFORGE_GROUPED_MM")
+    monkeypatch.setattr(moe, "grouped_mm_backend", lambda *a: "torch")  # as on an H100/H200
+    assert reason() is None
+    model = Gr00tPolicy(get_config("tiny-moe", image_size=28))
+    model.moe_layers()[0].ep = type("EP", (), {"size": 2})()
+    assert "expert parallelism" in graphs.graph_unavailable(model, torch.device("cuda"), "none")
     assert "DDP" in graphs.graph_unavailable(_model(), torch.device("cuda"), "ddp")
 
 
@@ -388,3 +401,43 @@ def test_two_bucket_graphs_share_memsculptor_pool():
     step.release()
     del pool, step, got
     assert ms.close(graphs_released=True)["live_allocations"] == 0
+
+
+# Guards Note [Graphed MoE]: tiny-moe (no capacity limit, torch's grouped GEMM, bf16 autocast) is
+# captured, and its replays give eager's losses on the same draws; the per-expert counts read
+# after a replay are those of the replayed batch (every assignment counted once per layer).
+@needs_cuda
+def test_moe_capture_matches_eager():
+    from loongforge.moe import grouped_mm_backend
+    if grouped_mm_backend() != "torch":
+        pytest.skip("torch's grouped GEMM needs sm90+ (the padded-bmm fallback is not graphed)")
+    cfg = get_config("tiny-moe", image_size=28)
+    batch = _batch(device="cuda")
+
+    def make():
+        torch.manual_seed(0)
+        return Gr00tPolicy(cfg).to("cuda").train()
+
+    ref_model, model = make(), make()
+    gen_ref = torch.Generator(device="cuda").manual_seed(7)
+    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=(8,), warmup=1,
+                              autocast_dtype=torch.bfloat16, log=lambda m: None)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    padded, _ = graphs.pad_to_bucket(batch, (8,))
+    for i in range(4):
+        for m in (ref_model, model):
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+        noise = ref_model.draw_noise(2, batch["action"].shape[1], torch.device("cuda"), gen_ref)
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            ref = ref_model(padded, noise=noise[0], time_u=noise[1])["loss"]
+        ref.backward()
+        out = step(batch, gen)
+        torch.cuda.synchronize()
+        assert torch.allclose(out["loss"], ref.detach(), rtol=1e-3, atol=1e-4), (i, out["loss"], ref)
+        counts, dropped = model.expert_load()
+        ref_counts, _ = ref_model.expert_load()
+        assert torch.equal(counts, ref_counts) and int(dropped) == 0, (i, counts, ref_counts)
+    st = step.stats()
+    assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st

@@ -148,7 +148,7 @@ class MoEFeedForward(nn.Module):
         if self.shared_expert is not None:
             out = out + self.shared_expert(flat).float()
         routed = r.routed.float()
-        tokens = torch.tensor(float(n), device=flat.device)
+        tokens = torch.full((), float(n), device=flat.device)  # a fill: no copy from the host
         p_mean = probs.mean(0)
         if self.ep is not None and self.ep.world > 1:
             # Load fractions over the global batch: the mean over ranks of this loss is then the
