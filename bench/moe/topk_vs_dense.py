@@ -57,14 +57,18 @@ from loongforge.train_backends import Dist, SyncBackend, build_model, optimizer_
 # Noise seed of the --init-steps phase's draws (the compared runs use --seed-start.. and eval 1000).
 INIT_NOISE_SEED = 500
 # Pool seeds: the training pool draws from 1000 + ..., the held-out pool from HELDOUT_POOL + ...
-TRAIN_POOL, HELDOUT_POOL = 1000, 500000
+TRAIN_POOL, HELDOUT_POOL = 1000, 10 ** 8
 
 
-def batch_for(step: int, rank: int, b: int, cfg, noise_seed: int = 0, pool_seed: int = TRAIN_POOL):
+def batch_for(step: int, rank: int, b: int, cfg, noise_seed: int = 0, pool_seed: int = TRAIN_POOL,
+              pool: int = 8):
+    """Step `step`'s batch of `rank`: its pool's batch step % pool (pool batches per rank)."""
     g = torch.Generator().manual_seed(7919 * step + rank + 104729 * noise_seed)
     length, horizon = 6, 8
-    # A small fixed pool of samples, so that the loss falls visibly within 200 steps.
-    pool = torch.Generator().manual_seed(pool_seed + rank * 31 + step % 8)
+    # A small fixed pool of samples, so that the loss falls visibly within 200 steps. Batch k of
+    # rank r: seed pool_seed + 31 r + k % 8 + 7919 (k // 8), every (rank, k) its own (rank < 255).
+    k = step % pool
+    pool = torch.Generator().manual_seed(pool_seed + rank * 31 + k % 8 + 7919 * (k // 8))
     batch = {"images": torch.randn(b, 1, 3, cfg.image_size, cfg.image_size, generator=pool),
              "tokens": torch.randint(1, 200, (b, length), generator=pool),
              "attention_mask": torch.ones(b, length, dtype=torch.bool),
@@ -114,7 +118,7 @@ def worker(rank, world, port, a, out, init_path=None, save_path=None):
     t0 = time.perf_counter()
     for i in range(a.steps):
         step = first + i  # the pool's batch and the noise draws continue after the init phase
-        batch, noise, u = batch_for(step, rank, a.batch, cfg, a.noise_seed)
+        batch, noise, u = batch_for(step, rank, a.batch, cfg, a.noise_seed, pool=a.pool)
         sync.zero_grad(opt)
         o = model(batch, noise=noise, time_u=u)
         o["loss"].backward()
@@ -160,7 +164,7 @@ def run(a, topk, noise_seed=0, init_path=None, save_path=None):
 
 
 # What the --init-steps state depends on: a cached state is reused only when all of these match.
-INIT_KEYS = ("init_steps", "procs", "batch", "lr", "feed_every", "load_threshold")
+INIT_KEYS = ("init_steps", "procs", "batch", "lr", "feed_every", "load_threshold", "pool")
 
 
 def init_state(a, tmpdir):
@@ -209,6 +213,7 @@ def seeded(a, out_path):
            "global_batch": a.batch * a.procs, "lr": a.lr, "feed_every": a.feed_every,
            "load_threshold": a.load_threshold, "seeds": a.seeds, "seed_start": a.seed_start,
            "topk_ratios": a.topk_ratio, "init_steps": a.init_steps, "lr_compare": a.lr_compare,
+           "pool": a.pool,
            "runs": []}
 
     def dump():
@@ -296,7 +301,7 @@ def summarize(runs, key="eval_loss"):
 def merge(paths, out_path):
     """Summarizes the runs of several --out files of one setup (e.g. seeds 0-2 and 3-5)."""
     keys = ("steps", "procs", "batch_per_rank", "lr", "feed_every", "load_threshold", "init_steps",
-            "lr_compare")
+            "lr_compare", "pool")
     docs = [json.load(open(p)) for p in paths]
     for d, p in zip(docs, paths):
         if any(d.get(k) != docs[0].get(k) for k in keys):
@@ -330,6 +335,9 @@ def main():
     p.add_argument("--seeds", type=int, default=1,
                    help="noise seeds per configuration (>= 2: paired gaps and floor with mean/std)")
     p.add_argument("--seed-start", type=int, default=0, help="first noise seed of --seeds")
+    p.add_argument("--pool", type=int, default=8,
+                   help="distinct batches per rank in training (8: memorized within a few hundred"
+                        " steps; more than the steps run: every batch new, the loss levels off)")
     p.add_argument("--init-steps", type=int, default=0,
                    help="train this many dense-sync steps first; every compared run starts from that state")
     p.add_argument("--lr-compare", type=float, default=None,
@@ -346,6 +354,8 @@ def main():
         return 0
     if a.seeds < 1:
         p.error("--seeds must be >= 1")
+    if a.pool < 1:
+        p.error("--pool must be >= 1")
     if a.init_steps < 0:
         p.error("--init-steps must be >= 0")
     if a.lr_compare is None:
