@@ -68,12 +68,12 @@ def batch_for(step: int, rank: int, b: int, cfg, noise_seed: int = 0, pool_seed:
     # A small fixed pool of samples, so that the loss falls visibly within 200 steps. Batch k of
     # rank r: seed pool_seed + 31 r + k % 8 + 7919 (k // 8), every (rank, k) its own (rank < 255).
     k = step % pool
-    pool = torch.Generator().manual_seed(pool_seed + rank * 31 + k % 8 + 7919 * (k // 8))
-    batch = {"images": torch.randn(b, 1, 3, cfg.image_size, cfg.image_size, generator=pool),
-             "tokens": torch.randint(1, 200, (b, length), generator=pool),
+    pg = torch.Generator().manual_seed(pool_seed + rank * 31 + k % 8 + 7919 * (k // 8))
+    batch = {"images": torch.randn(b, 1, 3, cfg.image_size, cfg.image_size, generator=pg),
+             "tokens": torch.randint(1, 200, (b, length), generator=pg),
              "attention_mask": torch.ones(b, length, dtype=torch.bool),
-             "state": torch.randn(b, 6, generator=pool),
-             "action": torch.randn(b, horizon, 5, generator=pool).tanh(),
+             "state": torch.randn(b, 6, generator=pg),
+             "action": torch.randn(b, horizon, 5, generator=pg).tanh(),
              "action_mask": torch.ones(b, horizon, dtype=torch.bool)}
     noise = torch.randn(b, horizon, cfg.max_action_dim, generator=g)
     return batch, noise, torch.rand(b, generator=g)
@@ -307,7 +307,7 @@ def merge(paths, out_path):
         if any(d.get(k) != docs[0].get(k) for k in keys):
             raise SystemExit(f"--merge: {p} differs from {paths[0]} in one of {keys}")
     runs = {(x["seed"], x["topk_ratio"]): x for d in docs for x in d["runs"]}
-    res = {k: docs[0][k] for k in keys}
+    res = {k: docs[0][k] for k in keys if k in docs[0]}  # files older than a flag lack its key
     res.update(global_batch=res["batch_per_rank"] * res["procs"], merged_from=list(paths),
                runs=[runs[k] for k in sorted(runs, key=lambda k: (k[0], -(k[1] or 0)))])
     res.update(summarize(res["runs"]))
