@@ -789,13 +789,15 @@ def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], An
     pool), instead of at the first step. Returns the number of parameters given state.
 
     Note [Optimizer state up front]. AdamW creates its moments lazily, at the first ``step()``,
-    which comes after a step's activations were allocated and freed: the moments (8 bytes a
-    trainable parameter, 13.7 GB for n16) then land in the caching allocator's cached activation
-    segments, split them, and pin them, so the next steps' activations need new segments. Made
-    here, before any activation exists and in the persistent pool, they sit apart. torch's own
-    initialisation runs (a step with zero gradients at learning rate 0 leaves every parameter bit
-    for bit as it was), then every state tensor is zeroed, which is exactly AdamW's fresh state
-    (step 0, moments 0): the first real step is the same as without this."""
+    after a step's activations were allocated and freed, so the moments (8 bytes a trainable
+    parameter, 13.7 GB for n16) would share torch's default pool with the activations. Made
+    here, before any activation exists, they live in MemSculptor's persistent pool beside the
+    parameters, counted there, apart from every step's memory. (Measured on n16, run H in
+    docs/BENCHMARKS.md: this alone did not lower the run's peak reserved; the gap comes from a
+    second bucket's warm-up, see Note [Graphs and MemSculptor].) torch's own initialisation runs
+    (a step with zero gradients at learning rate 0 leaves every parameter bit for bit as it
+    was), then every state tensor is zeroed, which is exactly AdamW's fresh state (step 0,
+    moments 0): the first real step is the same as without this."""
     params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
     saved_grads = [p.grad for p in params]
     saved_lrs = [g["lr"] for g in opt.param_groups]
