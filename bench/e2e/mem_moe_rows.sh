@@ -2,7 +2,9 @@
 # Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
 # (space-separated, default all): tests (the GPU tests of graphs.py; PYTEST_K selects),
 # gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
-# checkpoints: peak allocated / reserved; MEM_MODES), moe16 and moe64 (n16-moe at batch 16 / 64 in MOE_MODES).
+# checkpoints: peak allocated / reserved; MEM_MODES), moe16 and moe64 (n16-moe at batch 16 / 64 in
+# MOE_MODES), hist (n16 at batch HIST_B, default 16, in MEM_MODES with --memory-history: what is
+# live at the peak, by allocation site, bench/memory/peak_breakdown.py).
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
 source bench/gpu_env.sh
@@ -30,6 +32,20 @@ rows() {  # name config batches modes steps
   echo "$1 done $(($(date +%s) - t0)) s"
 }
 has mem && rows mem n16 16,64 "${MEM_MODES:-tuned,loongforge}" 80
+if has hist; then
+  snaps=()
+  for m in ${MEM_MODES//,/ }; do
+    timeout "${ROW_T:-330}" python3 -m loongforge.train --config n16 --data "$db" --mode "$m" \
+      --steps 24 --warmup 4 --batch-size "${HIST_B:-16}" --workers 16 --loader-threads 12 \
+      --augment groot --ckpt-every 0 --log-every 8 --memory-history "/tmp/hist_$m.pickle" \
+      >"$OUT/hist_$m.log" 2>&1
+    echo "== hist $m: rc $? $(grep -m1 -E 'peak (alloc|mem)' "$OUT/hist_$m.log")"
+    snaps+=("/tmp/hist_$m.pickle")
+  done
+  python3 bench/memory/peak_breakdown.py "${snaps[@]}" --json "$OUT/peak_breakdown.json" \
+    | tee "$OUT/peak_breakdown.txt"
+  echo "hist done $(($(date +%s) - t0)) s"
+fi
 has moe16 && rows moe16 n16-moe 16 "${MOE_MODES:-baseline,tuned,loongforge}" 40
 has moe64 && rows moe64 n16-moe 64 "${MOE_MODES:-baseline,tuned,loongforge}" 30
 echo "total $(($(date +%s) - t0)) s"

@@ -8,11 +8,12 @@
   smallest bucket that fits; cameras, image size and horizon are fixed by the dataset) and copied
   into fixed device buffers, one set per bucket, so a captured graph always reads the same
   addresses. Padded text positions are masked, so the losses do not depend on the bucket.
-* **Graphs.** After ``warmup`` eager microbatches of a bucket, the next one is captured: forward
-  (under bf16 autocast without its weight cache) and backward into gradients that live at fixed
-  addresses (NexusSync's flat buckets, or gradients allocated once here). Later microbatches of the
-  bucket are replays. Gradients accumulate in place, so the same graph serves every microbatch of
-  an accumulation window.
+* **Graphs.** After ``warmup`` eager microbatches of the first bucket, the next one is captured:
+  forward (under bf16 autocast without its weight cache) and backward into gradients that live at
+  fixed addresses (NexusSync's flat buckets, or gradients allocated once here). Later microbatches
+  of the bucket are replays. Gradients accumulate in place, so the same graph serves every
+  microbatch of an accumulation window. A bucket first seen after a capture gets
+  ``warmup_next`` eager microbatches (default 0: captured at once; Note [Later buckets]).
 * **Random numbers.** The flow-matching noise and time are drawn outside the graph, from the
   trainer's generator, into static buffers (``Gr00tPolicy.draw_noise``): the same stream of
   numbers as eager mode, new on every replay.
@@ -192,6 +193,7 @@ class _Bucket:
     eager_reason: str = ""
     replays: int = 0
     scale: float = 1.0
+    retry: bool = False  # a capture without warm-up failed (Note [Later buckets])
 
 
 class GraphedStep:
@@ -205,6 +207,9 @@ class GraphedStep:
       token_buckets: text lengths batches are padded to (static shapes); () = no padding, one
         graph per distinct length.
       warmup: eager microbatches of a bucket before it is captured.
+      warmup_next: the same for a bucket first seen once another bucket is captured (None: 0,
+        Note [Later buckets]). A runner that compiles per shape (--compile-frozen) needs
+        ``warmup`` here too.
       graphs: False = static batches only (eager).
       sync: the trainer's SyncBackend, whose capture_no_sync() a capture runs in.
       autocast_dtype: bf16 on CUDA (None: no autocast).
@@ -219,11 +224,12 @@ class GraphedStep:
                  token_buckets: Sequence[int] = (), warmup: int = 3, graphs: bool = True,
                  sync: Any = None, autocast_dtype: Optional[torch.dtype] = torch.bfloat16,
                  max_graphs: int = 8, log: Callable[[str], None] = print,
-                 mem_pool: Any = None) -> None:
+                 mem_pool: Any = None, warmup_next: Optional[int] = None) -> None:
         self.model, self.device = model, device
         self.runner = runner if runner is not None else model
         self.buckets = tuple(token_buckets)
         self.warmup = max(1, int(warmup))
+        self.warmup_next = max(0, int(warmup_next or 0))
         self.sync = sync
         self.autocast_dtype = autocast_dtype if device.type == "cuda" else None
         self.max_graphs = max_graphs
@@ -262,7 +268,7 @@ class GraphedStep:
             return self._replay(b, padded, generator)
         if b.graph is not None:  # another accumulation factor than at capture: rare, stay correct
             return self._eager(padded, generator, loss_scale)
-        if b.eager_runs < self.warmup:
+        if b.eager_runs < self._warmup_of(b):
             b.eager_runs += 1
             return self._eager(padded, generator, loss_scale, side_stream=True)
         return self._capture(b, padded, generator, loss_scale)
@@ -321,6 +327,22 @@ class GraphedStep:
             return f"more than {self.max_graphs} shape buckets (raise --graph-max or set buckets)"
         return ""
 
+    # Note [Later buckets]. Eager microbatches allocate from torch's default pool. Before the
+    # first capture that costs nothing: torch.cuda.graph() empties the default pool's cache as it
+    # begins, so the warm-up's blocks go back before the graph pool grows. A bucket first seen
+    # later (a batch of shorter text at step 35) would warm up in the default pool while the graph
+    # pool stays reserved, and the run's reserved peak would hold two steps' activations (run H:
+    # 45.1 GiB reserved for 36.6 allocated at batch 16, two buckets; 4.6% at batch 64, one). What
+    # the warm-up is for (cuBLAS handles and workspaces, the side stream's first use, lazy module
+    # state) was done by the first bucket, and another text length changes no kernel's set-up, so
+    # a later bucket is captured at once, into the graph pool, reusing the blocks the first
+    # capture freed. A runner that compiles per shape (--compile-frozen) still needs eager calls
+    # of the new shape (the trainer passes warmup_next=warmup then). If a capture without warm-up
+    # fails, the bucket gets the full warm-up and one more capture before it is left eager.
+    def _warmup_of(self, b: _Bucket) -> int:
+        later = b.retry or any(o.graph is not None for o in self._buckets.values() if o is not b)
+        return self.warmup if b.retry or not later else self.warmup_next
+
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -342,8 +364,10 @@ class GraphedStep:
         return self.model.draw_noise(int(b), int(horizon), batch["action"].device, generator, out)
 
     def _eager(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
-               loss_scale: float, side_stream: bool = False) -> Dict[str, torch.Tensor]:
-        noise = self._draw(batch, generator)
+               loss_scale: float, side_stream: bool = False,
+               noise: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+        if noise is None:
+            noise = self._draw(batch, generator)
         if not side_stream or self._side is None:
             return self._forward_backward(batch, noise, loss_scale)
         # Warm-up before capture runs on a side stream (lazy inits and workspace allocations
@@ -386,12 +410,21 @@ class GraphedStep:
                                            capture_error_mode="thread_local"):
                 b.outputs = self._forward_backward(b.inputs, b.noise, loss_scale)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
-            b.eager_reason = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            why = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            noise = b.noise
             b.inputs, b.outputs, b.noise = {}, {}, None
-            self.capture_failures.append(f"{self._describe(b.key)}: {b.eager_reason}")
-            self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {b.eager_reason}")
+            self.capture_failures.append(f"{self._describe(b.key)}: {why}")
             torch.cuda.synchronize(self.device)
-            return self._eager(batch, generator, loss_scale)
+            if b.eager_runs < self.warmup and not b.retry:  # Note [Later buckets]
+                b.retry = True
+                self.log(f"[cuda-graph] bucket {self._describe(b.key)}: {why}; warming up "
+                         f"{self.warmup} eager microbatches before capturing again")
+            else:
+                b.eager_reason = why
+                self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {why}")
+            # This microbatch's numbers were drawn into b.noise: the eager run uses them, so the
+            # generator's stream stays that of an eager run.
+            return self._eager(batch, generator, loss_scale, noise=noise)
         b.graph = graph
         b.scale = loss_scale
         self.captures += 1

@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap this process's GPU memory at this many GiB: torch's allocator "
                    "(set_per_process_memory_fraction) and MemSculptor's backend (0: no cap; "
                    "bench/memory/max_batch.py)")
+    p.add_argument("--memory-history", default="",
+                   help="record every GPU allocation with its Python stack from the start and "
+                   "dump torch's memory snapshot here at the end (a diagnostic: slower steps; "
+                   "bench/memory/peak_breakdown.py reads it)")
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timings")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
@@ -125,11 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture forward+backward per microbatch, one graph per shape bucket "
                         "(auto: per_microbatch in loongforge mode on CUDA, else off)")
     g.add_argument("--graph-warmup", type=int, default=3,
-                   help="eager microbatches of a shape bucket before it is captured")
+                   help="eager microbatches of the first shape bucket before it is captured "
+                        "(later buckets are captured at once, unless --compile-frozen)")
     g.add_argument("--graph-max", type=int, default=8, help="shape buckets captured at most")
     g.add_argument("--token-buckets", default="auto",
                    help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128"
-                        " ('' = off; auto: with CUDA graphs, powers of two from 16 up to the "
+                        " ('' = off; auto: with CUDA graphs, four per octave from 16 up to the "
                         "dataset's longest text)")
     g.add_argument("--sync-free", choices=("auto", "on", "off"), default="auto",
                    help="no host syncs in the step: losses, token counts and step times are read "
@@ -287,6 +292,7 @@ def build(args: argparse.Namespace) -> Session:
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
     log = _log(d)
+    _memory_history(args.memory_history, d.device)
     if args.memory_cap_gib:
         total = torch.cuda.get_device_properties(d.device).total_memory
         torch.cuda.set_per_process_memory_fraction(
@@ -429,7 +435,9 @@ def build(args: argparse.Namespace) -> Session:
                               warmup=args.graph_warmup, graphs=graphs, sync=sync,
                               autocast_dtype=torch.bfloat16 if cuda else None,
                               max_graphs=args.graph_max, log=log,
-                              mem_pool=mem.graph_pool() if graphs else None)
+                              mem_pool=mem.graph_pool() if graphs else None,
+                              # compiled per shape: a new bucket's eager calls compile it
+                              warmup_next=args.graph_warmup if args.compile_frozen else 0)
         status["memsculptor"] = mem.status
         status["cuda_graph"] = ("per_microbatch" if stepper.graphs_on else
                                 f"off ({stepper.disabled_reason})")
@@ -641,10 +649,29 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     return rows, losses, time.perf_counter() - t_run
 
 
+def _memory_history(path: str, device: Optional[torch.device]) -> None:
+    """--memory-history: starts recording (``device``: in build(), once the allocator is set up
+    and before the model is placed), or (None) dumps the snapshot and stops."""
+    if not path:
+        return
+    if device is None:
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return
+    if device.type != "cuda":
+        raise TrainError("--memory-history records GPU allocations: it needs a CUDA device")
+    try:
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
+    except (RuntimeError, TypeError) as e:  # a global pluggable allocator; an older torch
+        raise TrainError(f"--memory-history: torch cannot record this allocator's history: "
+                         f"{str(e).splitlines()[0]}") from e
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     s = build(args)
     try:
         rows, losses, total_s = train_loop(s)
+        _memory_history(args.memory_history, None)
         if args.trace and s.d.is_main:
             s.trace.write(args.trace)
         s.ckpt.close()

@@ -159,10 +159,16 @@ def test_moe_graph_conditions(monkeypatch):
 
 def _eager_reference(batch, seed, steps, buckets=()):
     """Losses and grads of `steps` eager microbatches (fp32) with the generator seeded `seed`."""
+    return _eager_run([batch] * steps, seed, buckets)
+
+
+def _eager_run(batches, seed, buckets=()):
+    """Losses and grads of eager microbatches of `batches` (fp32), each padded to `buckets`, the
+    noise drawn from one generator seeded `seed` (the draws a GraphedStep makes)."""
     model = _model("cuda")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     out = []
-    for _ in range(steps):
+    for batch in batches:
         for p in model.parameters():
             p.grad = None
         padded, _ = graphs.pad_to_bucket(batch, buckets)
@@ -329,11 +335,13 @@ def _memsculptor_graph_pool():
     return ms, ms.graph_pool()
 
 
-def _graphed_run(batches, seed, mem_pool=None, buckets=(8,)):
-    """Loss and grads after each microbatch of `batches`, through a GraphedStep (fp32)."""
+def _graphed_run(batches, seed, mem_pool=None, buckets=(8,), warmup=1, runner=None, log=None):
+    """Loss and grads after each microbatch of `batches`, through a GraphedStep (fp32).
+    `runner(model)` wraps the model's forward."""
     model = _model("cuda")
-    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=buckets, warmup=1,
-                              autocast_dtype=None, log=lambda m: None, mem_pool=mem_pool)
+    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=buckets, warmup=warmup,
+                              autocast_dtype=None, log=log or (lambda m: None), mem_pool=mem_pool,
+                              runner=runner(model) if runner else None)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for batch in batches:
@@ -384,23 +392,71 @@ def test_two_bucket_graphs_share_memsculptor_pool():
     got, step = _graphed_run(batches, seed=5, mem_pool=pool, buckets=(5, 8))
     st = step.stats()
     assert st["captures"] == 2 and st["replays"] == 6 and not st["capture_failures"], st
-    model = _model("cuda")  # eager reference: the same draws in the same order
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    for i, batch in enumerate(batches):
-        padded, _ = graphs.pad_to_bucket(batch, (5, 8))
-        for p in model.parameters():
-            p.grad = None
-        noise = model.draw_noise(batch["action"].shape[0], batch["action"].shape[1],
-                                 torch.device("cuda"), gen)
-        loss = model(padded, noise=noise[0], time_u=noise[1])["loss"]
-        loss.backward()
-        assert torch.allclose(got[i][0], loss.detach(), rtol=1e-5, atol=1e-6), (i, got[i][0], loss)
-        ref_grads = _grads(model)
-        for n, g in ref_grads.items():
-            assert torch.allclose(got[i][1][n], g, rtol=1e-4, atol=1e-6), (i, n)
+    _assert_runs_match(got, _eager_run(batches, seed=5, buckets=(5, 8)))
     step.release()
     del pool, step, got
     assert ms.close(graphs_released=True)["live_allocations"] == 0
+
+
+def _assert_runs_match(got, ref):
+    assert len(got) == len(ref)
+    for i, ((loss, grads), (ref_loss, ref_grads)) in enumerate(zip(got, ref)):
+        assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-6), (i, loss, ref_loss)
+        assert grads.keys() == ref_grads.keys()
+        for n, g in ref_grads.items():
+            assert torch.allclose(grads[n], g, rtol=1e-4, atol=1e-6), (i, n)
+
+
+# Guards Note [Later buckets]: a bucket first seen after another was captured is captured at once
+# (no eager warm-up allocating from torch's default pool beside the graph pool), and its replays
+# give eager's losses and gradients on the same draws.
+@needs_cuda
+def test_later_bucket_is_captured_without_warmup():
+    ms, pool = _memsculptor_graph_pool()
+    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
+    batches = [short, short, long_, short, long_, long_]
+    got, step = _graphed_run(batches, seed=9, mem_pool=pool, buckets=(5, 8))
+    st = step.stats()
+    # one eager microbatch (the first bucket's warm-up); the long bucket's first is its capture
+    assert st["captures"] == 2 and st["replays"] == 5 and not st["capture_failures"], st
+    _assert_runs_match(got, _eager_run(batches, seed=9, buckets=(5, 8)))
+    step.release()
+    del pool, step, got
+    assert ms.close(graphs_released=True)["live_allocations"] == 0
+
+
+class _HostReadOnNewShape:
+    """A forward that reads a value back to the host the first time it sees a text length (a
+    per-shape set-up that cannot run inside a capture, as a compile per shape would)."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, set()
+
+    def __call__(self, batch, noise, time_u):
+        n = int(batch["tokens"].shape[1])
+        if n not in self.seen:
+            int(batch["tokens"].sum())  # a host read: refused inside a capture
+            self.seen.add(n)
+        return self.model(batch, noise=noise, time_u=time_u)
+
+
+# Guards Note [Later buckets]: when the capture of a later bucket without warm-up fails, that
+# microbatch runs eager on the numbers already drawn, the bucket gets the full warm-up, and the
+# next capture succeeds; every microbatch still gives eager's loss and gradients.
+@needs_cuda
+def test_later_bucket_capture_failure_warms_up_and_retries():
+    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
+    batches = [short, short, long_, long_, long_, short, long_]
+    logs = []
+    got, step = _graphed_run(batches, seed=4, buckets=(5, 8), warmup=1,
+                             runner=_HostReadOnNewShape, log=logs.append)
+    st = step.stats()
+    # short: warm-up, capture, replay; long: failed capture (eager), warm-up, capture, replay
+    assert st["captures"] == 2 and st["replays"] == 4, st
+    assert len(st["capture_failures"]) == 1 and "B2xL8" in st["capture_failures"][0], st
+    assert not st["eager_buckets"], st
+    assert any("warming up 1 eager microbatches before capturing again" in m for m in logs), logs
+    _assert_runs_match(got, _eager_run(batches, seed=4, buckets=(5, 8)))
 
 
 # Guards Note [Graphed MoE]: tiny-moe (no capacity limit, torch's grouped GEMM, bf16 autocast) is

@@ -124,6 +124,38 @@ def test_snapshot_malformed():
         memory.trace_from_snapshot(bad)
 
 
+# Guards the peak breakdown (bench/memory/peak_breakdown.py): the peak is found where the live
+# bytes are largest, and the blocks live there are grouped by their loongforge frames.
+def test_peak_breakdown_groups_live_blocks_by_site():
+    from loongforge._snapshot_import import peak_breakdown
+
+    def fr(*names):
+        return [{"filename": f"/x/python/loongforge/{n.split(':')[0]}", "line": int(n.split(':')[1]),
+                 "name": "f"} for n in names] + [{"filename": "/usr/lib/torch/nn.py", "line": 1,
+                                                   "name": "g"}]
+
+    ev = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": fr("models/a.py:1", "train.py:9")},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": fr("models/b.py:2", "train.py:9")},
+        {"action": "alloc", "addr": 3, "size": 30, "frames": fr("models/b.py:2", "train.py:9")},
+        {"action": "free_requested", "addr": 2, "size": 50},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": []},  # peak: 100 + 30 + 60
+        {"action": "free_completed", "addr": 4, "size": 60},  # no request came first: ends it
+        {"action": "free_requested", "addr": 99, "size": 7},  # allocated before recording
+        {"action": "alloc", "addr": 5, "size": 70, "frames": fr("models/a.py:1", "train.py:9")},
+    ]
+    r = peak_breakdown({"device_traces": [ev]}, depth=1)
+    assert r["peak_bytes"] == 200 and r["peak_entry"] == 7 and r["entries"] == 8
+    assert [(s["site"], s["bytes"], s["blocks"]) for s in r["sites"]] == [
+        ("models/a.py:1 f", 170, 2), ("models/b.py:2 f", 30, 1)]
+    r = peak_breakdown({"device_traces": [ev[:6]]}, depth=2, top=1)
+    assert r["peak_bytes"] == 190 and r["peak_entry"] == 4
+    assert r["sites"][0] == {"site": "models/a.py:1 f < train.py:9 f", "bytes": 100, "blocks": 1}
+    assert r["sites"][1] == {"site": "(other)", "bytes": 90, "blocks": 2}
+    with pytest.raises(ValueError, match="device trace 1"):
+        peak_breakdown({"device_traces": [ev]}, device=1)
+
+
 # Guards replay: a repeated step is served from the plan after planning (hits, no misses), and
 # allocated bytes return to zero.
 def test_replay_planned_vs_pool():

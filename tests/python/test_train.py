@@ -223,6 +223,8 @@ def test_cli_errors(train_db, tmp_path, capsys):
     assert "--memory-cap-gib caps GPU memory: it needs a CUDA device" in capsys.readouterr().err
     assert train.main(COMMON + ["--data", train_db, "--memory-cap-gib", "-1"]) == 2
     assert "--memory-cap-gib" in capsys.readouterr().err
+    assert train.main(COMMON + ["--data", train_db, "--memory-history", str(tmp_path / "h")]) == 2
+    assert "--memory-history records GPU allocations" in capsys.readouterr().err
     if not has_datafusion():
         assert train.main(["--data", train_db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""What was live at the peak of a recorded run, by allocation site.
+
+    python -m loongforge.train ... --memory-history /tmp/lf.pickle
+    python3 bench/memory/peak_breakdown.py /tmp/tuned.pickle /tmp/lf.pickle [--depth 2] [--json OUT]
+
+For each snapshot (``torch.cuda.memory._dump_snapshot``, recorded with Python stacks): the peak of
+live bytes over the recorded allocations and the blocks live at that moment, grouped by their
+innermost frames in loongforge's files (``loongforge._snapshot_import.peak_breakdown``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from loongforge._snapshot_import import peak_breakdown  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("snapshots", nargs="+", help="pickled snapshots (--memory-history)")
+    p.add_argument("--depth", type=int, default=2, help="loongforge frames naming a site")
+    p.add_argument("--top", type=int, default=20, help="sites listed (the rest summed)")
+    p.add_argument("--json", default="", help="also write the breakdowns here")
+    a = p.parse_args()
+    out = {}
+    for path in a.snapshots:
+        try:
+            with open(path, "rb") as f:
+                snap = pickle.load(f)
+            r = peak_breakdown(snap, depth=a.depth, top=a.top)
+        except (OSError, pickle.UnpicklingError, ValueError, KeyError) as e:
+            print(f"peak_breakdown: {path}: {e}", file=sys.stderr)
+            return 1
+        out[path] = r
+        print(f"{path}: peak {r['peak_bytes'] / 2**30:.2f} GiB live at entry {r['peak_entry']} "
+              f"of {r['entries']}")
+        for s in r["sites"]:
+            print(f"  {s['bytes'] / 2**30:8.3f} GiB {s['blocks']:7d} blocks  {s['site']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
