@@ -29,6 +29,9 @@
 * **Memory.** Captures go to one graph memory pool, shared by the buckets' graphs (they replay
   one at a time on one stream, and each graph's outputs are consumed before the next replay), so
   the pool holds the largest bucket's step, not the sum. Replays allocate nothing. With
+  ``grads_in_pool`` (one microbatch a step, nothing to reduce) the gradients are made by the first
+  capture inside the pool, where they reuse the blocks of activations freed in backward (Note
+  [Gradients in the graph pool]). With
   ``mem_pool`` (the trainer passes MemSculptor's, ``MemSculptor.graph_pool()``) the pool's
   segments come from MemSculptor; otherwise from torch's own graph pool (Note [Graphs and
   MemSculptor] in docs/trainer.md).
@@ -217,6 +220,10 @@ class GraphedStep:
       log: one-line logger.
       mem_pool: a ``torch.cuda.MemPool`` the captures allocate from (None: torch's own graph
         pool). The runner keeps it alive as long as its graphs.
+      grads_in_pool: the first capture makes the gradients inside the graph pool (Note
+        [Gradients in the graph pool]). Only for one microbatch a step whose gradients are read
+        (clip, optimizer) before the next microbatch, and nothing else holds them (no NexusSync
+        flat buckets, no DDP).
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *,
@@ -224,7 +231,8 @@ class GraphedStep:
                  token_buckets: Sequence[int] = (), warmup: int = 3, graphs: bool = True,
                  sync: Any = None, autocast_dtype: Optional[torch.dtype] = torch.bfloat16,
                  max_graphs: int = 8, log: Callable[[str], None] = print,
-                 mem_pool: Any = None, warmup_next: Optional[int] = None) -> None:
+                 mem_pool: Any = None, warmup_next: Optional[int] = None,
+                 grads_in_pool: bool = False) -> None:
         self.model, self.device = model, device
         self.runner = runner if runner is not None else model
         self.buckets = tuple(token_buckets)
@@ -246,6 +254,7 @@ class GraphedStep:
                       if self.graphs_on else None)
         self._side = torch.cuda.Stream(device) if self.graphs_on else None
         self._grads_ready = False
+        self.grads_in_pool = grads_in_pool and self.graphs_on
         self.captures = 0
         self.capture_failures: List[str] = []
         self._released_graphs = 0  # graphs destroyed by release(), still counted in stats()
@@ -299,6 +308,8 @@ class GraphedStep:
             if b.graph is not None:
                 self._released_graphs += 1
             b.graph, b.inputs, b.noise, b.outputs = None, {}, None, {}
+        if self.grads_in_pool and self.model is not None:
+            self._drop_grads()  # they are the pool's blocks: the pool goes back after this
         self.model = self.runner = self.sync = None
         self._pool = self._side = self._mem_pool = None
 
@@ -379,10 +390,33 @@ class GraphedStep:
         cur.wait_stream(self._side)
         return out
 
+    # Note [Gradients in the graph pool]. A graph's backward writes its gradients at fixed
+    # addresses, so they used to be allocated once, before the first capture, and to live for the
+    # whole run beside the pool: one more copy of the trainable parameters at the forward's peak,
+    # where tuned PyTorch (zero_grad(set_to_none=True)) holds none (n16: 1.71B fp32 gradients,
+    # 6.4 GiB; n16-moe 13 GiB). With one microbatch a step and nothing else holding them, the first
+    # capture starts with every gradient None, so autograd makes them inside the capture, from
+    # the pool, in blocks the forward's activations left free as backward ran: at replay those
+    # addresses hold activations during the forward and gradients after backward. That is safe
+    # because each step reads the gradients (clip, optimizer, zeroing) before the next replay
+    # begins, on the same stream. The first graph assigns its gradients (no read of the old
+    # ones); later buckets' graphs, captured while those gradients exist, accumulate into them,
+    # so the trainer's in-place zeroing before each step keeps every bucket right. Gradient
+    # accumulation over microbatches (the forward of the second would overwrite the first's
+    # gradients), NexusSync's flat buckets and DDP keep gradients allocated up front.
+    def _drop_grads(self) -> None:
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = None
+
     def _ensure_grads(self) -> None:
         """Gradients must live at fixed addresses before capture: NexusSync's bucket views, or
-        zeros allocated once here (the trainer then zeroes them in place, never sets None)."""
+        zeros allocated once here (the trainer then zeroes them in place, never sets None); with
+        grads_in_pool, none before the first capture (Note [Gradients in the graph pool])."""
         if self._grads_ready:
+            return
+        if self.grads_in_pool:
+            self._drop_grads()  # the first capture makes them; _capture marks them ready
             return
         for p in self.model.parameters():
             if p.requires_grad and p.grad is None:
@@ -413,6 +447,8 @@ class GraphedStep:
             why = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             noise = b.noise
             b.inputs, b.outputs, b.noise = {}, {}, None
+            if self.grads_in_pool and not self._grads_ready:
+                self._drop_grads()  # made by the failed capture: the eager run makes its own
             self.capture_failures.append(f"{self._describe(b.key)}: {why}")
             torch.cuda.synchronize(self.device)
             if b.eager_runs < self.warmup and not b.retry:  # Note [Later buckets]
@@ -427,6 +463,7 @@ class GraphedStep:
             return self._eager(batch, generator, loss_scale, noise=noise)
         b.graph = graph
         b.scale = loss_scale
+        self._grads_ready = True  # with grads_in_pool: made by this capture, in the pool
         self.captures += 1
         self.log(f"[cuda-graph] captured bucket {self._describe(b.key)} after {b.eager_runs} "
                  f"eager warm-up microbatches")

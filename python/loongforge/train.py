@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eager microbatches of the first shape bucket before it is captured "
                         "(later buckets are captured at once, unless --compile-frozen)")
     g.add_argument("--graph-max", type=int, default=8, help="shape buckets captured at most")
+    g.add_argument("--graph-grads", choices=("auto", "fixed"), default="auto",
+                   help="where graphed steps keep gradients. auto: made by the first capture "
+                        "inside the graph pool, sharing blocks with the activations, when a step "
+                        "is one microbatch at world size 1 (docs/trainer.md, Note [Gradients in "
+                        "the graph pool]); fixed: allocated once before the first capture")
     g.add_argument("--token-buckets", default="auto",
                    help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128"
                         " ('' = off; auto: with CUDA graphs, four per octave from 16 up to the "
@@ -350,10 +355,19 @@ def build(args: argparse.Namespace) -> Session:
         if backend:
             status["datafusion"] = f"on (decode: {backend})"
     # NexusSync also runs at world size 1 (flat gradient buckets, no collectives) so that the
-    # single-process ablation measures its bookkeeping honestly.
+    # single-process ablation measures its bookkeeping honestly; not under graphed one-microbatch
+    # steps (below).
     sync_kind = "nexussync" if on["nexussync"] else ("ddp" if d.world > 1 else "none")
     status["nexussync"] = ("on" if sync_kind == "nexussync" else
                            "off: --no-nexussync" if lf else "off")
+    # Note [Gradients in the graph pool]: NexusSync's flat buckets would hold the gradients for
+    # the whole run; at world size 1 they have nothing to reduce.
+    pool_grads = (graphs and args.graph_grads == "auto" and d.device.type == "cuda"
+                  and d.world == 1 and args.grad_accum == 1 and args.topk_ratio is None)
+    if pool_grads and sync_kind == "nexussync":
+        sync_kind = "none"
+        status["nexussync"] = ("off: world size 1, nothing to reduce (graphed steps make the "
+                               "gradients in the graph pool; --graph-grads fixed keeps it on)")
     ep = None
     from .moe import ExpertParallel, check_expert_parallel
 
@@ -437,10 +451,12 @@ def build(args: argparse.Namespace) -> Session:
                               max_graphs=args.graph_max, log=log,
                               mem_pool=mem.graph_pool() if graphs else None,
                               # compiled per shape: a new bucket's eager calls compile it
-                              warmup_next=args.graph_warmup if args.compile_frozen else 0)
+                              warmup_next=args.graph_warmup if args.compile_frozen else 0,
+                              grads_in_pool=pool_grads)
         status["memsculptor"] = mem.status
-        status["cuda_graph"] = ("per_microbatch" if stepper.graphs_on else
-                                f"off ({stepper.disabled_reason})")
+        status["cuda_graph"] = (("per_microbatch" + (", gradients in the graph pool"
+                                                     if stepper.grads_in_pool else ""))
+                                if stepper.graphs_on else f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
     want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and lf)
     sync_free = want_sync_free and cuda

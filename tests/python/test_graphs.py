@@ -290,7 +290,9 @@ def test_trainer_graphs_sync_free(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         res[name] = json.load(open(js))
     g = res["graph"]
-    assert g["modules"]["cuda_graph"] == "per_microbatch", g["modules"]
+    # one microbatch a step at world size 1: Note [Gradients in the graph pool]
+    assert g["modules"]["cuda_graph"] == "per_microbatch, gradients in the graph pool", g["modules"]
+    assert g["modules"]["nexussync"].startswith("off: world size 1"), g["modules"]
     assert g["modules"]["sync_free"].startswith("on") and g["cuda_graph"]["token_buckets"]
     assert g["cuda_graph"]["captures"] >= 1 and g["cuda_graph"]["replays"] >= 1, g["cuda_graph"]
     assert g["figures"]["host_syncs_per_step"] == 0, g["figures"].get("host_sync_sites")
@@ -497,3 +499,57 @@ def test_moe_capture_matches_eager():
         assert torch.equal(counts, ref_counts) and int(dropped) == 0, (i, counts, ref_counts)
     st = step.stats()
     assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st
+
+
+def _steps_with_optimizer(batches, seed, grads_in_pool, mem_pool=None):
+    """Trainer-like steps, one microbatch each: zero in place, forward + backward through a
+    GraphedStep (buckets 5 and 8, warm-up 1), SGD with momentum. Returns the losses, the
+    parameters after every step, the model and the step runner."""
+    model = _model("cuda")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=(5, 8), warmup=1,
+                              autocast_dtype=None, log=lambda m: None, mem_pool=mem_pool,
+                              grads_in_pool=grads_in_pool)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    losses, states = [], []
+    for batch in batches:
+        opt.zero_grad(set_to_none=False)  # in place, as the trainer under graphs
+        out = step(batch, gen)
+        opt.step()
+        losses.append(out["loss"].clone())
+        states.append([p.detach().clone() for p in params])
+    torch.cuda.synchronize()
+    return losses, states, model, step
+
+
+# Guards Note [Gradients in the graph pool]: with the gradients made by the first capture inside
+# MemSculptor's graph pool (sharing blocks with activations), steps with an optimizer between
+# microbatches, over two buckets (the later one accumulating into the first one's gradients),
+# give the losses and parameters of gradients allocated up front; the gradients lie in the pool's
+# segments; release() drops them so that the pool goes back whole.
+@needs_cuda
+def test_grads_in_pool_train_like_fixed_grads():
+    ms, pool = _memsculptor_graph_pool()
+    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
+    batches = [short, short, long_, short, long_, long_, short]
+    ref_losses, ref_states, _, ref_step = _steps_with_optimizer(batches, 3, grads_in_pool=False)
+    losses, states, model, step = _steps_with_optimizer(batches, 3, grads_in_pool=True,
+                                                        mem_pool=pool)
+    for st in (ref_step.stats(), step.stats()):
+        assert st["captures"] == 2 and st["replays"] == 6 and not st["capture_failures"], st
+    for i in range(len(batches)):
+        assert torch.allclose(losses[i], ref_losses[i], rtol=1e-5, atol=1e-6), (i, losses[i],
+                                                                               ref_losses[i])
+        for a, b in zip(states[i], ref_states[i]):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), i
+    segs = [s for s in torch.cuda.memory_snapshot() if "segment_pool_id" in s]
+    if segs:  # torch names each segment's pool: every gradient is in the graph pool's
+        in_pool = [(s["address"], s["address"] + s["total_size"]) for s in segs
+                   if tuple(s["segment_pool_id"]) == tuple(pool.id)]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(any(lo <= g.data_ptr() < hi for lo, hi in in_pool) for g in grads)
+    step.release()
+    assert all(p.grad is None for p in model.parameters())
+    del pool, step, losses, states
+    assert ms.close(graphs_released=True)["live_allocations"] == 0
