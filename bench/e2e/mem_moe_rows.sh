@@ -2,7 +2,7 @@
 # Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
 # (space-separated, default all): tests (the GPU tests of graphs.py; PYTEST_K selects),
 # gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
-# checkpoints: peak allocated / reserved; MEM_MODES), moe16 and moe64 (n16-moe at batch 16 / 64 in
+# checkpoints: peak allocated / reserved; MEM_MODES, MEM_BATCHES, MEM_STEPS), moe16 and moe64 (n16-moe at batch 16 / 64 in
 # MOE_MODES), hist (n16 at batch HIST_B, default 16, in MEM_MODES with --memory-history: what is
 # live at the peak, by allocation site, bench/memory/peak_breakdown.py).
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
@@ -31,7 +31,7 @@ rows() {  # name config batches modes steps
   grep -A12 -E "^$2, batch" "$OUT/e2e_$1.log" | grep -vE "^\s*$" | head -40
   echo "$1 done $(($(date +%s) - t0)) s"
 }
-has mem && rows mem n16 16,64 "${MEM_MODES:-tuned,loongforge}" 80
+has mem && rows mem n16 "${MEM_BATCHES:-16,64}" "${MEM_MODES:-tuned,loongforge}" "${MEM_STEPS:-80}"
 if has hist; then
   snaps=()
   for m in ${MEM_MODES//,/ }; do

@@ -196,7 +196,6 @@ class _Bucket:
     eager_reason: str = ""
     replays: int = 0
     scale: float = 1.0
-    retry: bool = False  # a capture without warm-up failed (Note [Later buckets])
 
 
 class GraphedStep:
@@ -348,11 +347,13 @@ class GraphedStep:
     # state) was done by the first bucket, and another text length changes no kernel's set-up, so
     # a later bucket is captured at once, into the graph pool, reusing the blocks the first
     # capture freed. A runner that compiles per shape (--compile-frozen) still needs eager calls
-    # of the new shape (the trainer passes warmup_next=warmup then). If a capture without warm-up
-    # fails, the bucket gets the full warm-up and one more capture before it is left eager.
+    # of the new shape (the trainer passes warmup_next=warmup then). A failed capture is not
+    # retried: on torch 2.11 it leaves the default CUDA generator in capture mode (the capture's
+    # epilogue never runs), and a later eager draw from it fails ("Offset increment outside graph
+    # capture"); the bucket runs eager, as before.
     def _warmup_of(self, b: _Bucket) -> int:
-        later = b.retry or any(o.graph is not None for o in self._buckets.values() if o is not b)
-        return self.warmup if b.retry or not later else self.warmup_next
+        later = any(o.graph is not None for o in self._buckets.values() if o is not b)
+        return self.warmup_next if later else self.warmup
 
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -451,13 +452,8 @@ class GraphedStep:
                 self._drop_grads()  # made by the failed capture: the eager run makes its own
             self.capture_failures.append(f"{self._describe(b.key)}: {why}")
             torch.cuda.synchronize(self.device)
-            if b.eager_runs < self.warmup and not b.retry:  # Note [Later buckets]
-                b.retry = True
-                self.log(f"[cuda-graph] bucket {self._describe(b.key)}: {why}; warming up "
-                         f"{self.warmup} eager microbatches before capturing again")
-            else:
-                b.eager_reason = why
-                self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {why}")
+            b.eager_reason = why
+            self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {why}")
             # This microbatch's numbers were drawn into b.noise: the eager run uses them, so the
             # generator's stream stays that of an eager run.
             return self._eager(batch, generator, loss_scale, noise=noise)
