@@ -281,6 +281,15 @@ class GraphedStep:
             return self._eager(padded, generator, loss_scale, side_stream=True)
         return self._capture(b, padded, generator, loss_scale)
 
+    @property
+    def keeps_grads(self) -> bool:
+        """Whether the gradients must stay allocated between steps (zeroed in place, never set
+        to None): a captured graph writes them at fixed addresses. With grads_in_pool, not before
+        the first capture: the eager warm-up steps then drop them as tuned PyTorch does, so that
+        the warm-up's peak does not hold them during the forward either (Note [Gradients in the
+        graph pool])."""
+        return self.graphs_on and (not self.grads_in_pool or self._grads_ready)
+
     def stats(self) -> Dict[str, Any]:
         return {
             "enabled": self.graphs_on,

@@ -587,7 +587,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
             flops = 0.0
             with counter.window() if step - start_step >= timed_from else contextlib.nullcontext():
                 acc = readback.begin()  # device: [loss, fm_loss, aux_loss, text tokens, grad norm]
-                sync.zero_grad(opt, keep=stepper is not None and stepper.graphs_on)
+                sync.zero_grad(opt, keep=stepper is not None and stepper.keeps_grads)
                 for micro in range(args.grad_accum):
                     t0 = time.perf_counter()
                     with trace.span("data_wait"), part("data"):

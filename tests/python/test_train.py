@@ -257,7 +257,7 @@ def test_gpu_modes(train_db, tmp_path):
     lf = out["loongforge"]
     assert lf["modules"]["memsculptor"].startswith("on")
     assert lf["modules"]["datafusion"].startswith("on")
-    assert lf["modules"]["cuda_graph"] == "per_microbatch"  # loongforge mode's default on CUDA
+    assert lf["modules"]["cuda_graph"].startswith("per_microbatch")  # loongforge default on CUDA
     assert lf["figures"]["memory"]["kind"] == "cuda"
     a, b = out["baseline"]["loss_curve"][0]["loss"], lf["loss_curve"][0]["loss"]
     assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
