@@ -451,13 +451,16 @@ void BindData(py::module_& m) {
           [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {
             if (!d.held.empty()) ThrowStatus(FailedPreconditionError("collect() first"));
             std::vector<std::string_view> views = views_of(files);
-            py::gil_scoped_release nogil;
-            std::vector<internal::DecodedImage> out;
             std::vector<Status> st;
-            ThrowIfError(d.dec->Decode(views, name_of, &out, &st));
-            ThrowIfError(d.dec->ReleaseAfter(d.dec->stream()));
-            cudaError_t e = cudaStreamSynchronize(d.dec->stream());
-            if (e != cudaSuccess) ThrowStatus(InternalError(cudaGetErrorString(e)));
+            // The error is raised once the GIL is back (as RecordWriter.commit).
+            ThrowIfErrorWithoutGil([&]() -> Status {
+              std::vector<internal::DecodedImage> out;
+              Status s = d.dec->Decode(views, name_of, &out, &st);
+              if (s.ok()) s = d.dec->ReleaseAfter(d.dec->stream());
+              if (!s.ok()) return s;
+              cudaError_t e = cudaStreamSynchronize(d.dec->stream());
+              return e == cudaSuccess ? Status::Ok() : InternalError(cudaGetErrorString(e));
+            });
             int ok = 0;
             for (const Status& s : st) ok += s.ok();
             return ok;
