@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .flops import FlopsPerShape
-from .graphs import GraphedStep, SyncCounter, parse_buckets
+from .graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
                              TrainError, auto_buckets, build_model, compile_frozen,
@@ -363,7 +363,8 @@ def build(args: argparse.Namespace) -> Session:
     # Note [Gradients in the graph pool]: NexusSync's flat buckets would hold the gradients for
     # the whole run; at world size 1 they have nothing to reduce.
     pool_grads = (graphs and args.graph_grads == "auto" and d.device.type == "cuda"
-                  and d.world == 1 and args.grad_accum == 1 and args.topk_ratio is None)
+                  and d.world == 1 and args.grad_accum == 1 and args.topk_ratio is None
+                  and graph_unavailable(model, d.device, "none") is None)
     if pool_grads and sync_kind == "nexussync":
         sync_kind = "none"
         status["nexussync"] = ("off: world size 1, nothing to reduce (graphed steps make the "
