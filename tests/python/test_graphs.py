@@ -381,23 +381,6 @@ def test_capture_in_memsculptor_pool_is_bitwise_torch_pool():
     assert res["live_allocations"] == 0, res
 
 
-# Guards issue 16: two bucket graphs sharing MemSculptor's pool, replayed back to back in
-# alternation, each give the eager loss of their own batch (neither overwrites the other's
-# buffers while it runs).
-@needs_cuda
-def test_two_bucket_graphs_share_memsculptor_pool():
-    ms, pool = _memsculptor_graph_pool()
-    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
-    batches = [short, long_] * 4
-    got, step = _graphed_run(batches, seed=5, mem_pool=pool, buckets=(5, 8))
-    st = step.stats()
-    assert st["captures"] == 2 and st["replays"] == 6 and not st["capture_failures"], st
-    _assert_runs_match(got, _eager_run(batches, seed=5, buckets=(5, 8)))
-    step.release()
-    del pool, step, got
-    assert ms.close(graphs_released=True)["live_allocations"] == 0
-
-
 def _assert_runs_match(got, ref):
     assert len(got) == len(ref)
     for i, ((loss, grads), (ref_loss, ref_grads)) in enumerate(zip(got, ref)):
@@ -407,19 +390,23 @@ def _assert_runs_match(got, ref):
             assert torch.allclose(grads[n], g, rtol=1e-4, atol=1e-6), (i, n)
 
 
-# Guards Note [Later buckets]: a bucket first seen after another was captured is captured at once
-# (no eager warm-up allocating from torch's default pool beside the graph pool), and its replays
-# give eager's losses and gradients on the same draws.
+# Guards issue 16 and Note [Later buckets]: two bucket graphs sharing MemSculptor's pool, replayed
+# back to back, each give the eager loss and gradients of their own batch on the same draws
+# (neither overwrites the other's buffers while it runs). "alternate": each bucket gets its
+# warm-up microbatch before any capture; "later": the long bucket first appears after the short one
+# is captured and is captured at once (no eager warm-up in torch's default pool beside the graph
+# pool), so only the first microbatch runs eager.
 @needs_cuda
-def test_later_bucket_is_captured_without_warmup():
+@pytest.mark.parametrize("order,replays", [("alternate", 6), ("later", 5)])
+def test_two_bucket_graphs_share_memsculptor_pool(order, replays):
     ms, pool = _memsculptor_graph_pool()
     short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
-    batches = [short, short, long_, short, long_, long_]
-    got, step = _graphed_run(batches, seed=9, mem_pool=pool, buckets=(5, 8))
+    batches = [short, long_] * 4 if order == "alternate" else [short, short, long_, short, long_,
+                                                                long_]
+    got, step = _graphed_run(batches, seed=5, mem_pool=pool, buckets=(5, 8))
     st = step.stats()
-    # one eager microbatch (the first bucket's warm-up); the long bucket's first is its capture
-    assert st["captures"] == 2 and st["replays"] == 5 and not st["capture_failures"], st
-    _assert_runs_match(got, _eager_run(batches, seed=9, buckets=(5, 8)))
+    assert st["captures"] == 2 and st["replays"] == replays and not st["capture_failures"], st
+    _assert_runs_match(got, _eager_run(batches, seed=5, buckets=(5, 8)))
     step.release()
     del pool, step, got
     assert ms.close(graphs_released=True)["live_allocations"] == 0
