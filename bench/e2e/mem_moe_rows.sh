@@ -3,7 +3,7 @@
 # (space-separated, default all): tests (the GPU tests of graphs.py; PYTEST_K selects),
 # gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
 # checkpoints: peak allocated / reserved; MEM_MODES, MEM_BATCHES, MEM_STEPS), moe16 and moe64 (n16-moe at batch 16 / 64 in
-# MOE_MODES), hist (n16 at batch HIST_B, default 16, in MEM_MODES with --memory-history: what is
+# MOE_MODES), hist (HIST_CONFIG, default n16, at batch HIST_B, default 16, in MEM_MODES with --memory-history: what is
 # live at the peak, by allocation site, bench/memory/peak_breakdown.py).
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
@@ -35,7 +35,7 @@ has mem && rows mem n16 "${MEM_BATCHES:-16,64}" "${MEM_MODES:-tuned,loongforge}"
 if has hist; then
   snaps=()
   for m in ${MEM_MODES//,/ }; do
-    timeout "${ROW_T:-330}" python3 -m loongforge.train --config n16 --data "$db" --mode "$m" \
+    timeout "${ROW_T:-330}" python3 -m loongforge.train --config "${HIST_CONFIG:-n16}" --data "$db" --mode "$m" \
       --steps 24 --warmup 4 --batch-size "${HIST_B:-16}" --workers 16 --loader-threads 12 \
       --augment groot --ckpt-every 0 --log-every 8 --memory-history "/tmp/hist_$m.pickle" \
       >"$OUT/hist_$m.log" 2>&1
