@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
-# (space-separated, default all): tests (the GPU tests of graphs.py; PYTEST_K selects),
-# gemm (bench/moe/grouped_gemm.py), mem (n16, tuned and loongforge at batch 16 and 64, no
-# checkpoints: peak allocated / reserved; MEM_MODES, MEM_BATCHES, MEM_STEPS), moe16 and moe64 (n16-moe at batch 16 / 64 in
-# MOE_MODES), hist (HIST_CONFIG, default n16, at batch HIST_B, default 16, in MEM_MODES with --memory-history: what is
-# live at the peak, by allocation site, bench/memory/peak_breakdown.py).
+# (space-separated, default "tests gemm mem moe16 moe64"):
+#   tests  the GPU tests of graphs.py (PYTEST_K selects)
+#   gemm   bench/moe/grouped_gemm.py
+#   mem    n16 in MEM_MODES (tuned,loongforge) at MEM_BATCHES (16,64) for MEM_STEPS (80), no
+#          checkpoints: peak allocated / reserved
+#   moe16, moe64  n16-moe at batch 16 / 64 in MOE_MODES (baseline,tuned,loongforge)
+#   hist   HIST_CONFIG (n16) at batch HIST_B (16) in MEM_MODES with --memory-history: what is live
+#          at the peak, by allocation site (bench/memory/peak_breakdown.py)
+# ROW_T bounds each bench/e2e/run.py call (and each hist run), in seconds.
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
 source bench/gpu_env.sh
