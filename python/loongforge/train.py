@@ -248,6 +248,7 @@ class Session:
     readback: Readback
     guard: TokenGuard
     profiler: Optional[ModuleProfiler]
+    startup: Dict[str, float] = dataclasses.field(default_factory=dict)  # _Clock.phases
 
     def release(self) -> None:
         """Breaks the links that keep the model alive past the run: NexusSync's autograd hooks
@@ -257,6 +258,21 @@ class Session:
         if self.stepper is not None:
             self.stepper.release()
         self.sync.close()
+
+
+class _Clock:
+    """Wall seconds of build()'s phases (figures.startup_phases_s): where a run's start-up goes
+    before its first step (model init on the host, the copy to the device, the loader's
+    start, ...). A phase is the time since the previous mark."""
+
+    def __init__(self) -> None:
+        self.phases: Dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        t = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + (t - self._t)
+        self._t = t
 
 
 def _log(d: Dist) -> Callable[[str], None]:
@@ -281,6 +297,7 @@ def text_bound(args: argparse.Namespace, cfg: Gr00tConfig, schema: Dict[str, Any
 
 def build(args: argparse.Namespace) -> Session:
     check_args(args)
+    clock = _Clock()
     if args.threads:
         torch.set_num_threads(args.threads)
     lf = args.mode == "loongforge"
@@ -298,6 +315,7 @@ def build(args: argparse.Namespace) -> Session:
     d = setup_dist(args.device, mem.install)
     log = _log(d)
     _memory_history(args.memory_history, d.device)
+    clock.mark("process group and allocator")
     if args.memory_cap_gib:
         total = torch.cuda.get_device_properties(d.device).total_memory
         torch.cuda.set_per_process_memory_fraction(
@@ -317,6 +335,7 @@ def build(args: argparse.Namespace) -> Session:
                             parse_overrides(args.set))
     except ValueError as e:
         raise TrainError(str(e)) from e
+    clock.mark("model init")
     cfg = model.cfg
     args.image_size = cfg.image_size
     status["memsculptor"] = mem.status
@@ -326,6 +345,7 @@ def build(args: argparse.Namespace) -> Session:
                                  cfg.image_size)
     with mem.persistent():  # parameters live apart from the planned activation arena
         model.to(d.device).train()
+    clock.mark("model to device")
     cut = text_bound(args, cfg, schema, log)
 
     # Static batches: token buckets (DataFusion pads to them in its stage 3 when every record
@@ -349,6 +369,7 @@ def build(args: argparse.Namespace) -> Session:
         loader = make_loader(args, d, on["datafusion"], loader_buckets, cut)
     except ImportError as e:
         raise TrainError(str(e)) from e
+    clock.mark("loader")
     status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
     if on["datafusion"] and d.device.type == "cuda":
         backend = _safe_metrics(loader).get("decode_backend")
@@ -427,7 +448,9 @@ def build(args: argparse.Namespace) -> Session:
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
     noise_gen.manual_seed(args.seed * 1000 + d.rank)
+    clock.mark("sync, checkpointer, optimizer")
     start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log, ep)
+    clock.mark("resume")
 
     cuda = d.device.type == "cuda"
     counter = SyncCounter(args.count_syncs)
@@ -471,9 +494,10 @@ def build(args: argparse.Namespace) -> Session:
                 if args.profile_modules else None)
     if profiler is not None and args.cuda_graph == "auto" and auto_lean:
         status["cuda_graph"] = "off (--profile-modules: eager steps)"
+    clock.mark("step runner")
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, start_step, counter, sync_dev, autocast, trace, stepper,
-                   sync_free, readback, guard, profiler)
+                   sync_free, readback, guard, profiler, clock.phases)
 
 
 def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
@@ -697,6 +721,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         add_module_figures(summary, s.ckpt, s.sync, s.stepper, s.counter, s.mem)
         if s.profiler is not None and s.profiler.result is not None:
             summary["module_breakdown"] = s.profiler.result
+        summary["figures"]["startup_s"] = sum(s.startup.values())
+        summary["figures"]["startup_phases_s"] = dict(s.startup)
         if s.d.is_main and args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=2)

@@ -453,6 +453,9 @@ def format_summary(s: Dict[str, Any]) -> str:
            f"{f['ckpt_block_s_max']:.3f} s max ({f['ckpt_saves']} saves)" if f["ckpt_saves"]
            else ""),
         f"   memory: {mem_s}",
+        *([f"   start-up {f['startup_s']:.1f} s before the first step ("
+           + ", ".join(f"{k} {v:.1f}" for k, v in f["startup_phases_s"].items() if v >= 0.05)
+           + ")"] if "startup_s" in f else []),
         *([format_breakdown(s["module_breakdown"])] if "module_breakdown" in s else []),
         *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
            f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),

@@ -82,6 +82,12 @@ def test_loongforge_three_steps(train_db, tmp_path):
     assert s["modules"]["nexussync"] == "on" and "nexussync_stats" in s
     assert s["modules"]["memsculptor"] in ("off: needs CUDA", "on")
     assert len(s["loss_curve"]) == 3 and all(r["loss"] > 0 for r in s["loss_curve"])
+    # The start-up before the first step, by phase, adds up to its total.
+    ph = s["figures"]["startup_phases_s"]
+    assert {"model init", "model to device", "loader", "step runner"} <= set(ph), ph
+    assert all(v >= 0 for v in ph.values()) and ph["model init"] > 0
+    assert abs(sum(ph.values()) - s["figures"]["startup_s"]) < 1e-9
+    assert "start-up" in train.format_summary(s)
 
 
 # Guards: with centre crops the two modes feed (nearly) the same data in the same order, so the
