@@ -255,6 +255,20 @@ def _run_gpu(train_db, tmp_path, name, mode, steps, *extra):
         return json.load(f)
 
 
+# Guards --init-device device: the model is initialised on the GPU (in MemSculptor's persistent
+# pool in loongforge mode), trains in both modes from the same numbers, and a second run repeats
+# them.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_init_on_device(train_db, tmp_path):
+    runs = {name: _run_gpu(train_db, tmp_path, name, mode, 3, "--init-device", "device")
+            for name, mode in (("t", "tuned"), ("l", "loongforge"), ("l2", "loongforge"))}
+    a, b = runs["t"]["loss_curve"][0]["loss"], runs["l"]["loss_curve"][0]["loss"]
+    assert abs(a - b) / a < 0.05, (a, b)  # bf16 autocast and different JPEG/resize paths
+    c, d = runs["l"]["loss_curve"][0]["loss"], runs["l2"]["loss_curve"][0]["loss"]
+    assert abs(c - d) <= 1e-5 * abs(c), (c, d)  # the same init from the same seed
+    assert runs["l"]["figures"]["startup_phases_s"]["model init"] > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_modes(train_db, tmp_path):
     out = {mode: _run_gpu(train_db, tmp_path, mode, mode, 4, "--ckpt-every", "2", "--ckpt-dir",
