@@ -16,6 +16,12 @@ Refusals (``Fp8Unsupported``, one line each): no CUDA device, compute capability
 without ``float8_e4m3fn`` / ``_scaled_mm``. A layer whose in or out features are not multiples
 of 16 (``_scaled_mm``'s rule) keeps its bf16 ``nn.Linear``; ``apply_fp8_frozen`` counts those.
 
+Activation quantization on the GPU is one kernel (``quantize_rows_fused``: the C++ twin of
+``quantize_rowwise``, bit for bit, Note [Row-wise e4m3 quantization] in loongforge/compute.h)
+instead of seven torch ops (float, abs, amax, clamp, divide, clamp, cast). It is used on CUDA
+outside torch.compile tracing, when the build has it; ``LOONGFORGE_FP8_FUSED=0`` keeps the torch
+ops (for comparisons).
+
 State dicts do not change: ``Fp8Linear`` keeps the original ``weight`` and ``bias`` parameters
 (same names, same tensors) and holds the FP8 copy in non-persistent buffers, re-quantized when
 the weight is written (``load_state_dict`` bumps its version counter).
@@ -24,11 +30,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+import os
+
 import torch
 from torch import nn
 
+from . import _C
+
 __all__ = ["E4M3_MAX", "Fp8Unsupported", "Fp8Linear", "apply_fp8_frozen", "check_fp8_support",
-           "fp8_linear_reference", "quantize_rowwise"]
+           "fp8_linear_reference", "fused_quantize_available", "quantize_rowwise",
+           "quantize_rows_fused"]
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 _EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
@@ -80,6 +91,24 @@ def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return _to_e4m3(xf / scale), scale
 
 
+def fused_quantize_available() -> bool:
+    """Whether Fp8Linear quantizes activations with the one-kernel ``quantize_rows_fused``: the
+    build has it and LOONGFORGE_FP8_FUSED is not 0."""
+    return (hasattr(_C, "compute_quantize_rows_e4m3")
+            and os.environ.get("LOONGFORGE_FP8_FUSED", "1") != "0")
+
+
+def quantize_rows_fused(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rowwise`` of a contiguous 2-d bf16 or fp32 tensor in one pass (the C++ kernel,
+    on x's device and torch's current stream): (uint8 bytes [R, C] of the e4m3 values, fp32
+    scale [R, 1]); ``.view(torch.float8_e4m3fn)`` of the bytes is quantize_rowwise's first
+    result, bit for bit. ValueError naming the tensor for another dtype or shape."""
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    _C.compute_quantize_rows_e4m3(x, q, scale.view(-1))
+    return q, scale
+
+
 def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor,
                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fp8Linear's arithmetic in fp32: x [..., K] and weight [N, K] quantized row-wise to e4m3,
@@ -113,6 +142,7 @@ class Fp8Linear(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.use_fast_accum, self.emulate = use_fast_accum, emulate
+        self.fused = fused_quantize_available()  # activations in one kernel (quantize_rows_fused)
         self.register_buffer("weight_fp8", None, persistent=False)
         self.register_buffer("weight_scale", None, persistent=False)
         self._version = -1  # the weight version weight_fp8 was made from
@@ -142,7 +172,12 @@ class Fp8Linear(nn.Module):
             return fp8_linear_reference(x, self.weight, self.bias).to(out_dtype)
         wq, ws = self._quantized()
         x2 = x.reshape(-1, self.in_features)
-        xq, xs = quantize_rowwise(x2)
+        if (self.fused and x2.is_cuda and x2.dtype in (torch.bfloat16, torch.float32)
+                and x2.is_contiguous() and not _compiling()):
+            xb, xs = quantize_rows_fused(x2)
+            xq = xb.view(torch.float8_e4m3fn)
+        else:
+            xq, xs = quantize_rowwise(x2)
         # a [M, K] row-major, b [K, N] column-major (the weight's transpose view); bf16 result:
         # row-wise scaling produces bf16 only.
         y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16,
@@ -172,7 +207,8 @@ def apply_fp8_frozen(model: nn.Module, device: Optional[torch.device] = None,
     """Swaps the ``nn.Linear`` layers of ``model.fp8_modules()`` (frozen, forward-only: the
     vision tower and the frozen LLM layers) for Fp8Linear, in place. Checks the device first
     (Fp8Unsupported) unless ``emulate``. Returns {"fp8": swapped, "kept": left in bf16 because
-    a dimension is not a multiple of 16, "kept_layers": their names}. Refuses (ValueError) a
+    a dimension is not a multiple of 16, "kept_layers": their names, "fused": activations quantized by the
+    one-kernel quantize_rows_fused}. Refuses (ValueError) a
     module with a trainable parameter: FP8 here has no backward."""
     if not emulate:
         check_fp8_support(device)
@@ -183,4 +219,5 @@ def apply_fp8_frozen(model: nn.Module, device: Optional[torch.device] = None,
             raise ValueError(f"--fp8-frozen: module {type(m).__name__} #{i} has trainable "
                              "parameters; FP8 layers are forward-only")
         _swap(m, counts, skipped, f"{type(m).__name__}#{i}", use_fast_accum, emulate)
-    return {"fp8": counts["fp8"], "kept": counts["kept"], "kept_layers": skipped}
+    return {"fp8": counts["fp8"], "kept": counts["kept"], "kept_layers": skipped,
+            "fused": fused_quantize_available()}

@@ -443,7 +443,8 @@ def build(args: argparse.Namespace) -> Session:
         except Fp8Unsupported as e:
             raise TrainError(str(e)) from e
         status["fp8_frozen"] = (f"on ({fp8['fp8']} linear layers e4m3, {fp8['kept']} kept in "
-                                "bf16: a dimension not a multiple of 16)")
+                                "bf16: a dimension not a multiple of 16; activations quantized "
+                                + ("by one kernel)" if fp8["fused"] else "by torch ops)"))
     runner: Any = sync.wrapped if sync.kind == "ddp" else model
     if args.compile:
         if not hasattr(torch, "compile"):

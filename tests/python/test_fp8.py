@@ -149,3 +149,64 @@ def test_scaled_mm_against_bf16_and_reference(m, k, n, fast_accum):
     assert rel_fro(y, y_bf16) < REL_BOUND
     ref = fp8.fp8_linear_reference(x, lin.weight, lin.bias)
     assert rel_fro(y, ref) < 1e-2
+
+
+def _e4m3_values() -> torch.Tensor:
+    """The float value of every e4m3fn byte (NaN for 0x7F and 0xFF)."""
+    out = []
+    for b in range(256):
+        e, m = (b >> 3) & 0xF, b & 7
+        if e == 15 and m == 7:
+            v = float("nan")
+        elif e == 0:
+            v = m * 2.0**-9
+        else:
+            v = (1 + m / 8) * 2.0**(e - 7)
+        out.append(-v if b & 0x80 else v)
+    return torch.tensor(out)
+
+
+def _rows(r, c, dtype, device="cpu", seed=0):
+    """Random rows spread over many binades (each row its own magnitude), one all-zero row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, c, generator=g) * torch.exp2(torch.randint(-20, 20, (r, 1), generator=g))
+    x[min(1, r - 1)] = 0
+    return x.to(dtype).to(device)
+
+
+# Guards the one-kernel quantization (Note [Row-wise e4m3 quantization]) on the CPU twin: its
+# bytes decode to quantize_rowwise's values and its scales are quantize_rowwise's, exactly, for
+# bf16 and fp32 rows; bad tensors are refused by name.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("r,c", [(1, 1), (7, 17), (33, 1152)])
+def test_fused_quantize_matches_quantize_rowwise_cpu(dtype, r, c):
+    x = _rows(r, c, dtype, seed=r * c)
+    q, s = fp8.quantize_rows_fused(x)
+    ref_q, ref_s = fp8.quantize_rowwise(x)
+    assert q.dtype == torch.uint8 and q.shape == (r, c) and s.shape == (r, 1)
+    assert torch.equal(s, ref_s)
+    assert torch.equal(_e4m3_values()[q.long()], ref_q.float())
+    with pytest.raises(ValueError, match="'x'"):
+        fp8.quantize_rows_fused(x.to(torch.float64))
+    with pytest.raises(ValueError, match="2-d"):
+        fp8.quantize_rows_fused(x.reshape(1, r, c))
+
+
+# Guards the CUDA kernel against torch's own ops on the GPU: the same bytes (float8_e4m3fn) and
+# scales, bit for bit, and an Fp8Linear forward with the kernel equal to one with the torch ops.
+@pytest.mark.skipif(not _has_fp8_gpu(), reason="needs a CUDA GPU with FP8 (sm >= 8.9)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("r,c", [(1, 16), (513, 1152), (4096, 4304), (9, 48)])
+def test_fused_quantize_matches_torch_ops_gpu(dtype, r, c):
+    x = _rows(r, c, dtype, "cuda", seed=r + c)
+    q, s = fp8.quantize_rows_fused(x)
+    ref_q, ref_s = fp8.quantize_rowwise(x)
+    assert torch.equal(q, ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+    lin = torch.nn.Linear(c, 64, device="cuda").requires_grad_(False)
+    layer = fp8.Fp8Linear(lin)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        layer.fused = True
+        y_fused = layer(x)
+        layer.fused = False
+        y_torch = layer(x)
+    assert torch.equal(y_fused, y_torch)
