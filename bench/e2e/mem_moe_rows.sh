@@ -8,6 +8,9 @@
 #   moe16, moe64  n16-moe at batch 16 / 64 in MOE_MODES (baseline,tuned,loongforge)
 #   hist   HIST_CONFIG (n16) at batch HIST_B (16) in MEM_MODES with --memory-history: what is live
 #          at the peak, by allocation site (bench/memory/peak_breakdown.py)
+#   prof   n16 loongforge at PROF_BATCHES (16,64) with --profile-modules 5: where the eager step's
+#          time goes, by part (issue 17)
+#   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
 # ROW_T bounds each bench/e2e/run.py call (and each hist run), in seconds.
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
@@ -27,15 +30,17 @@ if has gemm; then
   echo "gemm $(($(date +%s) - t0)) s"
 fi
 db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
-rows() {  # name config batches modes steps
+rows() {  # name config batches modes steps [more run.py flags]
   timeout "${ROW_T:-330}" python3 bench/e2e/run.py --db "$db" --config "$2" --batches "$3" \
     --modes "$4" --steps "$5" --warmup 10 --ckpt-every 0 --workers 16 --loader-threads 12 \
-    --out "/tmp/e2e_$1" >"$OUT/e2e_$1.log" 2>&1
+    --out "/tmp/e2e_$1" "${@:6}" >"$OUT/e2e_$1.log" 2>&1
   echo "== $1: rc $?"
   grep -A12 -E "^$2, batch" "$OUT/e2e_$1.log" | grep -vE "^\s*$" | head -40
   echo "$1 done $(($(date +%s) - t0)) s"
 }
 has mem && rows mem n16 "${MEM_BATCHES:-16,64}" "${MEM_MODES:-tuned,loongforge}" "${MEM_STEPS:-80}"
+has prof && rows prof n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5
+has fp8 && rows fp8 n16 64 loongforge 40 --extra=--fp8-frozen
 if has hist; then
   snaps=()
   for m in ${MEM_MODES//,/ }; do
