@@ -714,11 +714,19 @@ def _memory_history(path: str, device: Optional[torch.device]) -> None:
     if not path:
         return
     if device is None:
-        torch.cuda.memory._dump_snapshot(path)
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+        except OSError as e:  # the run's summary still follows
+            print(f"loongforge.train: --memory-history: cannot write {path}: {e}",
+                  file=sys.stderr)
         torch.cuda.memory._record_memory_history(enabled=None)
         return
     if device.type != "cuda":
         raise TrainError("--memory-history records GPU allocations: it needs a CUDA device")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise TrainError(f"--memory-history {path}: directory {parent} does not exist or is not "
+                         "writable")
     try:
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
     except (RuntimeError, TypeError) as e:  # a global pluggable allocator; an older torch

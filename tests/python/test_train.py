@@ -231,6 +231,10 @@ def test_cli_errors(train_db, tmp_path, capsys):
     assert "--memory-cap-gib" in capsys.readouterr().err
     assert train.main(COMMON + ["--data", train_db, "--memory-history", str(tmp_path / "h")]) == 2
     assert "--memory-history records GPU allocations" in capsys.readouterr().err
+    if torch.cuda.is_available():  # the path is checked before the run, on a GPU
+        assert train.main(COMMON + ["--device", "cuda", "--data",
+                          train_db, "--memory-history", str(tmp_path / "no" / "h")]) == 2
+        assert "does not exist or is not writable" in capsys.readouterr().err
     if not has_datafusion():
         assert train.main(["--data", train_db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err
