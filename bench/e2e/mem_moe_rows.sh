@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's memory rows and issue 18's MoE rows, one device call. Parts are chosen by PARTS
 # (space-separated, default "tests gemm mem moe16 moe64"):
-#   tests  the GPU tests of graphs.py (PYTEST_K selects)
+#   tests  the GPU tests of TEST_FILES (tests/python/test_graphs.py; PYTEST_K selects), and the
+#          ctest tests matching CTEST_R when set
 #   gemm   bench/moe/grouped_gemm.py
 #   mem    n16 in MEM_MODES (tuned,loongforge) at MEM_BATCHES (16,64) for MEM_STEPS (80), no
 #          checkpoints: peak allocated / reserved
@@ -11,6 +12,11 @@
 #   prof   n16 loongforge at PROF_BATCHES (16,64) with --profile-modules 5: where the eager step's
 #          time goes, by part (issue 17)
 #   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
+#   maxb   bench/memory/max_batch.py: the largest n16 batch under a MAXB_CAP (40) GiB cap in
+#          tuned, tuned+expandable and loongforge, side by side (--parallel), from MAXB_START (32);
+#          MAXB_EXTRA: further flags, e.g. "--extra=--init-device --extra=device"
+# FAST_INIT=1: prof and fp8 build the model on the GPU (--init-device device; speed rows only, the
+# memory rows keep the host init).
 # ROW_T bounds each bench/e2e/run.py call (and each hist run), in seconds.
 #   PARTS="tests gemm mem moe16" bash bench/e2e/mem_moe_rows.sh
 set -uo pipefail
@@ -19,9 +25,13 @@ gpu_build
 parts=" ${PARTS:-tests gemm mem moe16 moe64} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 if has tests; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs tests/python/test_graphs.py ${PYTEST_K:+-k "$PYTEST_K"} \
-    >"$OUT/pytest_graphs.log" 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs ${TEST_FILES:-tests/python/test_graphs.py} \
+    ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/pytest_graphs.log" 2>&1
   tail -n 4 "$OUT/pytest_graphs.log"
+  if [ -n "${CTEST_R:-}" ]; then
+    (cd build-gpu && timeout 120 ctest --output-on-failure -R "$CTEST_R") >"$OUT/ctest_parts.log" 2>&1
+    grep -E "tests passed|\(Failed\)" "$OUT/ctest_parts.log"
+  fi
   echo "tests $(($(date +%s) - t0)) s"
 fi
 if has gemm; then
@@ -39,8 +49,18 @@ rows() {  # name config batches modes steps [more run.py flags]
   echo "$1 done $(($(date +%s) - t0)) s"
 }
 has mem && rows mem n16 "${MEM_BATCHES:-16,64}" "${MEM_MODES:-tuned,loongforge}" "${MEM_STEPS:-80}"
-has prof && rows prof n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5
-has fp8 && rows fp8 n16 64 loongforge 40 --extra=--fp8-frozen
+has prof && rows prof n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5 \
+  ${FAST_INIT:+"--extra=--init-device device"}
+has fp8 && rows fp8 n16 64 loongforge 40 --extra="--fp8-frozen${FAST_INIT:+ --init-device device}"
+if has maxb; then
+  timeout "${MAXB_T:-420}" python3 bench/memory/max_batch.py --db "$db" --config n16 \
+    --cap-gib "${MAXB_CAP:-40}" --parallel --start "${MAXB_START:-32}" --workers 4 \
+    --loader-threads 4 --out /tmp/maxb ${MAXB_EXTRA:-} >"$OUT/max_batch.log" 2>&1
+  echo "== maxb: rc $?"
+  cp /tmp/maxb/max_batch.json "$OUT/" 2>/dev/null
+  tail -n 20 "$OUT/max_batch.log"
+  echo "maxb done $(($(date +%s) - t0)) s"
+fi
 if has hist; then
   snaps=()
   for m in ${MEM_MODES//,/ }; do

@@ -10,7 +10,12 @@ doubles from --start until a probe fails, then bisects in steps of --step (8), s
 the largest multiple of --step that trains. No checkpoints (their staging is outside the cap).
 
     PYTHONPATH=python python3 bench/memory/max_batch.py --db DB --config n16 --cap-gib 40 \\
-        --out results/max_batch
+        --out results/max_batch [--parallel] [--extra=--init-device --extra=device]
+
+--parallel searches the modes side by side, one probe process per mode at a time: the cap is per
+process, so three 40 GiB probes fit one 139 GiB H200 (the steps share the GPU, which changes
+their speed, not what fits). --extra passes a flag to every probe's trainer (for example
+`--init-device device`, which builds the model on the GPU and cuts each probe's start-up).
 
 Prints a table (largest batch per mode, and loongforge's ratio to tuned and to tuned+expandable)
 and writes every probe to OUT/max_batch.json.
@@ -22,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -68,8 +74,17 @@ def trainer_cmd(a: argparse.Namespace, mode: str, batch: int) -> Tuple[List[str]
            "--mode", "tuned" if mode.startswith("tuned") else mode, "--batch-size", str(batch),
            "--steps", str(a.probe_steps), "--warmup", str(min(2, a.probe_steps - 1)),
            "--workers", str(a.workers), "--loader-threads", str(a.loader_threads),
-           "--memory-cap-gib", str(a.cap_gib), "--log-every", str(a.probe_steps), "--quiet"]
+           "--memory-cap-gib", str(a.cap_gib), "--log-every", str(a.probe_steps), "--quiet",
+           *a.extra]
     return cmd, env
+
+
+def _device_gib() -> float:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0.0
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
 def main() -> int:
@@ -86,15 +101,30 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--loader-threads", type=int, default=12)
     p.add_argument("--out", default="results/max_batch")
+    p.add_argument("--parallel", action="store_true",
+                   help="search the modes side by side (one probe process per mode at a time)")
+    p.add_argument("--extra", action="append", default=[],
+                   help="a flag passed on to every probe's trainer (repeat for more)")
     a = p.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    result: Dict[str, Any] = {"args": vars(a), "modes": {}}
-    for mode in a.modes.split(","):
+    modes = a.modes.split(",")
+    for mode in modes:
         if mode not in MODES:
             raise SystemExit(f"unknown mode '{mode}' ({', '.join(MODES)})")
+    if a.parallel and a.cap_gib * len(modes) > _device_gib():
+        raise SystemExit(f"--parallel: {len(modes)} probes of {a.cap_gib:g} GiB do not fit "
+                         f"this GPU's {_device_gib():.0f} GiB side by side")
+    os.makedirs(a.out, exist_ok=True)
+    result: Dict[str, Any] = {"args": vars(a), "modes": {}}
+    lock = threading.Lock()
+
+    def save() -> None:
+        with lock, open(os.path.join(a.out, "max_batch.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    def search(mode: str) -> None:
         probes: List[Dict[str, Any]] = []
 
-        def fits(batch: int, mode: str = mode, probes: List[Dict[str, Any]] = probes) -> bool:
+        def fits(batch: int) -> bool:
             cmd, env = trainer_cmd(a, mode, batch)
             t0 = time.perf_counter()
             r = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -113,10 +143,21 @@ def main() -> int:
             lo, hi = largest_fitting(fits, a.start, a.step, a.limit)
             result["modes"][mode] = {"largest_batch": lo, "smallest_failing": hi,
                                      "probes": probes}
-        except RuntimeError as e:
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
             result["modes"][mode] = {"error": str(e), "probes": probes}
-        with open(os.path.join(a.out, "max_batch.json"), "w") as f:
-            json.dump(result, f, indent=1)
+        save()
+
+    if a.parallel:
+        threads = [threading.Thread(target=search, args=(m,)) for m in modes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        result["modes"] = {m: result["modes"][m] for m in modes}  # the order asked for
+        save()
+    else:
+        for mode in modes:
+            search(mode)
     print(f"\n{a.config}, cap {a.cap_gib:g} GiB, {a.probe_steps} steps a probe, steps of {a.step}")
     got = {m: r.get("largest_batch") for m, r in result["modes"].items()}
     for m, r in result["modes"].items():

@@ -85,9 +85,11 @@ def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """[R, C] -> (e4m3 [R, C], fp32 scale [R, 1]) with x ~= q * scale and scale = amax / 448
-    over each row (per token for activations, per output channel for weights)."""
+    over each row (per token for activations, per output channel for weights). The scale is
+    amax times fp32(1/448), a product on every device: torch's CUDA `t / 448.0` multiplies by
+    the reciprocal while its CPU kernel divides (Note [Row-wise e4m3 quantization])."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_EPS) / E4M3_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_EPS) * (1.0 / E4M3_MAX)
     return _to_e4m3(xf / scale), scale
 
 

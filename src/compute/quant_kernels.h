@@ -24,6 +24,9 @@ namespace internal {
 
 constexpr float kE4m3Max = 448.0f;
 constexpr float kAmaxFloor = 1e-12f;
+// 1/448 rounded to fp32: the scale is amax times it, as torch's CUDA division by a Python scalar
+// computes (a multiplication by the scalar's reciprocal), so the GPU's torch ops agree bit for bit.
+constexpr float kInvE4m3Max = 1.0f / 448.0f;
 
 LF_HOST_DEVICE inline uint32_t FloatBits(float v) {
   uint32_t u;
@@ -92,9 +95,9 @@ LF_HOST_DEVICE inline float AbsMaxNan(float m, float v) {
   return (a > m || a != a) ? a : m;
 }
 
-// The row scale from its amax (NaN stays NaN, as torch's clamp_min).
+// The row scale from its amax (NaN stays NaN, as torch's clamp_min; its bits are the device's).
 LF_HOST_DEVICE inline float RowScale(float amax) {
-  return (amax < kAmaxFloor ? kAmaxFloor : amax) / kE4m3Max;
+  return (amax < kAmaxFloor ? kAmaxFloor : amax) * kInvE4m3Max;
 }
 
 void QuantizeRowsE4m3Cpu(const void* x, DType x_dtype, int64_t rows, int64_t cols, uint8_t* q,
