@@ -105,8 +105,8 @@ TEST(ComputeE4m3, RoundsToNearestEven) {
   }
 }
 
-// Guards the CPU twin: per-row scale amax * fp32(1/448) (a zero row takes the 1e-12 floor), bytes the
-// rounding of x / scale, bf16 and f32 alike; a NaN poisons its row only.
+// Guards the CPU twin: per-row scale amax * fp32(1/448) (a zero row takes the 1e-12 floor), bytes
+// the rounding of x / scale, bf16 and f32 alike; a NaN poisons its row only.
 TEST(ComputeE4m3, CpuRowsFollowTheNote) {
   const std::vector<float> x = {1.0f, -2.0f, 4.0f, 0.5f,   // amax 4
                                 0.0f, 0.0f,  0.0f, 0.0f,   // zero row
