@@ -252,9 +252,42 @@ def module_breakdown(avgs: Sequence[Any], step_s: Sequence[float], cuda: bool) -
         parts[name] = row
     other = max(0.0, step_ms - sum(p["ms"] for p in parts.values())) if n else float("nan")
     parts["other"] = {"ms": other, "share": other / step_ms if n else float("nan")}
-    return {"steps": n, "step_ms": step_ms, "parts": parts,
-            "timing": "wall time per range, device synchronized at range edges" +
-                      ("; device_ms: kernel time" if cuda else "")}
+    out = {"steps": n, "step_ms": step_ms, "parts": parts,
+           "timing": "wall time per range, device synchronized at range edges" +
+                     ("; device_ms: kernel time" if cuda else "")}
+    if cuda and n:
+        out.update(top_kernels(avgs, n))
+    return out
+
+
+def top_kernels(avgs: Sequence[Any], steps: int, top: int = 15) -> Dict[str, Any]:
+    """The device kernels of the profiled steps, largest first: per kernel name ms and launches
+    per step ("kernels", the first ``top``), and all kernels' time per step ("kernel_ms"): what
+    the GPU ran, against the step's wall time (the rest is launch gaps and syncs)."""
+    rows = []
+    for a in avgs:
+        if str(getattr(a, "device_type", "")).rsplit(".", 1)[-1] != "CUDA":
+            continue
+        us = float(getattr(a, "self_device_time_total", getattr(a, "self_cuda_time_total", 0.0)))
+        if us > 0:
+            rows.append((us, a.key, int(a.count)))
+    rows.sort(reverse=True)
+    return {"kernel_ms": sum(r[0] for r in rows) / 1e3 / steps,
+            "kernels": [{"name": k, "ms": us / 1e3 / steps, "calls": c / steps}
+                        for us, k, c in rows[:top]]}
+
+
+def format_kernels(b: Dict[str, Any], width: int = 90) -> List[str]:
+    """The kernel ranking of a module breakdown, a line per kernel (none on a CPU)."""
+    if "kernels" not in b:
+        return []
+    lines = [f"   device kernels: {b['kernel_ms']:.1f} ms/step of {b['step_ms']:.1f} "
+             f"({b['kernel_ms'] / b['step_ms']:.0%}); largest:"]
+    for k in b["kernels"]:
+        name = k["name"] if len(k["name"]) <= width else k["name"][:width - 3] + "..."
+        lines.append(f"     {k['ms']:7.2f} ms {k['ms'] / b['kernel_ms']:4.0%} "
+                     f"x{k['calls']:<6.0f} {name}")
+    return lines
 
 
 def format_breakdown(b: Dict[str, Any]) -> str:
@@ -456,7 +489,8 @@ def format_summary(s: Dict[str, Any]) -> str:
         *([f"   start-up {f['startup_s']:.1f} s before the first step ("
            + ", ".join(f"{k} {v:.1f}" for k, v in f["startup_phases_s"].items() if v >= 0.05)
            + ")"] if "startup_s" in f else []),
-        *([format_breakdown(s["module_breakdown"])] if "module_breakdown" in s else []),
+        *([format_breakdown(s["module_breakdown"]), *format_kernels(s["module_breakdown"])]
+          if "module_breakdown" in s else []),
         *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
            f"(max {f['host_syncs_max']})"] if "host_syncs_per_step" in f else []),
         f"   loss: first {s['loss_curve'][0]['loss']:.4f} last {s['loss_curve'][-1]['loss']:.4f}"

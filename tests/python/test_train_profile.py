@@ -40,6 +40,29 @@ def test_profile_modules_breakdown(train_db, tmp_path, capsys, mode):
     assert "module breakdown (2 profiled steps" in capsys.readouterr().out
 
 
+# Guards the kernel ranking of a GPU profile: only device events count, largest first, per step,
+# and the printed lines name them (a CPU profile has no ranking).
+def test_top_kernels_ranks_device_events_per_step():
+    from types import SimpleNamespace as E
+
+    from loongforge.train_metrics import format_kernels, module_breakdown, top_kernels
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    avgs = [E(key="aten::mm", count=8, device_type=cpu, self_device_time_total=0.0,
+              cpu_time_total=900.0),
+            E(key="sm90_gemm_bf16", count=8, device_type=cuda, self_device_time_total=6000.0),
+            E(key="flash_fwd_kernel", count=4, device_type=cuda, self_device_time_total=2000.0),
+            E(key="idle", count=2, device_type=cuda, self_device_time_total=0.0)]
+    t = top_kernels(avgs, steps=2, top=1)
+    assert t["kernel_ms"] == pytest.approx(4.0)
+    assert t["kernels"] == [{"name": "sm90_gemm_bf16", "ms": 3.0, "calls": 4.0}]
+    b = module_breakdown(avgs, [0.010, 0.010], cuda=True)
+    assert [k["name"] for k in b["kernels"]] == ["sm90_gemm_bf16", "flash_fwd_kernel"]
+    lines = format_kernels(b)
+    assert "4.0 ms/step of 10.0 (40%)" in lines[0] and "sm90_gemm_bf16" in lines[1]
+    assert format_kernels(module_breakdown(avgs, [0.010], cuda=False)) == []
+
+
 # Guards: without the option no breakdown is made and the model's parts run no profiler range.
 def test_no_profile_by_default(train_db, tmp_path):
     out = str(tmp_path / "s.json")
