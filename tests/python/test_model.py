@@ -238,3 +238,48 @@ def test_config_refuses_nonpositive_text_bounds():
         get_config("tiny", max_text_tokens=0)
     with pytest.raises(ValueError, match="vocab_size"):
         get_config("tiny", vocab_size=0)
+
+
+# Guards --frozen-bf16: storing the frozen linear/conv weights in bf16 changes nothing under bf16
+# autocast (autocast casts them to bf16 on every call anyway), bit for bit, layer by layer here
+# (torch's CPU autocast runs LayerNorm in bf16, so the whole model only on the GPU, below); norms
+# and embeddings keep fp32, trainable layers are untouched, and the bytes saved are counted.
+def test_frozen_linear_bf16_same_layers_under_autocast():
+    a, b = tiny(), tiny()
+    layers, saved = b.frozen_linear_to(torch.bfloat16)
+    pairs = [(sa, sb) for ma, mb in zip(a.frozen_modules(), b.frozen_modules())
+             for sa, sb in zip(ma.modules(), mb.modules())
+             if type(sa) in (torch.nn.Linear, torch.nn.Conv2d)]
+    assert layers == len(pairs) > 0
+    assert saved == sum(p.numel() * 2 for sa, _ in pairs for p in sa.parameters())
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert pb.dtype == (torch.bfloat16 if pa.dtype != pb.dtype else pa.dtype), name
+        assert pb.dtype == torch.float32 or not pb.requires_grad, name
+    assert b.backbone.language_model.embed_tokens.weight.dtype == torch.float32
+    assert b.backbone.vision_model.post_layernorm.weight.dtype == torch.float32
+    g = torch.Generator().manual_seed(3)
+    for sa, sb in pairs:
+        shape = ((2, 3, 28, 28) if isinstance(sa, torch.nn.Conv2d) else (5, sa.in_features))
+        x = torch.randn(shape, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ya, yb = sa(x), sb(x)
+        assert ya.dtype == yb.dtype == torch.bfloat16 and torch.equal(ya, yb)
+    assert b.frozen_linear_to(torch.bfloat16) == (layers, 0)  # already bf16: nothing more
+
+
+# Guards the same on the GPU for the whole model: loss and every gradient bit for bit.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_frozen_linear_bf16_same_model_under_cuda_autocast():
+    a, b = tiny().cuda(), tiny().cuda()
+    b.frozen_linear_to(torch.bfloat16)
+    batch = {k: v.cuda() for k, v in make_batch().items()}
+    losses = []
+    for m in (a, b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = m(batch, generator=torch.Generator("cuda").manual_seed(1))
+        out["loss"].backward()
+        losses.append(out["loss"].detach())
+    assert torch.equal(losses[0], losses[1])
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        if pa.requires_grad:
+            assert torch.equal(pa.grad, pb.grad), name

@@ -273,6 +273,19 @@ def test_gpu_init_on_device(train_db, tmp_path):
     assert runs["l"]["figures"]["startup_phases_s"]["model init"] > 0
 
 
+# Guards --frozen-bf16 in the trainer on the GPU: on by default in loongforge mode, and the run's
+# losses are those of the same run with fp32 frozen weights (graphed steps, same seed).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_frozen_bf16_same_losses(train_db, tmp_path):
+    on = _run_gpu(train_db, tmp_path, "on", "loongforge", 4)
+    off = _run_gpu(train_db, tmp_path, "off", "loongforge", 4, "--frozen-bf16", "off")
+    assert on["modules"]["frozen_bf16"].startswith("on (")
+    assert "frozen_bf16" not in off["modules"]
+    a = [r["loss"] for r in on["loss_curve"]]
+    b = [r["loss"] for r in off["loss_curve"]]
+    assert len(a) == 4 and a == pytest.approx(b, rel=1e-5, abs=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_modes(train_db, tmp_path):
     out = {mode: _run_gpu(train_db, tmp_path, mode, mode, 4, "--ckpt-every", "2", "--ckpt-dir",

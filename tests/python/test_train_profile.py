@@ -102,6 +102,18 @@ def test_fp8_frozen_refused_without_fp8(train_db, capsys):
     assert len(err) == 1 and "--fp8-frozen needs" in err[0]
 
 
+# Guards --frozen-bf16 on the CPU: "on" is refused with one line (no bf16 autocast there), and
+# "auto" leaves every weight in fp32 and says nothing of it in the modules.
+def test_frozen_bf16_cpu(train_db, tmp_path, capsys):
+    assert train.main(COMMON + ["--data", train_db, "--steps", "2", "--frozen-bf16", "on"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--frozen-bf16 on needs CUDA" in err[0]
+    out = str(tmp_path / "s.json")
+    assert train.main(COMMON + ["--data", train_db, "--steps", "1", "--mode", "loongforge",
+                                "--json-out", out]) == 0
+    assert "frozen_bf16" not in json.load(open(out))["modules"]
+
+
 # Guards: bench/e2e/run.py passes --profile-modules to the trainer and prints each mode's
 # breakdown under its table (and keeps it in results.json).
 def test_bench_e2e_profile_passthrough(train_db, tmp_path):

@@ -126,6 +126,29 @@ class Gr00tPolicy(nn.Module):
         n_frozen = self.cfg.select_layer - self.cfg.tune_top_llm_layers
         return [self.backbone.vision_model, *lm.layers[:n_frozen]]
 
+    def frozen_linear_to(self, dtype: torch.dtype) -> Tuple[int, int]:
+        """Stores the weights and biases of the frozen modules' ``nn.Linear`` and ``nn.Conv2d``
+        layers in ``dtype`` (in place; --frozen-bf16). Under bf16 autocast those layers run in
+        bf16 anyway: autocast casts an fp32 weight on every call (and, inside CUDA graphs, with
+        its cast cache off, on every replay), so a bf16 weight gives the same bits, half the
+        memory and no cast. Norms and embeddings keep their dtype (autocast runs them in fp32).
+        Returns (layers, bytes saved). ValueError for a trainable parameter in those layers."""
+        layers, saved = 0, 0
+        size = torch.empty((), dtype=dtype).element_size()
+        for m in self.frozen_modules():
+            for sub in m.modules():
+                if type(sub) not in (nn.Linear, nn.Conv2d):  # Fp8Linear and others as they are
+                    continue
+                for name, p in sub.named_parameters(recurse=False):
+                    if p.requires_grad:
+                        raise ValueError(f"frozen_linear_to: {type(sub).__name__}.{name} is "
+                                         "trainable")
+                    if p.dtype != dtype:
+                        saved += p.numel() * (p.element_size() - size)
+                        p.data = p.data.to(dtype)
+                layers += 1
+        return layers, saved
+
     def apply_freeze(self) -> None:
         for p in self.parameters():
             p.requires_grad_(True)
