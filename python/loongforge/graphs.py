@@ -223,6 +223,9 @@ class GraphedStep:
         [Gradients in the graph pool]). Only for one microbatch a step whose gradients are read
         (clip, optimizer) before the next microbatch, and nothing else holds them (no NexusSync
         flat buckets, no DDP).
+      pad_up: with grads_in_pool, a batch whose bucket has no graph yet runs in the graph of a
+        longer captured bucket of at most ``pad_up`` times its text length (more masked padding)
+        instead of a new capture (Note [Padding up to a captured bucket]); 1.0: never.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *,
@@ -231,7 +234,7 @@ class GraphedStep:
                  sync: Any = None, autocast_dtype: Optional[torch.dtype] = torch.bfloat16,
                  max_graphs: int = 8, log: Callable[[str], None] = print,
                  mem_pool: Any = None, warmup_next: Optional[int] = None,
-                 grads_in_pool: bool = False) -> None:
+                 grads_in_pool: bool = False, pad_up: float = 1.0) -> None:
         self.model, self.device = model, device
         self.runner = runner if runner is not None else model
         self.buckets = tuple(token_buckets)
@@ -254,6 +257,9 @@ class GraphedStep:
         self._side = torch.cuda.Stream(device) if self.graphs_on else None
         self._grads_ready = False
         self.grads_in_pool = grads_in_pool and self.graphs_on
+        self.pad_up = float(pad_up)
+        self.padded_up = 0  # microbatches run in a longer bucket's graph
+        self._pad_logged: set = set()
         self.captures = 0
         self.capture_failures: List[str] = []
         self._released_graphs = 0  # graphs destroyed by release(), still counted in stats()
@@ -262,8 +268,7 @@ class GraphedStep:
 
     def __call__(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
                  loss_scale: float = 1.0) -> Dict[str, torch.Tensor]:
-        padded, bucket_len = pad_to_bucket(batch, self.buckets)
-        key = self._key(padded)
+        padded, bucket_len, key = self._resolve(batch)
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = _Bucket(key)
@@ -300,6 +305,7 @@ class GraphedStep:
             "captures": self.captures,
             "capture_failures": list(self.capture_failures),
             "replays": sum(b.replays for b in self._buckets.values()),
+            "padded_up": self.padded_up,
             "eager_buckets": {self._describe(k): b.eager_reason
                               for k, b in self._buckets.items() if b.eager_reason},
         }
@@ -323,11 +329,48 @@ class GraphedStep:
 
     def static_inputs(self, batch: Mapping[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:
         """The fixed buffers the graph of this batch's bucket reads (None: not graphed)."""
-        padded, _ = pad_to_bucket(batch, self.buckets)
-        b = self._buckets.get(self._key(padded))
+        _, _, key = self._resolve(batch, count=False)
+        b = self._buckets.get(key)
         return b.inputs if b is not None and b.graph is not None else None
 
     # ---- internals --------------------------------------------------------------------------
+
+    # Note [Padding up to a captured bucket]. With the gradients in the graph pool (Note
+    # [Gradients in the graph pool]) a later bucket's capture cannot put its forward's activations
+    # where the gradients live: the first graph's gradients exist while it captures, and it
+    # accumulates into them. The pool then grows by about the gradients' size (n16 at batch 16:
+    # 36.4 GiB allocated with a second bucket, 32.5 GiB with one; run J). A batch whose bucket
+    # has no graph therefore runs in the graph of the shortest captured bucket that holds it,
+    # when that bucket is at most pad_up times its text length: the extra text is masked padding,
+    # as the bucket's own padding is (the same loss up to bf16 rounding), and costs only the
+    # extra tokens' compute (n16: 8 more text tokens on 128 image tokens + 48). Longer batches,
+    # and shorter ones beyond pad_up, are captured as before.
+    def _resolve(self, batch: Mapping[str, torch.Tensor], count: bool = True
+                 ) -> Tuple[Dict[str, torch.Tensor], Optional[int], Tuple[Any, ...]]:
+        """(the batch padded to its bucket, that bucket, the key of the graph it runs in)."""
+        padded, bucket_len = pad_to_bucket(batch, self.buckets)
+        key = self._key(padded)
+        b = self._buckets.get(key)
+        if (self.pad_up <= 1.0 or not self.grads_in_pool or bucket_len is None
+                or (b is not None and (b.graph is not None or b.eager_reason))):
+            return padded, bucket_len, key
+        for up in self.buckets:
+            if up <= bucket_len or up > self.pad_up * bucket_len:
+                continue
+            cand, _ = pad_to_bucket(padded, (up,))
+            ck = self._key(cand)
+            o = self._buckets.get(ck)
+            if o is None or o.graph is None:
+                continue
+            if count:
+                self.padded_up += 1
+                if key not in self._pad_logged:
+                    self._pad_logged.add(key)
+                    self.log(f"[cuda-graph] bucket {self._describe(key)} runs in the graph of "
+                             f"{self._describe(ck)} (padded up: Note [Padding up to a captured "
+                             "bucket])")
+            return cand, up, ck
+        return padded, bucket_len, key
 
     def _key(self, batch: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
         return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in _STEP_KEYS if k in batch)

@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "inside the graph pool, sharing blocks with the activations, when a step "
                         "is one microbatch at world size 1 (docs/trainer.md, Note [Gradients in "
                         "the graph pool]); fixed: allocated once before the first capture")
+    g.add_argument("--graph-pad-up", type=float, default=1.25, metavar="R",
+                   help="with the gradients in the graph pool: a batch whose bucket has no graph "
+                        "yet runs in a captured bucket's graph of at most R times its text "
+                        "length instead of a new capture, which would grow the pool by the "
+                        "gradients' size (Note [Padding up to a captured bucket]; 1: never)")
     g.add_argument("--token-buckets", default="auto",
                    help="static batches: pad text to the smallest of these lengths, e.g. 32,64,128"
                         " ('' = off; auto: with CUDA graphs, four per octave from 16 up to the "
@@ -185,6 +190,8 @@ def check_args(args: argparse.Namespace) -> None:
         v = getattr(args, flag)
         if not v >= 0:
             raise TrainError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
+    if not args.graph_pad_up >= 1.0:
+        raise TrainError(f"--graph-pad-up must be >= 1 (1: never pad up), got {args.graph_pad_up}")
     if args.log_every <= 0 or args.loader_threads <= 0:
         raise TrainError("--log-every and --loader-threads must be positive")
     if args.ckpt_every and not args.ckpt_dir:
@@ -507,7 +514,7 @@ def build(args: argparse.Namespace) -> Session:
                               mem_pool=mem.graph_pool() if graphs else None,
                               # compiled per shape: a new bucket's eager calls compile it
                               warmup_next=args.graph_warmup if args.compile_frozen else 0,
-                              grads_in_pool=pool_grads)
+                              grads_in_pool=pool_grads, pad_up=args.graph_pad_up)
         status["memsculptor"] = mem.status
         status["cuda_graph"] = (("per_microbatch" + (", gradients in the graph pool"
                                                      if stepper.grads_in_pool else ""))

@@ -452,7 +452,7 @@ def test_moe_capture_matches_eager():
     assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st
 
 
-def _steps_with_optimizer(batches, seed, grads_in_pool, mem_pool=None):
+def _steps_with_optimizer(batches, seed, grads_in_pool, mem_pool=None, pad_up=1.0):
     """Trainer-like steps, one microbatch each: zero the gradients as the trainer does (set to
     None until a graph holds them), forward + backward through a GraphedStep (buckets 5 and 8,
     warm-up 1), SGD with momentum. Returns the losses, the parameters after every step, the model
@@ -462,7 +462,7 @@ def _steps_with_optimizer(batches, seed, grads_in_pool, mem_pool=None):
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     step = graphs.GraphedStep(model, torch.device("cuda"), token_buckets=(5, 8), warmup=1,
                               autocast_dtype=None, log=lambda m: None, mem_pool=mem_pool,
-                              grads_in_pool=grads_in_pool)
+                              grads_in_pool=grads_in_pool, pad_up=pad_up)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     losses, states = [], []
     step.kept = []
@@ -508,5 +508,30 @@ def test_grads_in_pool_train_like_fixed_grads():
                                                                            ref_step.kept)
     step.release()
     assert all(p.grad is None for p in model.parameters())
+    del pool, step, losses, states
+    assert ms.close(graphs_released=True)["live_allocations"] == 0
+
+
+# Guards Note [Padding up to a captured bucket]: with the gradients in the pool, a shorter batch
+# whose bucket has no graph runs in the captured longer bucket's graph (no second capture, so the
+# pool does not grow by the gradients) and trains as the run that captures both buckets with
+# fixed gradients: the same losses and parameters (the extra text is masked padding).
+@needs_cuda
+def test_grads_in_pool_pads_up_to_the_captured_bucket():
+    ms, pool = _memsculptor_graph_pool()
+    short, long_ = _batch(length=4, device="cuda", seed=1), _batch(length=7, device="cuda", seed=2)
+    batches = [long_, long_, short, long_, short, short]
+    ref_losses, ref_states, _, ref_step = _steps_with_optimizer(batches, 3, grads_in_pool=False)
+    losses, states, model, step = _steps_with_optimizer(batches, 3, grads_in_pool=True,
+                                                        mem_pool=pool, pad_up=1.6)
+    st = step.stats()
+    assert st["captures"] == 1 and st["padded_up"] == 3 and st["replays"] == 5, st
+    assert ref_step.stats()["captures"] == 2 and ref_step.stats()["padded_up"] == 0
+    for i in range(len(batches)):
+        assert torch.allclose(losses[i], ref_losses[i], rtol=1e-5, atol=1e-6), (i, losses[i],
+                                                                               ref_losses[i])
+        for a, b in zip(states[i], ref_states[i]):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), i
+    step.release()
     del pool, step, losses, states
     assert ms.close(graphs_released=True)["live_allocations"] == 0
