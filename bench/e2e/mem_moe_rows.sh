@@ -12,6 +12,7 @@
 #   prof   n16 loongforge at PROF_BATCHES (16,64) with --profile-modules 5: where the eager step's
 #          time goes, by part (issue 17)
 #   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
+#   proffp8  prof's profile of the --fp8-frozen step at batch 64
 #   maxb   bench/memory/max_batch.py: the largest n16 batch under a MAXB_CAP (40) GiB cap in
 #          tuned, tuned+expandable and loongforge, side by side (--parallel), from MAXB_START (32);
 #          MAXB_EXTRA: further flags, e.g. "--extra=--init-device --extra=device"
@@ -40,6 +41,16 @@ if has gemm; then
   echo "gemm $(($(date +%s) - t0)) s"
 fi
 db=$(bash bench/e2e/make_db.sh build-gpu/loongforge)
+if has maxb; then
+  timeout $((${MAXB_T:-420} + 60)) python3 bench/memory/max_batch.py --db "$db" --config n16 \
+    --cap-gib "${MAXB_CAP:-40}" --parallel --start "${MAXB_START:-32}" --workers 4 \
+    --budget-s "${MAXB_T:-420}" \
+    --loader-threads 4 --out /tmp/maxb ${MAXB_EXTRA:-} >"$OUT/max_batch.log" 2>&1
+  echo "== maxb: rc $?"
+  cp /tmp/maxb/max_batch.json "$OUT/" 2>/dev/null
+  tail -n 20 "$OUT/max_batch.log"
+  echo "maxb done $(($(date +%s) - t0)) s"
+fi
 rows() {  # name config batches modes steps [more run.py flags]
   timeout "${ROW_T:-330}" python3 bench/e2e/run.py --db "$db" --config "$2" --batches "$3" \
     --modes "$4" --steps "$5" --warmup 10 --ckpt-every 0 --workers 16 --loader-threads 12 \
@@ -52,15 +63,8 @@ has mem && rows mem n16 "${MEM_BATCHES:-16,64}" "${MEM_MODES:-tuned,loongforge}"
 has prof && rows prof n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5 \
   ${FAST_INIT:+"--extra=--init-device device"}
 has fp8 && rows fp8 n16 64 loongforge 40 --extra="--fp8-frozen${FAST_INIT:+ --init-device device}"
-if has maxb; then
-  timeout "${MAXB_T:-420}" python3 bench/memory/max_batch.py --db "$db" --config n16 \
-    --cap-gib "${MAXB_CAP:-40}" --parallel --start "${MAXB_START:-32}" --workers 4 \
-    --loader-threads 4 --out /tmp/maxb ${MAXB_EXTRA:-} >"$OUT/max_batch.log" 2>&1
-  echo "== maxb: rc $?"
-  cp /tmp/maxb/max_batch.json "$OUT/" 2>/dev/null
-  tail -n 20 "$OUT/max_batch.log"
-  echo "maxb done $(($(date +%s) - t0)) s"
-fi
+has proffp8 && rows proffp8 n16 64 loongforge 30 --profile-modules 5 \
+  --extra="--fp8-frozen${FAST_INIT:+ --init-device device}"
 if has hist; then
   snaps=()
   for m in ${MEM_MODES//,/ }; do

@@ -79,6 +79,12 @@ def trainer_cmd(a: argparse.Namespace, mode: str, batch: int) -> Tuple[List[str]
     return cmd, env
 
 
+def _mentions_oom(stderr: str) -> bool:
+    """An out-of-memory that surfaced as another error (for example inside a CUDA-graph capture,
+    whose failure then breaks a later step): counted as not fitting, its stderr kept."""
+    return "out of memory" in stderr.lower()
+
+
 def _device_gib() -> float:
     import torch
 
@@ -98,6 +104,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=1024, help="largest batch tried")
     p.add_argument("--probe-steps", type=int, default=6)
     p.add_argument("--probe-timeout", type=int, default=300, help="seconds per probe")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="seconds for the whole search (0: none): a probe still running then is "
+                        "stopped, and its mode reports the largest batch found to fit so far")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--loader-threads", type=int, default=12)
     p.add_argument("--out", default="results/max_batch")
@@ -116,6 +125,7 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     result: Dict[str, Any] = {"args": vars(a), "modes": {}}
     lock = threading.Lock()
+    deadline = time.monotonic() + a.budget_s if a.budget_s > 0 else None
 
     def save() -> None:
         with lock, open(os.path.join(a.out, "max_batch.json"), "w") as f:
@@ -127,14 +137,21 @@ def main() -> int:
         def fits(batch: int) -> bool:
             cmd, env = trainer_cmd(a, mode, batch)
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                               timeout=a.probe_timeout)
+            limit = float(a.probe_timeout)
+            if deadline is not None:
+                limit = min(limit, deadline - time.monotonic())
+                if limit <= 0:
+                    raise subprocess.TimeoutExpired(cmd, 0)
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
             rec = {"batch": batch, "rc": r.returncode, "s": round(time.perf_counter() - t0, 1)}
+            oom = r.returncode == OOM_EXIT or (r.returncode != 0 and _mentions_oom(r.stderr))
+            if r.returncode not in (0, OOM_EXIT):
+                rec["stderr_tail"] = r.stderr.strip().splitlines()[-8:]
             probes.append(rec)
             print(f"{mode} batch {batch}: "
-                  f"{'fits' if r.returncode == 0 else 'out of memory' if r.returncode == OOM_EXIT else 'failed'}"
+                  f"{'fits' if r.returncode == 0 else 'out of memory' if oom else 'failed'}"
                   f" ({rec['s']} s)", flush=True)
-            if r.returncode not in (0, OOM_EXIT):
+            if r.returncode != 0 and not oom:
                 raise RuntimeError(f"{mode} at batch {batch} failed (exit {r.returncode}):\n"
                                    + "\n".join(r.stderr.strip().splitlines()[-8:]))
             return r.returncode == 0
@@ -144,7 +161,11 @@ def main() -> int:
             result["modes"][mode] = {"largest_batch": lo, "smallest_failing": hi,
                                      "probes": probes}
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            result["modes"][mode] = {"error": str(e), "probes": probes}
+            why = (f"out of time at batch {probes[-1]['batch'] if probes else '?'}"
+                   if isinstance(e, subprocess.TimeoutExpired) else str(e))
+            fit = [p["batch"] for p in probes if p["rc"] == 0]
+            result["modes"][mode] = {"error": why, "probes": probes,
+                                     "largest_fitting_so_far": max(fit) if fit else 0}
         save()
 
     if a.parallel:
@@ -162,6 +183,8 @@ def main() -> int:
     got = {m: r.get("largest_batch") for m, r in result["modes"].items()}
     for m, r in result["modes"].items():
         line = f"{m:<18}{r['largest_batch'] if 'largest_batch' in r else 'error':>8}"
+        if "error" in r:
+            line += f"  ({r['error'].splitlines()[0]}; fits so far: {r['largest_fitting_so_far']})"
         if m == "loongforge" and got.get(m):
             for ref in ("tuned", "tuned+expandable"):
                 if got.get(ref):

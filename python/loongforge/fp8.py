@@ -147,7 +147,9 @@ class Fp8Linear(nn.Module):
         self.fused = fused_quantize_available()  # activations in one kernel (quantize_rows_fused)
         self.register_buffer("weight_fp8", None, persistent=False)
         self.register_buffer("weight_scale", None, persistent=False)
+        self.register_buffer("bias_bf16", None, persistent=False)  # the GEMM's epilogue bias
         self._version = -1  # the weight version weight_fp8 was made from
+        self.fuse_bias = True  # bias added in _scaled_mm's epilogue (False: a separate add)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -161,6 +163,8 @@ class Fp8Linear(nn.Module):
             with torch.no_grad():
                 q, s = quantize_rowwise(self.weight.detach())
             self.weight_fp8, self.weight_scale = q, s.reshape(1, -1).contiguous()
+            self.bias_bf16 = (None if self.bias is None
+                              else self.bias.detach().to(torch.bfloat16).contiguous())
             self._version = version
         return self.weight_fp8, self.weight_scale
 
@@ -181,7 +185,18 @@ class Fp8Linear(nn.Module):
         else:
             xq, xs = quantize_rowwise(x2)
         # a [M, K] row-major, b [K, N] column-major (the weight's transpose view); bf16 result:
-        # row-wise scaling produces bf16 only.
+        # row-wise scaling produces bf16 only. The bias is added in the GEMM's epilogue (in
+        # fp32, before the bf16 rounding), one kernel instead of two; a torch without a bias on
+        # this path gets the separate add, found once in an eager call.
+        if self.bias is not None and self.fuse_bias:
+            try:
+                y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, bias=self.bias_bf16,
+                                     out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum)
+                return y.to(out_dtype).reshape(*x.shape[:-1], self.out_features)
+            except RuntimeError:
+                if _compiling() or torch.cuda.is_current_stream_capturing():
+                    raise
+                self.fuse_bias = False
         y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16,
                              use_fast_accum=self.use_fast_accum)
         if self.bias is not None:

@@ -237,7 +237,9 @@ def module_breakdown(avgs: Sequence[Any], step_s: Sequence[float], cuda: bool) -
     breakdown]): per part ms per step and share of the step; "other" is the rest."""
     n = len(step_s)
     step_ms = sum(step_s) / n * 1e3 if n else float("nan")
-    by_key = {e.key: e for e in avgs}
+    # A range is also listed as a GPU user annotation under the same key (torch 2.x, CUDA
+    # activity on), with no CPU time: the CPU entry is the range's wall time.
+    by_key = {e.key: e for e in avgs if not _on_device(e)}
     parts: Dict[str, Dict[str, float]] = {}
     for name in MODULE_PARTS:
         e = by_key.get("lf::" + name)
@@ -260,19 +262,48 @@ def module_breakdown(avgs: Sequence[Any], step_s: Sequence[float], cuda: bool) -
     return out
 
 
+def _on_device(e: Any) -> bool:
+    return str(getattr(e, "device_type", "")).rsplit(".", 1)[-1] == "CUDA"
+
+
+# Kernel classes by name, first match wins (torch's and cuBLAS's kernel names on Hopper).
+KERNEL_CLASSES = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_")),
+                  ("attention", ("flash", "fmha", "attention", "efficient")),
+                  ("optimizer", ("multi_tensor_apply", "fused_adam")),
+                  ("norm/reduce", ("norm", "reduce", "softmax")),
+                  ("copy/cast", ("copy",)),
+                  ("elementwise", ("elementwise",)))
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
 def top_kernels(avgs: Sequence[Any], steps: int, top: int = 15) -> Dict[str, Any]:
     """The device kernels of the profiled steps, largest first: per kernel name ms and launches
-    per step ("kernels", the first ``top``), and all kernels' time per step ("kernel_ms"): what
-    the GPU ran, against the step's wall time (the rest is launch gaps and syncs)."""
+    per step ("kernels", the first ``top``), per class of kernel ("kernel_classes": gemm,
+    attention, ...) and all kernels' time per step ("kernel_ms"): what the GPU ran, against the
+    step's wall time (the rest is launch gaps and syncs). The profiler's GPU user annotations
+    (the lf:: ranges, Optimizer.step) span kernels and are not kernels themselves."""
     rows = []
     for a in avgs:
-        if str(getattr(a, "device_type", "")).rsplit(".", 1)[-1] != "CUDA":
+        if not _on_device(a) or getattr(a, "is_user_annotation", False):
+            continue
+        if a.key.startswith(("lf::", "Optimizer.", "ProfilerStep")):
             continue
         us = float(getattr(a, "self_device_time_total", getattr(a, "self_cuda_time_total", 0.0)))
         if us > 0:
             rows.append((us, a.key, int(a.count)))
     rows.sort(reverse=True)
+    classes: Dict[str, float] = {}
+    for us, k, _ in rows:
+        classes[kernel_class(k)] = classes.get(kernel_class(k), 0.0) + us / 1e3 / steps
     return {"kernel_ms": sum(r[0] for r in rows) / 1e3 / steps,
+            "kernel_classes": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
             "kernels": [{"name": k, "ms": us / 1e3 / steps, "calls": c / steps}
                         for us, k, c in rows[:top]]}
 
@@ -281,8 +312,10 @@ def format_kernels(b: Dict[str, Any], width: int = 90) -> List[str]:
     """The kernel ranking of a module breakdown, a line per kernel (none on a CPU)."""
     if "kernels" not in b:
         return []
+    total = b["kernel_ms"] or float("nan")
+    classes = ", ".join(f"{k} {v:.1f} ms {v / total:.0%}" for k, v in b["kernel_classes"].items())
     lines = [f"   device kernels: {b['kernel_ms']:.1f} ms/step of {b['step_ms']:.1f} "
-             f"({b['kernel_ms'] / b['step_ms']:.0%}); largest:"]
+             f"({b['kernel_ms'] / b['step_ms']:.0%}): {classes}; largest:"]
     for k in b["kernels"]:
         name = k["name"] if len(k["name"]) <= width else k["name"][:width - 3] + "..."
         lines.append(f"     {k['ms']:7.2f} ms {k['ms'] / b['kernel_ms']:4.0%} "

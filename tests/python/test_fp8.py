@@ -151,6 +151,25 @@ def test_scaled_mm_against_bf16_and_reference(m, k, n, fast_accum):
     assert rel_fro(y, ref) < 1e-2
 
 
+# Guards the bias in _scaled_mm's epilogue: taken on this GPU's torch (one kernel), and within
+# bf16 rounding of the separate add (the epilogue adds in fp32 before rounding).
+@pytest.mark.skipif(not _has_fp8_gpu(), reason="needs a CUDA GPU with FP8 (sm >= 8.9)")
+def test_fp8_bias_in_the_gemm_epilogue():
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(256, 384, device="cuda").requires_grad_(False)
+    with torch.no_grad():
+        lin.bias.mul_(10.0)
+    x = torch.randn(3, 40, 256, device="cuda")
+    layer = fp8.Fp8Linear(lin)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y_fused = layer(x)
+        assert layer.fuse_bias and layer.bias_bf16.dtype == torch.bfloat16
+        layer.fuse_bias = False
+        y_add = layer(x)
+    assert y_fused.shape == y_add.shape == (3, 40, 384)
+    assert rel_fro(y_fused, y_add) < 1e-2
+
+
 def _e4m3_values() -> torch.Tensor:
     """The float value of every e4m3fn byte (NaN for 0x7F and 0xFF)."""
     out = []

@@ -50,16 +50,25 @@ def test_top_kernels_ranks_device_events_per_step():
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
     avgs = [E(key="aten::mm", count=8, device_type=cpu, self_device_time_total=0.0,
               cpu_time_total=900.0),
+            E(key="lf::vision", count=2, device_type=cpu, self_device_time_total=0.0,
+              cpu_time_total=4000.0),
+            # torch 2.x also lists a range as a GPU user annotation: neither a kernel nor the
+            # range's wall time
+            E(key="lf::vision", count=2, device_type=cuda, self_device_time_total=7000.0,
+              cpu_time_total=0.0, is_user_annotation=True),
             E(key="sm90_gemm_bf16", count=8, device_type=cuda, self_device_time_total=6000.0),
             E(key="flash_fwd_kernel", count=4, device_type=cuda, self_device_time_total=2000.0),
             E(key="idle", count=2, device_type=cuda, self_device_time_total=0.0)]
     t = top_kernels(avgs, steps=2, top=1)
     assert t["kernel_ms"] == pytest.approx(4.0)
     assert t["kernels"] == [{"name": "sm90_gemm_bf16", "ms": 3.0, "calls": 4.0}]
+    assert t["kernel_classes"] == {"gemm": 3.0, "attention": 1.0}
     b = module_breakdown(avgs, [0.010, 0.010], cuda=True)
     assert [k["name"] for k in b["kernels"]] == ["sm90_gemm_bf16", "flash_fwd_kernel"]
+    assert b["parts"]["vision"]["ms"] == pytest.approx(2.0)  # the CPU entry's wall time
     lines = format_kernels(b)
-    assert "4.0 ms/step of 10.0 (40%)" in lines[0] and "sm90_gemm_bf16" in lines[1]
+    assert "4.0 ms/step of 10.0 (40%): gemm 3.0 ms 75%, attention 1.0 ms 25%" in lines[0]
+    assert "sm90_gemm_bf16" in lines[1]
     assert format_kernels(module_breakdown(avgs, [0.010], cuda=False)) == []
 
 
