@@ -640,6 +640,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     try:
         for step in range(start_step, end_step):
             trace.step = step
+            _WHERE[0] = (f"step {step + 1}" + ("" if stepper is None or not stepper.graphs_on else
+                                               f", {stepper.captures} bucket graphs captured"))
             part = prof.range if prof is not None and prof.active(step) else (lambda _n: no_range)
             if prof is not None:
                 prof.begin_step(step)
@@ -787,8 +789,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     return summary
 
 
+# Where the run is, for the out-of-memory line (bench/memory/max_batch.py keeps it per probe).
+_WHERE = ["start-up"]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    _WHERE[0] = "start-up"
     try:
         summary = run(args)
     except TrainError as e:
@@ -798,7 +805,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "out of memory" not in str(e).lower():
             raise
         first = str(e).strip().splitlines()[0]
-        print(f"loongforge.train: error: out of memory at --batch-size {args.batch_size}: {first} "
+        print(f"loongforge.train: error: out of memory at --batch-size {args.batch_size} "
+              f"({_WHERE[0]}): {first} "
               "(a smaller --batch-size, --act-ckpt dit, or more memory)", file=sys.stderr)
         return 3
     if int(os.environ.get("RANK", "0")) == 0:

@@ -561,3 +561,26 @@ def test_kill_during_background_write_resumes_from_last_commit(train_db, tmp_pat
     assert [x["step"] for x in s["loss_curve"]] == [last + 1, last + 2]
     v = CheckpointVault(str(ck / "vault"), read_only=True)
     assert v.latest() >= last + 1  # training went on and committed past the resumed step
+
+
+# Guards the out-of-memory exit: code 3 and one line naming the batch size and where the run was
+# (start-up, or the step: bench/memory/max_batch.py keeps the line per probe); any other
+# RuntimeError still raises.
+def test_out_of_memory_exit_names_batch_and_step(train_db, monkeypatch, capsys):
+    from loongforge.models.gr00t import Gr00tPolicy
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    args = COMMON + ["--data", train_db, "--steps", "2", "--batch-size", "2"]
+    monkeypatch.setattr(Gr00tPolicy, "forward", oom)
+    assert train.main(args) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "out of memory at --batch-size 2 (step 1): CUDA out of memory. Tried to allocate " \
+           "2.00 GiB" in err[-1], err
+    monkeypatch.setattr(train, "run", oom)
+    assert train.main(args) == 3
+    assert "(start-up)" in capsys.readouterr().err
+    monkeypatch.setattr(train, "run", lambda a: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):
+        train.main(args)
