@@ -300,6 +300,15 @@ def _on_device(device: torch.device, mem: MemoryPlanner) -> Iterator[None]:
         yield
 
 
+def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str]) -> None:
+    """--frozen-bf16: the frozen linear/conv weights in bf16 (Gr00tPolicy.frozen_linear_to),
+    where the model is (on the device: in the persistent pool)."""
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    with mem.persistent() if on_gpu else contextlib.nullcontext():
+        layers, saved = model.frozen_linear_to(torch.bfloat16)
+    status["frozen_bf16"] = f"on ({layers} frozen linear/conv layers, {saved / 2**30:.2f} GiB less)"
+
+
 def _log(d: Dist) -> Callable[[str], None]:
     return (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
 
@@ -339,6 +348,9 @@ def build(args: argparse.Namespace) -> Session:
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     d = setup_dist(args.device, mem.install)
     log = _log(d)
+    if args.frozen_bf16 == "on" and d.device.type != "cuda":
+        raise TrainError("--frozen-bf16 on needs CUDA: bf16 autocast runs only there (on the "
+                         "CPU the frozen layers compute in fp32)")
     _memory_history(args.memory_history, d.device)
     clock.mark("process group and allocator")
     if args.memory_cap_gib:
@@ -363,6 +375,13 @@ def build(args: argparse.Namespace) -> Session:
                                 parse_overrides(args.set))
     except ValueError as e:
         raise TrainError(str(e)) from e
+    frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and lf
+                                               and d.device.type == "cuda")
+    if frozen_bf16 and not args.fp8_frozen:
+        # Before the copy to the device (host init): no fp32 weights there to free, no holes
+        # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32
+        # weights first (below).
+        _store_frozen_bf16(model, mem, status)
     clock.mark("model init")
     cfg = model.cfg
     args.image_size = cfg.image_size
@@ -456,15 +475,8 @@ def build(args: argparse.Namespace) -> Session:
         status["fp8_frozen"] = (f"on ({fp8['fp8']} linear layers e4m3, {fp8['kept']} kept in "
                                 "bf16: a dimension not a multiple of 16; activations quantized "
                                 + ("by one kernel)" if fp8["fused"] else "by torch ops)"))
-    cuda_dev = d.device.type == "cuda"
-    if args.frozen_bf16 == "on" and not cuda_dev:
-        raise TrainError("--frozen-bf16 on needs CUDA: bf16 autocast runs only there (on the "
-                         "CPU the frozen layers compute in fp32)")
-    if args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and lf and cuda_dev):
-        with mem.persistent():  # the bf16 copies replace the fp32 weights there
-            layers, saved = model.frozen_linear_to(torch.bfloat16)
-        status["frozen_bf16"] = (f"on ({layers} frozen linear/conv layers, "
-                                 f"{saved / 2**30:.2f} GiB less)")
+    if frozen_bf16 and args.fp8_frozen:  # the layers FP8 left as nn.Linear, on the device
+        _store_frozen_bf16(model, mem, status)
     runner: Any = sync.wrapped if sync.kind == "ddp" else model
     if args.compile:
         if not hasattr(torch, "compile"):
