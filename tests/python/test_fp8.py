@@ -170,6 +170,71 @@ def test_fp8_bias_in_the_gemm_epilogue():
     assert rel_fro(y_fused, y_add) < 1e-2
 
 
+# Guards Note [Shared activation quantization]: the same input tensor (same version) is quantized
+# once for sibling layers; an in-place write, another tensor (even at the same address) or the
+# other kernel quantizes afresh; freeing the input drops the cached bytes.
+def test_shared_activation_quantization():
+    import gc
+
+    cache = fp8._LastQuantized()
+    calls = []
+
+    def quantize(t):
+        def run():
+            calls.append(tuple(t.shape))
+            return fp8.quantize_rowwise(t)
+        return run
+
+    x = torch.randn(6, 32)
+    a = cache.get(x, False, quantize(x))
+    assert cache.get(x, False, quantize(x)) is a and len(calls) == 1
+    assert cache.get(x, True, quantize(x)) is not a and len(calls) == 2  # the other path
+    x.mul_(2.0)  # written in place: its version moves
+    b = cache.get(x, True, quantize(x))
+    assert len(calls) == 3 and torch.equal(b[1], a[1] * 2)
+    y = x.clone()  # equal values, another tensor
+    cache.get(y, True, quantize(y))
+    assert len(calls) == 4
+    del x  # an older input freed: the current entry (y's) stays
+    gc.collect()
+    assert cache.value is not None
+    del y
+    gc.collect()
+    assert cache.key is None and cache.value is None
+    with torch.inference_mode():
+        z = torch.randn(2, 16)
+    cache.get(z, False, quantize(z))
+    cache.get(z, False, quantize(z))
+    assert len(calls) == 6 and cache.key is None  # no version counter: never cached
+
+
+# Guards the sharing inside Fp8Linear on the GPU: three sibling layers on one input quantize it
+# once, and give what each gives alone.
+@pytest.mark.skipif(not _has_fp8_gpu(), reason="needs a CUDA GPU with FP8 (sm >= 8.9)")
+def test_fp8_siblings_quantize_their_input_once(monkeypatch):
+    torch.manual_seed(9)
+    layers = [fp8.Fp8Linear(torch.nn.Linear(256, 128, device="cuda").requires_grad_(False))
+              for _ in range(3)]
+    x = torch.randn(64, 256, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        alone = []
+        for m in layers:
+            fp8._LAST.clear()
+            alone.append(m(x))
+        fp8._LAST.clear()
+        n = {"calls": 0}
+        real = fp8.quantize_rows_fused
+
+        def counting(t):
+            n["calls"] += 1
+            return real(t)
+
+        monkeypatch.setattr(fp8, "quantize_rows_fused", counting)
+        shared = [m(x) for m in layers]
+    assert n["calls"] == (1 if layers[0].fused else 0)
+    assert all(torch.equal(a, b) for a, b in zip(alone, shared))
+
+
 def _e4m3_values() -> torch.Tensor:
     """The float value of every e4m3fn byte (NaN for 0x7F and 0xFF)."""
     out = []
