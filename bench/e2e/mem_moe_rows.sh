@@ -8,7 +8,10 @@
 #          checkpoints: peak allocated / reserved
 #   moe16, moe64  n16-moe at batch 16 / 64 in MOE_MODES (baseline,tuned,loongforge)
 #   hist   HIST_CONFIG (n16) at batch HIST_B (16) in MEM_MODES with --memory-history: what is live
-#          at the peak, by allocation site (bench/memory/peak_breakdown.py)
+#          at the peak, by allocation site, and the reserved peak's free bytes by pool
+#          (bench/memory/peak_breakdown.py); HIST_EXTRA: further trainer flags, e.g.
+#          "--memory-cap-gib 40" with HIST_B=56 for the capped batch that did not fit (run J4;
+#          the snapshot is dumped at the out-of-memory too)
 #   prof   n16 loongforge at PROF_BATCHES (16,64) with --profile-modules 5: where the eager step's
 #          time goes, by part (issue 17)
 #   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
@@ -71,7 +74,7 @@ if has hist; then
     timeout "${ROW_T:-330}" python3 -m loongforge.train --config "${HIST_CONFIG:-n16}" --data "$db" --mode "$m" \
       --steps 24 --warmup 4 --batch-size "${HIST_B:-16}" --workers 16 --loader-threads 12 \
       --augment groot --ckpt-every 0 --log-every 8 --memory-history "/tmp/hist_$m.pickle" \
-      >"$OUT/hist_$m.log" 2>&1
+      ${HIST_EXTRA:-} >"$OUT/hist_$m.log" 2>&1
     echo "== hist $m: rc $? $(grep -m1 -E 'peak (alloc|mem)' "$OUT/hist_$m.log")"
     snaps+=("/tmp/hist_$m.pickle")
   done

@@ -6,7 +6,9 @@
 
 For each snapshot (``torch.cuda.memory._dump_snapshot``, recorded with Python stacks): the peak of
 live bytes over the recorded allocations and the blocks live at that moment, grouped by their
-innermost frames in loongforge's files (``loongforge._snapshot_import.peak_breakdown``).
+innermost frames in loongforge's files (``loongforge._snapshot_import.peak_breakdown``); then the
+peak of reserved bytes and, per pool, how much of it was free then (``reserved_breakdown``: the
+fragmentation, pool by pool).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pickle
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from loongforge._snapshot_import import peak_breakdown  # noqa: E402
+from loongforge._snapshot_import import peak_breakdown, reserved_breakdown  # noqa: E402
 
 
 def main() -> int:
@@ -33,6 +35,7 @@ def main() -> int:
             with open(path, "rb") as f:
                 snap = pickle.load(f)
             r = peak_breakdown(snap, depth=a.depth, top=a.top)
+            r["reserved"] = reserved_breakdown(snap)
         except (OSError, pickle.UnpicklingError, ValueError, KeyError) as e:
             print(f"peak_breakdown: {path}: {e}", file=sys.stderr)
             return 1
@@ -41,6 +44,12 @@ def main() -> int:
               f"of {r['entries']}")
         for s in r["sites"]:
             print(f"  {s['bytes'] / 2**30:8.3f} GiB {s['blocks']:7d} blocks  {s['site']}")
+        rv = r["reserved"]
+        print(f"  reserved peak {rv['reserved_peak_bytes'] / 2**30:.2f} GiB at entry {rv['entry']}, "
+              f"{rv['allocated_bytes'] / 2**30:.2f} GiB of it allocated; by pool:")
+        for q in rv["pools"]:
+            print(f"  {q['free'] / 2**30:8.3f} GiB free of {q['reserved'] / 2**30:8.3f} "
+                  f"({q['segments']} segments)  pool {q['pool']} stream {q['stream']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

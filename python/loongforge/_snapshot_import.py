@@ -12,6 +12,7 @@ Events (the text format of ``mem::Trace::ToText``, include/loongforge/memory.h):
 """
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 Event = Tuple[Any, ...]
@@ -155,3 +156,72 @@ def peak_breakdown(snapshot: Dict[str, Any], device: int = 0, depth: int = 2,
         rows.append({"site": "(other)", "bytes": sum(v[0] for _, v in rest),
                      "blocks": sum(v[1] for _, v in rest)})
     return {"peak_bytes": peak, "peak_entry": peak_i, "entries": len(entries), "sites": rows}
+
+
+def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, Any]:
+    """Where the reserved-but-free bytes were when the reserved memory peaked.
+
+    Replays the device trace's segments (segment_alloc / segment_map add, segment_free /
+    segment_unmap remove) and blocks (as :func:`peak_breakdown`), finds the entry at which the
+    reserved bytes peaked, and for each segment live there sums the blocks allocated inside it.
+    Segments are grouped by pool: the ``segment_pool_id`` of the dump's segment at the same
+    address (torch names a graph's or MemPool's private pool that way; (0, 0) is the default
+    pool), or "released before the dump" for a segment gone by then (for example torch's default
+    pool emptied when a CUDA-graph capture began). Returns {"reserved_peak_bytes", "entry",
+    "allocated_bytes" (live blocks then), "pools": [{"pool", "stream", "segments", "reserved",
+    "allocated", "free"}] largest free first}. Blocks or segments made before recording began
+    are not seen."""
+    traces = snapshot.get("device_traces", [[]])
+    if not isinstance(traces, list) or not 0 <= device < len(traces):
+        raise ValueError(f"snapshot has no device trace {device} (record it with "
+                         "torch.cuda.memory._record_memory_history() before _snapshot())")
+    entries = traces[device]
+    adds, removes = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
+
+    def replay(stop: int) -> Tuple[Dict[int, Tuple[int, Any]], Dict[int, int], int, int]:
+        segs: Dict[int, Tuple[int, Any]] = {}  # addr -> (size, stream)
+        blocks: Dict[int, int] = {}  # addr -> size
+        cur = best = 0
+        best_i = -1
+        for i, e in enumerate(entries[:stop]):
+            action = e.get("action")
+            if action in adds:
+                size = int(e["size"])
+                segs[int(e["addr"])] = (size, e.get("stream", 0))
+                cur += size
+                if cur > best:
+                    best, best_i = cur, i
+            elif action in removes:
+                seg = segs.pop(int(e["addr"]), None)
+                if seg is not None:
+                    cur -= seg[0]
+            elif action == "alloc":
+                blocks[int(e["addr"])] = int(e["size"])
+            elif action in ("free_requested", "free_completed"):
+                blocks.pop(int(e["addr"]), None)
+        return segs, blocks, best, best_i
+
+    _, _, peak, peak_i = replay(len(entries))
+    segs, blocks, _, _ = replay(peak_i + 1)
+    dumped = {int(s["address"]): s for s in snapshot.get("segments", []) if "address" in s}
+    starts = sorted(segs)
+    pools: Dict[Tuple[str, Any], List[int]] = {}
+    used = {a: 0 for a in starts}
+    for addr, size in blocks.items():  # each block into the segment that holds it
+        k = bisect.bisect_right(starts, addr) - 1
+        if k >= 0 and addr < starts[k] + segs[starts[k]][0]:
+            used[starts[k]] += size
+    for addr in starts:
+        size, stream = segs[addr]
+        d = dumped.get(addr)
+        pool = (str(tuple(d["segment_pool_id"])) if d is not None and "segment_pool_id" in d
+                else "in the dump (no pool id)" if d is not None else "released before the dump")
+        row = pools.setdefault((pool, stream), [0, 0, 0])
+        row[0] += 1
+        row[1] += size
+        row[2] += used[addr]
+    rows = [{"pool": p, "stream": st, "segments": v[0], "reserved": v[1], "allocated": v[2],
+             "free": v[1] - v[2]} for (p, st), v in pools.items()]
+    rows.sort(key=lambda r: -r["free"])
+    return {"reserved_peak_bytes": peak, "entry": peak_i,
+            "allocated_bytes": sum(used.values()), "pools": rows}

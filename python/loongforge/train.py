@@ -771,7 +771,12 @@ def _memory_history(path: str, device: Optional[torch.device]) -> None:
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     s = build(args)
     try:
-        rows, losses, total_s = train_loop(s)
+        try:
+            rows, losses, total_s = train_loop(s)
+        except RuntimeError as e:  # the snapshot of an out-of-memory is the one most wanted
+            if "out of memory" in str(e).lower():
+                _memory_history(args.memory_history, None)
+            raise
         _memory_history(args.memory_history, None)
         if args.trace and s.d.is_main:
             s.trace.write(args.trace)

@@ -156,6 +156,36 @@ def test_peak_breakdown_groups_live_blocks_by_site():
         peak_breakdown({"device_traces": [ev]}, device=1)
 
 
+# Guards the reserved breakdown: the reserved peak is found over segment events (alloc/map add,
+# free/unmap remove), each live block is counted in the segment that holds it, and segments are
+# grouped by the dump's pool id, or as released before the dump.
+def test_reserved_breakdown_by_pool():
+    from loongforge._snapshot_import import reserved_breakdown
+
+    ev = [
+        {"action": "segment_alloc", "addr": 1000, "size": 400, "stream": 0},  # default pool
+        {"action": "alloc", "addr": 1000, "size": 300},
+        {"action": "segment_alloc", "addr": 5000, "size": 200, "stream": 7},  # graph pool
+        {"action": "alloc", "addr": 5100, "size": 50},
+        {"action": "segment_map", "addr": 9000, "size": 100, "stream": 0},  # peak: 700
+        {"action": "free_requested", "addr": 1000, "size": 300},
+        {"action": "segment_free", "addr": 1000, "size": 400, "stream": 0},
+        {"action": "segment_unmap", "addr": 9000, "size": 100, "stream": 0},
+        {"action": "alloc", "addr": 5000, "size": 100},
+    ]
+    snap = {"device_traces": [ev],
+            "segments": [{"address": 5000, "total_size": 200, "segment_pool_id": (1, 2)}]}
+    r = reserved_breakdown(snap)
+    assert r["reserved_peak_bytes"] == 700 and r["entry"] == 4 and r["allocated_bytes"] == 350
+    assert r["pools"] == [
+        {"pool": "released before the dump", "stream": 0, "segments": 2, "reserved": 500,
+         "allocated": 300, "free": 200},
+        {"pool": "(1, 2)", "stream": 7, "segments": 1, "reserved": 200, "allocated": 50,
+         "free": 150}]
+    with pytest.raises(ValueError, match="device trace 2"):
+        reserved_breakdown(snap, device=2)
+
+
 # Guards replay: a repeated step is served from the plan after planning (hits, no misses), and
 # allocated bytes return to zero.
 def test_replay_planned_vs_pool():

@@ -578,6 +578,10 @@ def test_out_of_memory_exit_names_batch_and_step(train_db, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert "out of memory at --batch-size 2 (step 1): CUDA out of memory. Tried to allocate " \
            "2.00 GiB" in err[-1], err
+    calls = []  # --memory-history dumps its snapshot at the out-of-memory (CUDA-only: stubbed)
+    monkeypatch.setattr(train, "_memory_history", lambda path, dev: calls.append((path, dev)))
+    assert train.main(args + ["--memory-history", "/nonexistent/h.pickle"]) == 3
+    assert [c[0] for c in calls] == ["/nonexistent/h.pickle"] * 2 and calls[1][1] is None
     monkeypatch.setattr(train, "run", oom)
     assert train.main(args) == 3
     assert "(start-up)" in capsys.readouterr().err
