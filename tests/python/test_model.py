@@ -283,3 +283,53 @@ def test_frozen_linear_bf16_same_model_under_cuda_autocast():
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         if pa.requires_grad:
             assert torch.equal(pa.grad, pb.grad), name
+
+
+# Guards shared_autocast_input: one cast for sibling linear layers gives each the bits it gets
+# from autocast's own cast of the fp32 input, and it stays out of the way wherever that would not
+# hold exactly (input needs grad, autocast off, a consumer that is not a plain nn.Linear,
+# switched off).
+def test_shared_autocast_input_same_bits_and_only_when_exact():
+    from loongforge.models import gr00t_layers as L
+
+    torch.manual_seed(4)
+    lins = [torch.nn.Linear(24, 16).requires_grad_(False) for _ in range(3)]
+    x = torch.randn(5, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        xs = L.shared_autocast_input(x, *lins)
+        assert xs.dtype == torch.bfloat16
+        for lin in lins:
+            assert torch.equal(lin(xs), lin(x))
+        assert L.shared_autocast_input(x.requires_grad_(True), *lins) is x
+        x.requires_grad_(False)
+        assert L.shared_autocast_input(x, lins[0], torch.nn.Identity()) is x
+        L.set_shared_casts(False)
+        try:
+            assert L.shared_autocast_input(x, *lins) is x
+        finally:
+            L.set_shared_casts(True)
+    assert L.shared_autocast_input(x, *lins) is x  # autocast off
+
+
+# Guards the same inside the whole model on the GPU: loss and every gradient bit for bit with the
+# shared casts on and off.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_shared_autocast_input_same_model_on_gpu():
+    from loongforge.models import gr00t_layers as L
+
+    m = tiny().cuda()
+    batch = {k: v.cuda() for k, v in make_batch().items()}
+    runs = []
+    for shared in (True, False):
+        L.set_shared_casts(shared)
+        try:
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = m(batch, generator=torch.Generator("cuda").manual_seed(1))
+            out["loss"].backward()
+        finally:
+            L.set_shared_casts(True)
+        runs.append((out["loss"].detach(), [p.grad.clone() for p in m.parameters()
+                                            if p.requires_grad]))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))

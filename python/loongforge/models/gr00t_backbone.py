@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gr00t_config import Gr00tConfig
-from .gr00t_layers import Device, _maybe_checkpoint, _part, attention
+from .gr00t_layers import Device, _maybe_checkpoint, _part, attention, shared_autocast_input
 
 # ------------------------------------------------------------------------------------------------
 # Vision tower: SigLIP-style ViT
@@ -29,6 +29,7 @@ class SiglipAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
+        x = shared_autocast_input(x, self.q_proj, self.k_proj, self.v_proj)
         q, k, v = (p(x).view(b, n, self.heads, -1).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))
         o = attention(q, k, v).transpose(1, 2).reshape(b, n, d)
@@ -145,6 +146,7 @@ class QwenAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
+        x = shared_autocast_input(x, self.q_proj, self.k_proj, self.v_proj)
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
@@ -167,6 +169,7 @@ class QwenMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = shared_autocast_input(x, self.gate_proj, self.up_proj)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
