@@ -306,7 +306,8 @@ def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str]) -
     on_gpu = any(p.is_cuda for p in model.parameters())
     with mem.persistent() if on_gpu else contextlib.nullcontext():
         layers, saved = model.frozen_linear_to(torch.bfloat16)
-    status["frozen_bf16"] = f"on ({layers} frozen linear/conv layers, {saved / 2**30:.2f} GiB less)"
+    status["frozen_bf16"] = (f"on ({layers} frozen linear/conv layers, {saved / 2**30:.2f} GiB "
+                             "less; one input cast for sibling layers)")
 
 
 def _log(d: Dist) -> Callable[[str], None]:
@@ -377,6 +378,9 @@ def build(args: argparse.Namespace) -> Session:
         raise TrainError(str(e)) from e
     frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and lf
                                                and d.device.type == "cuda")
+    from .models.gr00t_layers import set_shared_casts
+
+    set_shared_casts(frozen_bf16)  # one autocast cast for frozen sibling layers (same bits)
     if frozen_bf16 and not args.fp8_frozen:
         # Before the copy to the device (host init): no fp32 weights there to free, no holes
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32

@@ -296,19 +296,23 @@ def test_shared_autocast_input_same_bits_and_only_when_exact():
     lins = [torch.nn.Linear(24, 16).requires_grad_(False) for _ in range(3)]
     x = torch.randn(5, 24)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        xs = L.shared_autocast_input(x, *lins)
-        assert xs.dtype == torch.bfloat16
-        for lin in lins:
-            assert torch.equal(lin(xs), lin(x))
-        assert L.shared_autocast_input(x.requires_grad_(True), *lins) is x
-        x.requires_grad_(False)
-        assert L.shared_autocast_input(x, lins[0], torch.nn.Identity()) is x
-        L.set_shared_casts(False)
+        assert L.shared_autocast_input(x, *lins) is x  # off unless switched on
+        L.set_shared_casts(True)
         try:
-            assert L.shared_autocast_input(x, *lins) is x
+            xs = L.shared_autocast_input(x, *lins)
+            assert xs.dtype == torch.bfloat16
+            for lin in lins:
+                assert torch.equal(lin(xs), lin(x))
+            assert L.shared_autocast_input(x.requires_grad_(True), *lins) is x
+            x.requires_grad_(False)
+            assert L.shared_autocast_input(x, lins[0], torch.nn.Identity()) is x
         finally:
-            L.set_shared_casts(True)
-    assert L.shared_autocast_input(x, *lins) is x  # autocast off
+            L.set_shared_casts(False)
+    L.set_shared_casts(True)
+    try:
+        assert L.shared_autocast_input(x, *lins) is x  # autocast off
+    finally:
+        L.set_shared_casts(False)
 
 
 # Guards the same inside the whole model on the GPU: loss and every gradient bit for bit with the
@@ -328,7 +332,7 @@ def test_shared_autocast_input_same_model_on_gpu():
                 out = m(batch, generator=torch.Generator("cuda").manual_seed(1))
             out["loss"].backward()
         finally:
-            L.set_shared_casts(True)
+            L.set_shared_casts(False)
         runs.append((out["loss"].detach(), [p.grad.clone() for p in m.parameters()
                                             if p.requires_grad]))
     assert torch.equal(runs[0][0], runs[1][0])

@@ -65,11 +65,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # ------------------------------------------------------------------------------------------------
 # One autocast cast for sibling layers
 
-_share_casts = True
+_share_casts = False  # the trainer switches it on with --frozen-bf16 (loongforge mode on CUDA)
 
 
 def set_shared_casts(flag: bool) -> None:
-    """Switch shared_autocast_input off (tests compare both)."""
+    """Switch shared_autocast_input on or off (process-wide; the trainer sets it per run)."""
     global _share_casts
     _share_casts = flag
 
