@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--json", default="", help="also write the breakdowns here")
     a = p.parse_args()
     out = {}
+    failed = 0
     for path in a.snapshots:
         try:
             with open(path, "rb") as f:
@@ -37,8 +38,9 @@ def main() -> int:
             r = peak_breakdown(snap, depth=a.depth, top=a.top)
             r["reserved"] = reserved_breakdown(snap)
         except (OSError, pickle.UnpicklingError, ValueError, KeyError) as e:
-            print(f"peak_breakdown: {path}: {e}", file=sys.stderr)
-            return 1
+            print(f"peak_breakdown: {path}: {e}", file=sys.stderr)  # the others still reported
+            failed += 1
+            continue
         out[path] = r
         print(f"{path}: peak {r['peak_bytes'] / 2**30:.2f} GiB live at entry {r['peak_entry']} "
               f"of {r['entries']}")
@@ -53,7 +55,7 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -167,8 +167,9 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
     Segments are grouped by pool: the ``segment_pool_id`` of the dump's segment at the same
     address (torch names a graph's or MemPool's private pool that way; (0, 0) is the default
     pool), or "released before the dump" for a segment gone by then (for example torch's default
-    pool emptied when a CUDA-graph capture began). Returns {"reserved_peak_bytes", "entry",
-    "allocated_bytes" (live blocks then), "pools": [{"pool", "stream", "segments", "reserved",
+    pool emptied when a CUDA-graph capture began). The moment read is the one with the most
+    bytes allocated while the reserved bytes stay at their peak. Returns {"reserved_peak_bytes",
+    "entry" (that moment), "allocated_bytes" (live blocks then), "pools": [{"pool", "stream", "segments", "reserved",
     "allocated", "free"}] largest free first}. Blocks or segments made before recording began
     are not seen."""
     traces = snapshot.get("device_traces", [[]])
@@ -202,7 +203,23 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
         return segs, blocks, best, best_i
 
     _, _, peak, peak_i = replay(len(entries))
-    segs, blocks, _, _ = replay(peak_i + 1)
+    # The reserved bytes stay at the peak until the next segment event; the moment of that span
+    # with the most bytes allocated (the block that made the segment comes just after it) is the
+    # one whose free bytes no allocation could have used.
+    end = next((i for i in range(peak_i + 1, len(entries))
+                if entries[i].get("action") in adds + removes), len(entries))
+    at, cur, best_alloc = peak_i, 0, -1
+    live: Dict[int, int] = {}
+    for i, e in enumerate(entries[:end]):
+        action = e.get("action")
+        if action == "alloc":
+            live[int(e["addr"])] = int(e["size"])
+            cur += int(e["size"])
+        elif action in ("free_requested", "free_completed"):
+            cur -= live.pop(int(e["addr"]), 0)
+        if i >= peak_i and cur > best_alloc:
+            at, best_alloc = i, cur
+    segs, blocks, _, _ = replay(at + 1)
     dumped = {int(s["address"]): s for s in snapshot.get("segments", []) if "address" in s}
     starts = sorted(segs)
     pools: Dict[Tuple[str, Any], List[int]] = {}
@@ -223,5 +240,5 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
     rows = [{"pool": p, "stream": st, "segments": v[0], "reserved": v[1], "allocated": v[2],
              "free": v[1] - v[2]} for (p, st), v in pools.items()]
     rows.sort(key=lambda r: -r["free"])
-    return {"reserved_peak_bytes": peak, "entry": peak_i,
+    return {"reserved_peak_bytes": peak, "entry": at,
             "allocated_bytes": sum(used.values()), "pools": rows}

@@ -184,6 +184,17 @@ def test_reserved_breakdown_by_pool():
          "free": 150}]
     with pytest.raises(ValueError, match="device trace 2"):
         reserved_breakdown(snap, device=2)
+    # the block that made a segment comes after it: read at the fullest moment of the peak
+    grow = [{"action": "segment_alloc", "addr": 0, "size": 100, "stream": 0},
+            {"action": "alloc", "addr": 0, "size": 60},
+            {"action": "alloc", "addr": 60, "size": 30},
+            {"action": "free_requested", "addr": 0, "size": 60},
+            {"action": "segment_alloc", "addr": 500, "size": 10, "stream": 0},
+            {"action": "segment_free", "addr": 500, "size": 10, "stream": 0}]
+    r = reserved_breakdown({"device_traces": [grow]})
+    assert r["reserved_peak_bytes"] == 110 and r["entry"] == 4 and r["allocated_bytes"] == 30
+    r = reserved_breakdown({"device_traces": [grow[:4]]})
+    assert r["reserved_peak_bytes"] == 100 and r["entry"] == 2 and r["allocated_bytes"] == 90
 
 
 # Guards replay: a repeated step is served from the plan after planning (hits, no misses), and
