@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -291,20 +292,34 @@ class _Clock:
 
 
 @contextlib.contextmanager
-def _on_device(device: torch.device, mem: MemoryPlanner) -> Iterator[None]:
-    """--init-device device: tensors made inside are made on `device`, in MemSculptor's
-    persistent pool when it is on (where model.to() would have put them)."""
+def _on_device(device: torch.device) -> Iterator[None]:
+    """--init-device device: tensors made inside are made on `device`, in torch's default pool
+    (then moved whole into MemSculptor's persistent pool by _into_persistent, once the frozen
+    weights are cast: casting there would leave their fp32 blocks as holes)."""
     if not hasattr(device, "__enter__"):  # torch.device as a context: torch >= 2.0
         raise TrainError(f"--init-device device needs torch >= 2.0 (this is {torch.__version__})")
-    with torch.device(device), mem.persistent():
+    with torch.device(device):
         yield
 
 
-def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str]) -> None:
+def _into_persistent(model: Any, mem: MemoryPlanner) -> None:
+    """The model's parameters and buffers, built on the device in torch's default pool, copied
+    into MemSculptor's persistent pool one after another (no holes between them), and the default
+    pool's blocks given back. With MemSculptor off they stay where they are."""
+    if mem.ms is None:
+        return
+    with mem.persistent(), torch.no_grad():
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            t.data = t.data.clone()
+    torch.cuda.empty_cache()
+
+
+def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str],
+                       persistent: bool) -> None:
     """--frozen-bf16: the frozen linear/conv weights in bf16 (Gr00tPolicy.frozen_linear_to),
-    where the model is (on the device: in the persistent pool)."""
-    on_gpu = any(p.is_cuda for p in model.parameters())
-    with mem.persistent() if on_gpu else contextlib.nullcontext():
+    where the weights are: on the host, in torch's default pool (--init-device device, before
+    _into_persistent) or, ``persistent``, in the persistent pool (after the FP8 swap)."""
+    with mem.persistent() if persistent else contextlib.nullcontext():
         layers, saved = model.frozen_linear_to(torch.bfloat16)
     status["frozen_bf16"] = (f"on ({layers} frozen linear/conv layers, {saved / 2**30:.2f} GiB "
                              "less; one input cast for sibling layers)")
@@ -369,7 +384,7 @@ def build(args: argparse.Namespace) -> Session:
     except (OSError, ValueError) as e:
         raise TrainError(str(e)) from e
     on_device = (contextlib.nullcontext() if args.init_device == "host" or d.device.type == "cpu"
-                 else _on_device(d.device, mem))
+                 else _on_device(d.device))
     try:
         with on_device:
             model = build_model(args.config, args.seed, args.image_size, schema,
@@ -385,7 +400,9 @@ def build(args: argparse.Namespace) -> Session:
         # Before the copy to the device (host init): no fp32 weights there to free, no holes
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32
         # weights first (below).
-        _store_frozen_bf16(model, mem, status)
+        _store_frozen_bf16(model, mem, status, persistent=False)
+    if args.init_device == "device" and d.device.type == "cuda":
+        _into_persistent(model, mem)
     clock.mark("model init")
     cfg = model.cfg
     args.image_size = cfg.image_size
@@ -480,7 +497,7 @@ def build(args: argparse.Namespace) -> Session:
                                 "bf16: a dimension not a multiple of 16; activations quantized "
                                 + ("by one kernel)" if fp8["fused"] else "by torch ops)"))
     if frozen_bf16 and args.fp8_frozen:  # the layers FP8 left as nn.Linear, on the device
-        _store_frozen_bf16(model, mem, status)
+        _store_frozen_bf16(model, mem, status, persistent=True)
     runner: Any = sync.wrapped if sync.kind == "ddp" else model
     if args.compile:
         if not hasattr(torch, "compile"):
