@@ -158,6 +158,21 @@ def peak_breakdown(snapshot: Dict[str, Any], device: int = 0, depth: int = 2,
     return {"peak_bytes": peak, "peak_entry": peak_i, "entries": len(entries), "sites": rows}
 
 
+def _unmap(segs: Dict[int, Tuple[int, Any]], a: int, b: int) -> int:
+    """Removes [a, b) from the disjoint ranges ``segs`` (start -> (size, stream)), splitting the
+    ranges it cuts (an expandable segment unmaps part of what it mapped); returns the bytes
+    removed."""
+    removed = 0
+    for s in [s for s, (n, _) in segs.items() if s < b and s + n > a]:
+        n, stream = segs.pop(s)
+        if s < a:
+            segs[s] = (a - s, stream)
+        if s + n > b:
+            segs[b] = (s + n - b, stream)
+        removed += min(s + n, b) - max(s, a)
+    return removed
+
+
 def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, Any]:
     """Where the reserved-but-free bytes were when the reserved memory peaked.
 
@@ -192,10 +207,8 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
                 cur += size
                 if cur > best:
                     best, best_i = cur, i
-            elif action in removes:
-                seg = segs.pop(int(e["addr"]), None)
-                if seg is not None:
-                    cur -= seg[0]
+            elif action in removes:  # a whole segment, or part of an expandable one
+                cur -= _unmap(segs, int(e["addr"]), int(e["addr"]) + int(e["size"]))
             elif action == "alloc":
                 blocks[int(e["addr"])] = int(e["size"])
             elif action in ("free_requested", "free_completed"):
@@ -221,6 +234,15 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
             at, best_alloc = i, cur
     segs, blocks, _, _ = replay(at + 1)
     dumped = {int(s["address"]): s for s in snapshot.get("segments", []) if "address" in s}
+    dstarts = sorted(dumped)
+
+    def dump_of(addr: int) -> Any:  # the dumped segment holding addr (expandable: one for many)
+        k = bisect.bisect_right(dstarts, addr) - 1
+        if k < 0:
+            return None
+        d = dumped[dstarts[k]]
+        return d if addr < dstarts[k] + int(d.get("total_size", 0)) else None
+
     starts = sorted(segs)
     pools: Dict[Tuple[str, Any], List[int]] = {}
     used = {a: 0 for a in starts}
@@ -230,7 +252,7 @@ def reserved_breakdown(snapshot: Dict[str, Any], device: int = 0) -> Dict[str, A
             used[starts[k]] += size
     for addr in starts:
         size, stream = segs[addr]
-        d = dumped.get(addr)
+        d = dump_of(addr)
         pool = (str(tuple(d["segment_pool_id"])) if d is not None and "segment_pool_id" in d
                 else "in the dump (no pool id)" if d is not None else "released before the dump")
         row = pools.setdefault((pool, stream), [0, 0, 0])

@@ -195,6 +195,22 @@ def test_reserved_breakdown_by_pool():
     assert r["reserved_peak_bytes"] == 110 and r["entry"] == 4 and r["allocated_bytes"] == 30
     r = reserved_breakdown({"device_traces": [grow[:4]]})
     assert r["reserved_peak_bytes"] == 100 and r["entry"] == 2 and r["allocated_bytes"] == 90
+    # an expandable segment maps pages in one range and unmaps part of them later: what stays
+    # mapped is counted, and its blocks are matched to the dumped segment that holds them
+    exp = [{"action": "segment_map", "addr": 0, "size": 100, "stream": 3},
+           {"action": "segment_map", "addr": 100, "size": 100, "stream": 3},
+           {"action": "alloc", "addr": 0, "size": 40},
+           {"action": "alloc", "addr": 120, "size": 20},
+           {"action": "free_requested", "addr": 120, "size": 20},
+           {"action": "segment_unmap", "addr": 60, "size": 140, "stream": 3},
+           {"action": "segment_map", "addr": 60, "size": 20, "stream": 3}]
+    r = reserved_breakdown({"device_traces": [exp], "segments": [
+        {"address": 0, "total_size": 80, "segment_pool_id": (0, 0)}]})
+    assert r["reserved_peak_bytes"] == 200 and r["entry"] == 3 and r["allocated_bytes"] == 60
+    assert r["pools"] == [{"pool": "released before the dump", "stream": 3, "segments": 1,
+                           "reserved": 100, "allocated": 20, "free": 80},
+                          {"pool": "(0, 0)", "stream": 3, "segments": 1, "reserved": 100,
+                           "allocated": 40, "free": 60}]
 
 
 # Guards replay: a repeated step is served from the plan after planning (hits, no misses), and
