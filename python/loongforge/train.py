@@ -168,6 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the frozen encoders' linear and conv weights in bf16, which bf16 "
                    "autocast computes with anyway: the same results, half their memory, no cast "
                    "per step (auto: on in loongforge mode on CUDA; needs CUDA)")
+    g.add_argument("--persistent-arena", choices=("auto", "off"), default="auto",
+                   help="MemSculptor lays the parameters, buffers and optimizer state out in two "
+                   "planned allocations instead of one block each: the reserved bytes are the "
+                   "allocated ones (docs/memory.md, Note [The persistent arena]; auto: on when "
+                   "MemSculptor is, without --fp8-frozen or expert parallelism, which replace "
+                   "parameters later)")
+    g.add_argument("--graph-pool", choices=("auto", "memsculptor", "torch"), default="auto",
+                   help="where CUDA-graph captures allocate: MemSculptor's MemPool, or torch's "
+                   "own graph pool, which can use expandable segments (auto: torch when "
+                   "expandable segments are on, else memsculptor; Note [Graphs and MemSculptor])")
+    g.add_argument("--expandable-segments", choices=("auto", "on", "off"), default="auto",
+                   help="torch's expandable segments for its pools (the default pool and CUDA "
+                   "graphs' pools): freed blocks merge across what would be segment boundaries "
+                   "(auto: on in loongforge mode on CUDA, unless PYTORCH_CUDA_ALLOC_CONF sets it)")
     g.add_argument("--adamw", choices=("auto", "fused", "foreach"), default="auto",
                    help="AdamW implementation (auto: fused on CUDA)")
     for m in MODULES:
@@ -302,16 +316,81 @@ def _on_device(device: torch.device) -> Iterator[None]:
         yield
 
 
-def _into_persistent(model: Any, mem: MemoryPlanner) -> None:
-    """The model's parameters and buffers, built on the device in torch's default pool, copied
-    into MemSculptor's persistent pool one after another (no holes between them), and the default
-    pool's blocks given back. With MemSculptor off they stay where they are."""
+def _allocator_settings(conf: str) -> None:
+    """torch.cuda.memory._set_allocator_settings, without torch 2.11's FutureWarning about its
+    name (the setting is the same)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.cuda.memory._set_allocator_settings(conf)
+
+
+_EXPANDABLE_BY_RUN = [False]  # turned on by this process's run: turned off again at its end
+
+
+def _expandable_segments(choice: str, lf: bool, cuda: bool) -> str:
+    """--expandable-segments: turns torch's expandable segments on for this process's allocator
+    (before the first CUDA allocation; it applies to segments made afterwards) and says so.
+    Note [Graphs and MemSculptor]: with them on, CUDA graphs capture into torch's own graph pool,
+    whose blocks then merge across what would be segment boundaries; MemSculptor's MemPool (a
+    custom allocator) cannot have them."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" in conf:
+        on = "expandable_segments:true" in conf.replace(" ", "").lower()
+        return f"{'on' if on else 'off'} (PYTORCH_CUDA_ALLOC_CONF)"
+    want = choice == "on" or (choice == "auto" and lf and cuda)
+    if not want:
+        return "off"
+    if not cuda:
+        raise TrainError("--expandable-segments on needs CUDA")
+    if getattr(torch.cuda.memory, "_set_allocator_settings", None) is None:
+        return f"off (torch {torch.__version__} cannot set them at run time)"
+    try:
+        _allocator_settings("expandable_segments:True")
+        _EXPANDABLE_BY_RUN[0] = True
+    except RuntimeError as e:
+        if choice == "on":
+            raise TrainError(f"--expandable-segments on: torch refused: {e}") from e
+        return f"off (torch refused: {str(e).splitlines()[0][:120]})"
+    return "on"
+
+
+def _state_layout(opt: torch.optim.Optimizer) -> str:
+    """Where the optimizer's device state lives: one allocation (the arena) or several blocks."""
+    ts = [v for st in opt.state.values() for v in st.values()
+          if torch.is_tensor(v) and v.device.type == "cuda"]
+    if not ts:
+        return "no optimizer state on the device"
+    n = sum(t.numel() * t.element_size() for t in ts)
+    storages = {(t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+                for t in ts}
+    return (f"optimizer state {n / 2**30:.2f} GiB in "
+            + ("one allocation" if len(storages) == 1 else f"{len(storages)} blocks"))
+
+
+def _into_persistent(model: Any, mem: MemoryPlanner, arena: bool = False,
+                     status: Optional[Dict[str, str]] = None) -> None:
+    """The model's parameters and buffers, from the host or from torch's default pool on the
+    device, copied into MemSculptor's persistent pool: with ``arena``, into one planned
+    allocation (Note [The persistent arena] in memory.py), else one after another; the default
+    pool's blocks are given back. With MemSculptor off they stay where they are."""
     if mem.ms is None:
         return
-    with mem.persistent(), torch.no_grad():
-        for t in itertools.chain(model.parameters(), model.buffers()):
-            t.data = t.data.clone()
-    torch.cuda.empty_cache()
+    ts = list(itertools.chain(model.parameters(), model.buffers()))
+    if arena:
+        from .memory import pack_into_arena
+
+        buf = pack_into_arena(ts, mem.device, alloc=mem.arena_alloc)
+        if status is not None and buf is not None:
+            status["persistent_arena"] = (f"on (parameters and buffers {buf.numel() / 2**30:.2f}"
+                                          " GiB in one allocation")
+    else:
+        with mem.persistent(), torch.no_grad():
+            for t in ts:
+                t.data = t.data.clone()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str],
@@ -362,6 +441,10 @@ def build(args: argparse.Namespace) -> Session:
         # Read by MemSculptor's backend when it loads (in setup_dist).
         os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(int(args.memory_cap_gib * 1024))
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
+    cuda_run = args.device != "cpu" and torch.cuda.is_available()
+    expandable = _expandable_segments(args.expandable_segments, lf, cuda_run)
+    if expandable != "off":
+        status["expandable_segments"] = expandable
     d = setup_dist(args.device, mem.install)
     log = _log(d)
     if args.frozen_bf16 == "on" and d.device.type != "cuda":
@@ -401,8 +484,10 @@ def build(args: argparse.Namespace) -> Session:
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32
         # weights first (below).
         _store_frozen_bf16(model, mem, status, persistent=False)
+    arena = (args.persistent_arena == "auto" and mem.ms is not None and not args.fp8_frozen
+             and args.expert_parallel == 1)
     if args.init_device == "device" and d.device.type == "cuda":
-        _into_persistent(model, mem)
+        _into_persistent(model, mem, arena, status)
     clock.mark("model init")
     cfg = model.cfg
     args.image_size = cfg.image_size
@@ -411,6 +496,8 @@ def build(args: argparse.Namespace) -> Session:
 
     status["augment"] = describe(args.augment, args.no_augment, args.crop_fraction,
                                  cfg.image_size)
+    if arena and args.init_device != "device":  # host init: copied straight into the arena
+        _into_persistent(model, mem, arena, status)
     with mem.persistent():  # parameters live apart from the planned activation arena
         model.to(d.device).train()
     clock.mark("model to device")
@@ -511,7 +598,10 @@ def build(args: argparse.Namespace) -> Session:
     with mem.persistent():
         opt = make_optimizer(params, args, d.device)
     if mem.ms is not None:  # Note [Optimizer state up front] in train_backends.py
-        init_optimizer_state(opt, mem.persistent)
+        init_optimizer_state(opt, mem.persistent, arena_alloc=mem.arena_alloc if arena else None)
+        if arena:
+            status["persistent_arena"] = status.get("persistent_arena", "on (") + "; " + \
+                _state_layout(opt) + ")"
         torch.cuda.empty_cache()  # the temporary zero gradients (MemSculptor is on: CUDA)
     status["adamw"] = ("fused" if opt.defaults.get("fused") else
                        "foreach" if opt.defaults.get("foreach") else "default")
@@ -544,7 +634,8 @@ def build(args: argparse.Namespace) -> Session:
                               warmup=args.graph_warmup, graphs=graphs, sync=sync,
                               autocast_dtype=torch.bfloat16 if cuda else None,
                               max_graphs=args.graph_max, log=log,
-                              mem_pool=mem.graph_pool() if graphs else None,
+                              mem_pool=(mem.graph_pool(args.graph_pool, expandable.startswith("on"))
+                                        if graphs else None),
                               # compiled per shape: a new bucket's eager calls compile it
                               warmup_next=args.graph_warmup if args.compile_frozen else 0,
                               grads_in_pool=pool_grads, pad_up=args.graph_pad_up)
@@ -585,7 +676,11 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
     step = int(st["step"])
     try:
         model.load_state_dict(st["model"])
+        before = {p: dict(s) for p, s in opt.state.items()}
         opt.load_state_dict(st["optimizer"])
+        from .memory import state_back_into_place
+
+        state_back_into_place(opt, before)  # Note [The persistent arena]
         sched.load_state_dict(st["scheduler"])
         loader.load_state_dict(st["loader"])
         if ep is not None:
@@ -824,6 +919,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     mem = s.mem
     del s
     mem.close()
+    if _EXPANDABLE_BY_RUN[0]:  # the setting is the process's: a later run in it starts as before
+        _EXPANDABLE_BY_RUN[0] = False
+        _allocator_settings("expandable_segments:False")
     return summary
 
 

@@ -730,9 +730,24 @@ class MemoryPlanner:
             self.ms = None
         return stack
 
-    def graph_pool(self) -> Any:
-        """The MemPool CUDA-graph captures allocate from (None: torch's own graph pool)."""
-        if self.ms is None or not self.scoped:
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.ms.device if self.ms is not None else 0)
+
+    def arena_alloc(self, nbytes: int) -> torch.Tensor:
+        """One allocation of ``nbytes`` in the persistent pool (Note [The persistent arena])."""
+        with self.persistent():
+            return torch.empty(int(nbytes), dtype=torch.uint8, device=self.device)
+
+    def graph_pool(self, which: str = "memsculptor", expandable: bool = False) -> Any:
+        """The MemPool CUDA-graph captures allocate from (None: torch's own graph pool).
+        ``which``: memsculptor, torch, or auto (torch when ``expandable`` segments are on: they
+        apply to torch's pools only; Note [Graphs and MemSculptor])."""
+        if which == "auto":
+            which = "torch" if expandable else "memsculptor"
+        if which == "torch" and self.ms is not None and self.scoped:
+            self.status = "on (scoped: persistent tensors; graphs in torch's pool)"
+        if self.ms is None or not self.scoped or which == "torch":
             return None
         try:
             return self.ms.graph_pool()
@@ -784,7 +799,8 @@ def make_optimizer(params: List[torch.nn.Parameter], args: argparse.Namespace,
     return torch.optim.AdamW(params, **kw)
 
 
-def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], Any]) -> int:
+def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], Any],
+                         arena_alloc: Optional[Callable[[int], torch.Tensor]] = None) -> int:
     """Creates the optimizer's state now, inside ``persistent()`` (MemSculptor's persistent
     pool), instead of at the first step. Returns the number of parameters given state.
 
@@ -799,6 +815,15 @@ def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], An
     was), then every state tensor is zeroed, which is exactly AdamW's fresh state (step 0,
     moments 0): the first real step is the same as without this."""
     params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    if arena_alloc is not None:
+        # Note [The persistent arena] in memory.py: the state laid out in one allocation, as
+        # AdamW would make it; the step below then uses it (or torch refuses it: its own blocks).
+        from .memory import adamw_state_in_arena
+
+        try:
+            adamw_state_in_arena(opt, None, arena_alloc)
+        except ValueError:
+            pass
     saved_grads = [p.grad for p in params]
     saved_lrs = [g["lr"] for g in opt.param_groups]
     try:
@@ -807,7 +832,13 @@ def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], An
         for g in opt.param_groups:
             g["lr"] = 0.0
         with persistent():
-            opt.step()
+            try:
+                opt.step()
+            except RuntimeError:
+                if arena_alloc is None or not opt.state:
+                    raise
+                opt.state.clear()  # torch refused the arena's layout: it makes its own
+                opt.step()
     finally:
         for p, gr in zip(params, saved_grads):
             p.grad = gr

@@ -588,3 +588,22 @@ def test_out_of_memory_exit_names_batch_and_step(train_db, monkeypatch, capsys):
     monkeypatch.setattr(train, "run", lambda a: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         train.main(args)
+
+
+# Guards the persistent arena and torch's expandable graph pool on the GPU (loongforge's
+# defaults): the parameters, buffers and optimizer state each in one allocation, captures in
+# torch's graph pool with expandable segments, and the same losses as the run with neither
+# (Note [The persistent arena], Note [Graphs and MemSculptor]).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_persistent_arena_and_expandable_graph_pool_same_losses(train_db, tmp_path):
+    on = _run_gpu(train_db, tmp_path, "arena", "loongforge", 4)
+    off = _run_gpu(train_db, tmp_path, "plain", "loongforge", 4, "--persistent-arena", "off",
+                   "--expandable-segments", "off", "--graph-pool", "memsculptor")
+    mods = on["modules"]
+    assert mods["persistent_arena"].count("in one allocation") == 2, mods
+    assert mods["expandable_segments"] == "on" and "graphs in torch's pool" in mods["memsculptor"]
+    assert "persistent_arena" not in off["modules"] and "expandable_segments" not in off["modules"]
+    assert "graphs in torch's pool" not in off["modules"]["memsculptor"]
+    a = [r["loss"] for r in on["loss_curve"]]
+    b = [r["loss"] for r in off["loss_curve"]]
+    assert len(a) == 4 and a == pytest.approx(b, rel=1e-5, abs=0)
