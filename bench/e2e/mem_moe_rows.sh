@@ -18,7 +18,8 @@
 #   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
 #   proffp8  prof's profile of the --fp8-frozen step at batch 64
 #   maxb   bench/memory/max_batch.py: the largest n16 batch under a MAXB_CAP (40) GiB cap in
-#          tuned, tuned+expandable and loongforge, side by side (--parallel), from MAXB_START (32);
+#          tuned, tuned+expandable and loongforge, side by side (--parallel), from MAXB_START (32),
+#          a fitting batch times MAXB_GROWTH (2) next;
 #          MAXB_EXTRA: further flags, e.g. "--extra=--init-device --extra=device"
 #   cf     n16 loongforge at CF_BATCHES (64) with --compile-frozen (issue 17)
 #   hx     HX_RUNS side by side with --memory-history: peak allocated / reserved and the reserved
@@ -88,6 +89,7 @@ fi
 if has maxb; then
   timeout $((${MAXB_T:-420} + 60)) python3 bench/memory/max_batch.py --db "$db" --config n16 \
     --cap-gib "${MAXB_CAP:-40}" --parallel --start "${MAXB_START:-32}" --workers 4 \
+    --growth "${MAXB_GROWTH:-2}" \
     --budget-s "${MAXB_T:-420}" \
     --loader-threads 4 --out /tmp/maxb ${MAXB_EXTRA:-} >"$OUT/max_batch.log" 2>&1
   echo "== maxb: rc $?"

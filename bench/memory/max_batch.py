@@ -6,7 +6,7 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and loongforge (MemSculptor, C
 GPU loader), `python -m loongforge.train --memory-cap-gib CAP` runs --probe-steps steps at a
 batch size; a batch fits when the run exits 0, and does not when it exits with the trainer's
 out-of-memory error (exit 3). Any other failure stops the search and is reported. The batch
-doubles from --start until a probe fails, then bisects in steps of --step (8), so the answer is
+grows from --start (doubling, or by --growth times) until a probe fails, then bisects in steps of --step (8), so the answer is
 the largest multiple of --step that trains. No checkpoints (their staging is outside the cap).
 
     PYTHONPATH=python python3 bench/memory/max_batch.py --db DB --config n16 --cap-gib 40 \\
@@ -38,18 +38,23 @@ OOM_EXIT = 3  # loongforge.train: out of memory
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, step: int,
-                    limit: int) -> Tuple[int, Optional[int]]:
+                    limit: int, growth: float = 2.0) -> Tuple[int, Optional[int]]:
     """(largest multiple of `step` up to `limit` for which fits() is True (0: none), the
-    smallest one found not to fit or None). Doubles from `start` (a positive multiple of `step`)
-    until a batch does not fit (the last try is `limit` rounded down to `step`), then bisects
-    between the last fit and the first failure. Fitting is assumed monotone."""
+    smallest one found not to fit or None). Grows from `start` (a positive multiple of `step`)
+    by `growth` times, rounded up to `step` and at least one step, until a batch does not fit
+    (the last try is `limit` rounded down to `step`), then bisects between the last fit and the
+    first failure. Fitting is assumed monotone. A start near the answer and a small growth (say
+    1.1) cost fewer probes than doubling."""
     if start <= 0 or start % step:
         raise ValueError(f"start {start} must be a positive multiple of step {step}")
+    if growth <= 1.0:
+        raise ValueError(f"growth {growth} must be above 1")
     top = limit // step * step
     lo, hi, b = 0, None, min(start, top)
     while hi is None and lo < top:
         if fits(b):
-            lo, b = b, min(b * 2, top)
+            nxt = max(b + step, -(-int(b * growth) // step) * step)
+            lo, b = b, min(nxt, top)
         else:
             hi = b
     if hi is None:
@@ -101,6 +106,8 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--start", type=int, default=16)
     p.add_argument("--step", type=int, default=8)
+    p.add_argument("--growth", type=float, default=2.0,
+                   help="each fitting probe's batch times this is the next (at least one step)")
     p.add_argument("--limit", type=int, default=1024, help="largest batch tried")
     p.add_argument("--probe-steps", type=int, default=6)
     p.add_argument("--probe-timeout", type=int, default=300, help="seconds per probe")
@@ -157,7 +164,7 @@ def main() -> int:
             return r.returncode == 0
 
         try:
-            lo, hi = largest_fitting(fits, a.start, a.step, a.limit)
+            lo, hi = largest_fitting(fits, a.start, a.step, a.limit, a.growth)
             result["modes"][mode] = {"largest_batch": lo, "smallest_failing": hi,
                                      "probes": probes}
         except (RuntimeError, subprocess.TimeoutExpired) as e:

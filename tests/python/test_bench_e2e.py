@@ -136,3 +136,13 @@ def test_max_batch_search_finds_the_largest_multiple_of_step():
         assert len(tried) <= 16
     with __import__("pytest").raises(ValueError):
         mb.largest_fitting(lambda b: True, 12, 8, 64)
+    # a small growth near the answer: one step at a time, the same answer, fewer probes
+    tried = []
+    lo, hi = mb.largest_fitting(lambda b: tried.append(b) or b <= 64, 56, 8, 1024, growth=1.1)
+    assert (lo, hi) == (64, 72) and tried == [56, 64, 72]
+    tried = []
+    assert mb.largest_fitting(lambda b: tried.append(b) or b <= 200, 56, 8, 1024,
+                              growth=1.5) == (200, 208)
+    assert tried[:4] == [56, 88, 136, 208], tried
+    with __import__("pytest").raises(ValueError, match="growth"):
+        mb.largest_fitting(lambda b: True, 8, 8, 64, growth=1.0)
