@@ -168,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the frozen encoders' linear and conv weights in bf16, which bf16 "
                    "autocast computes with anyway: the same results, half their memory, no cast "
                    "per step (auto: on in loongforge mode on CUDA; needs CUDA)")
+    g.add_argument("--norm-recompute", choices=("auto", "on", "off"), default="auto",
+                   help="RMSNorms recomputed in backward from their input instead of keeping "
+                   "their fp32 normalized output: the same gradients, less activation memory "
+                   "(Note [Recomputed norms] in gr00t_layers.py; auto: on in loongforge mode on "
+                   "CUDA)")
     g.add_argument("--persistent-arena", choices=("auto", "off"), default="auto",
                    help="MemSculptor lays the parameters, buffers and optimizer state out in two "
                    "planned allocations instead of one block each: the reserved bytes are the "
@@ -476,9 +481,14 @@ def build(args: argparse.Namespace) -> Session:
         raise TrainError(str(e)) from e
     frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and lf
                                                and d.device.type == "cuda")
-    from .models.gr00t_layers import set_shared_casts
+    from .models.gr00t_layers import set_norm_recompute, set_shared_casts
 
     set_shared_casts(frozen_bf16)  # one autocast cast for frozen sibling layers (same bits)
+    norms = args.norm_recompute == "on" or (args.norm_recompute == "auto" and lf
+                                            and d.device.type == "cuda")
+    set_norm_recompute(norms)  # Note [Recomputed norms]: the same gradients, less memory
+    if norms:
+        status["norm_recompute"] = "on (RMSNorms recomputed in backward: the same gradients)"
     if frozen_bf16 and not args.fp8_frozen:
         # Before the copy to the device (host init): no fp32 weights there to free, no holes
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32

@@ -337,3 +337,79 @@ def test_shared_autocast_input_same_model_on_gpu():
                                             if p.requires_grad]))
     assert torch.equal(runs[0][0], runs[1][0])
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def _grads_with_norm_recompute(m, batch, flag, device="cpu", autocast=None):
+    from loongforge.models import gr00t_layers as L
+
+    L.set_norm_recompute(flag)
+    try:
+        m.zero_grad(set_to_none=True)
+        ctx = (torch.autocast(device, dtype=autocast) if autocast is not None
+               else torch.autocast(device, enabled=False))
+        with ctx:
+            out = m(batch, generator=torch.Generator(device).manual_seed(1))
+        out["loss"].backward()
+    finally:
+        L.set_norm_recompute(False)
+    return out["loss"].detach(), [p.grad.clone() for p in m.parameters() if p.requires_grad]
+
+
+# Guards Note [Recomputed norms]: with the trainable RMSNorms recomputed in backward, the loss and
+# every gradient are the same bits as without (fp32 here; bf16 autocast in the GPU test below:
+# torch 1.13's CPU autocast cannot run the model); the switch is off by default; frozen norms
+# (no gradient through them) run as they are.
+def test_norm_recompute_same_bits(autocast=None):
+    from loongforge.models import gr00t_layers as L
+
+    assert not L._recompute_norms
+    m = tiny()
+    batch = make_batch()
+    a = _grads_with_norm_recompute(m, batch, True, autocast=autocast)
+    b = _grads_with_norm_recompute(m, batch, False, autocast=autocast)
+    assert torch.equal(a[0], b[0])
+    assert len(a[1]) == len(b[1]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+    calls = []
+    norm = m.backbone.language_model.layers[0].input_layernorm  # a frozen layer's norm
+    L.set_norm_recompute(True)
+    try:
+        import torch.utils.checkpoint as cp
+        real = cp.checkpoint
+        cp.checkpoint = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            norm(torch.randn(2, 3, m.cfg.llm_dim))
+            assert not calls  # nothing needs a gradient there: no checkpoint
+            m.backbone.language_model.layers[-1].input_layernorm(
+                torch.randn(2, 3, m.cfg.llm_dim))
+            assert calls == [1]
+        finally:
+            cp.checkpoint = real
+    finally:
+        L.set_norm_recompute(False)
+
+
+# Guards the memory the recompute saves, on the GPU: the trainable LLM layers' forward keeps
+# less (their norms' fp32 outputs are not kept), and the gradients are the same bits.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_norm_recompute_keeps_less_on_gpu():
+    m = tiny(llm_dim=256, llm_mlp=512).cuda()
+    batch = {k: v.cuda() for k, v in make_batch(b=16, length=40).items()}
+    kept = {}
+    for flag in (False, True):
+        from loongforge.models import gr00t_layers as L
+
+        L.set_norm_recompute(flag)
+        try:
+            m.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = m(batch, generator=torch.Generator("cuda").manual_seed(1))
+            torch.cuda.synchronize()
+            kept[flag] = torch.cuda.memory_allocated() - before
+            out["loss"].backward()
+        finally:
+            L.set_norm_recompute(False)
+        kept[(flag, "grads")] = [p.grad.clone() for p in m.parameters() if p.requires_grad]
+    assert kept[True] < kept[False], kept
+    assert all(torch.equal(x, y) for x, y in zip(kept[(True, "grads")], kept[(False, "grads")]))

@@ -607,3 +607,29 @@ def test_gpu_persistent_arena_and_expandable_graph_pool_same_losses(train_db, tm
     a = [r["loss"] for r in on["loss_curve"]]
     b = [r["loss"] for r in off["loss_curve"]]
     assert len(a) == 4 and a == pytest.approx(b, rel=1e-5, abs=0)
+
+
+# Guards --norm-recompute in the trainer on the GPU: on by default in loongforge mode (graphed
+# steps), and the run's losses are those of the same run without it (Note [Recomputed norms]).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_norm_recompute_same_losses(train_db, tmp_path):
+    on = _run_gpu(train_db, tmp_path, "norms", "loongforge", 4)
+    off = _run_gpu(train_db, tmp_path, "nonorms", "loongforge", 4, "--norm-recompute", "off")
+    assert on["modules"]["norm_recompute"].startswith("on (")
+    assert "norm_recompute" not in off["modules"]
+    a = [r["loss"] for r in on["loss_curve"]]
+    b = [r["loss"] for r in off["loss_curve"]]
+    assert len(a) == 4 and a == pytest.approx(b, rel=1e-5, abs=0)
+
+
+# Guards --norm-recompute on in the CPU trainer: said in the modules, the same losses as without,
+# and the process-wide switch is set per run (off again in a later run that does not ask).
+def test_norm_recompute_on_cpu_same_losses(train_db, tmp_path):
+    from loongforge.models import gr00t_layers as L
+
+    args = COMMON + ["--data", train_db, "--steps", "3", "--mode", "baseline"]
+    on = _run(args + ["--norm-recompute", "on"], tmp_path, "on")
+    assert on["modules"]["norm_recompute"].startswith("on (")
+    off = _run(args, tmp_path, "off")
+    assert "norm_recompute" not in off["modules"] and not L._recompute_norms
+    assert [r["loss"] for r in on["loss_curve"]] == [r["loss"] for r in off["loss_curve"]]

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gr00t_config import Gr00tConfig
-from .gr00t_layers import Device, _maybe_checkpoint, _part, attention, shared_autocast_input
+from .gr00t_layers import (Device, _maybe_checkpoint, _part, attention, recomputed,
+                           shared_autocast_input)
 
 # ------------------------------------------------------------------------------------------------
 # Vision tower: SigLIP-style ViT
@@ -111,6 +112,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recomputed(self._norm, self, x)  # Note [Recomputed norms]
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)

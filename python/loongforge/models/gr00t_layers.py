@@ -103,6 +103,40 @@ def shared_autocast_input(x: torch.Tensor, *consumers: nn.Module) -> torch.Tenso
 
 
 # ------------------------------------------------------------------------------------------------
+# Recomputed norms
+
+# Note [Recomputed norms]. An RMSNorm written as torch ops (x * rsqrt(mean(x^2) + eps), then
+# times its weight) leaves autograd holding its fp32 normalized input for the weight's gradient,
+# and for q_norm / k_norm an fp32 copy of their bf16 input too: n16 keeps about 5 MB a sample in
+# each trainable LLM layer that nothing but these norms needs (issue 16: at batch 72, 1.5 GiB of a
+# step that misses a 40 GiB cap). With the switch on, a norm whose output needs a gradient runs
+# under non-reentrant checkpointing: autograd keeps only its input (the residual stream, alive
+# anyway, or the bf16 q and k) and backward recomputes the norm from it with the same ops, so
+# every gradient is the same bits. The cost is the norms' forward once more in backward, a few
+# elementwise passes. Off by default; the trainer turns it on in loongforge mode on CUDA
+# (--norm-recompute).
+_recompute_norms = False
+
+
+def set_norm_recompute(flag: bool) -> None:
+    """Switch Note [Recomputed norms] on or off (process-wide; the trainer sets it per run)."""
+    global _recompute_norms
+    _recompute_norms = flag
+
+
+def recomputed(fn: Callable[..., torch.Tensor], module: nn.Module, x: torch.Tensor
+               ) -> torch.Tensor:
+    """fn(x), recomputed in backward when the switch is on and a gradient will flow through it
+    (Note [Recomputed norms]); else fn(x) as it is."""
+    if (_recompute_norms and module.training and torch.is_grad_enabled()
+            and (x.requires_grad or any(p.requires_grad for p in module.parameters()))):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False)
+    return fn(x)
+
+
+# ------------------------------------------------------------------------------------------------
 # Activation checkpointing
 
 
