@@ -382,6 +382,11 @@ def test_norm_recompute_same_bits(autocast=None):
             m.backbone.language_model.layers[-1].input_layernorm(
                 torch.randn(2, 3, m.cfg.llm_dim))
             assert calls == [1]
+            # in the model: each trainable LLM layer's four norms and SwiGLU, and the final norm
+            del calls[:]
+            m(batch, generator=torch.Generator().manual_seed(1))
+            cfg = m.cfg
+            assert len(calls) == cfg.tune_top_llm_layers * ((4 if cfg.qk_norm else 2) + 1) + 1
         finally:
             cp.checkpoint = real
     finally:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gr00t_config import Gr00tConfig
-from .gr00t_layers import (Device, _maybe_checkpoint, _part, attention, recomputed,
+from .gr00t_layers import (Device, _maybe_checkpoint, _part, _silu_mul, attention, recomputed,
                            shared_autocast_input)
 
 # ------------------------------------------------------------------------------------------------
@@ -174,7 +174,8 @@ class QwenMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = shared_autocast_input(x, self.gate_proj, self.up_proj)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # Note [Recomputed norms]: silu(gate) is not kept for backward when the switch is on
+        return self.down_proj(recomputed(_silu_mul, self, self.gate_proj(x), self.up_proj(x)))
 
 
 class QwenDecoderLayer(nn.Module):

@@ -106,14 +106,17 @@ def shared_autocast_input(x: torch.Tensor, *consumers: nn.Module) -> torch.Tenso
 # Recomputed norms
 
 # Note [Recomputed norms]. An RMSNorm written as torch ops (x * rsqrt(mean(x^2) + eps), then
-# times its weight) leaves autograd holding its fp32 normalized input for the weight's gradient,
+# times its weight) leaves autograd holding its fp32 normalized output for the weight's gradient,
 # and for q_norm / k_norm an fp32 copy of their bf16 input too: n16 keeps about 5 MB a sample in
-# each trainable LLM layer that nothing but these norms needs (issue 16: at batch 72, 1.5 GiB of a
+# each trainable LLM layer that nothing but these norms needs (issue 16: at batch 72, 1.4 GiB of a
 # step that misses a 40 GiB cap). With the switch on, a norm whose output needs a gradient runs
-# under non-reentrant checkpointing: autograd keeps only its input (the residual stream, alive
-# anyway, or the bf16 q and k) and backward recomputes the norm from it with the same ops, so
+# under non-reentrant checkpointing: autograd keeps only its input (the residual stream, which
+# the norm's own backward keeps anyway, or the bf16 q and k) and backward recomputes the norm from
+# it with the same ops, so
 # every gradient is the same bits. The cost is the norms' forward once more in backward, a few
-# elementwise passes. Off by default; the trainer turns it on in loongforge mode on CUDA
+# elementwise passes. The SwiGLU product silu(gate) * up is recomputed the same way: autograd
+# keeps gate and up, not silu(gate) too (bf16, the MLP's width: about 2 MB a sample a layer).
+# Off by default; the trainer turns it on in loongforge mode on CUDA
 # (--norm-recompute).
 _recompute_norms = False
 
@@ -124,16 +127,22 @@ def set_norm_recompute(flag: bool) -> None:
     _recompute_norms = flag
 
 
-def recomputed(fn: Callable[..., torch.Tensor], module: nn.Module, x: torch.Tensor
+def recomputed(fn: Callable[..., torch.Tensor], module: nn.Module, *xs: torch.Tensor
                ) -> torch.Tensor:
-    """fn(x), recomputed in backward when the switch is on and a gradient will flow through it
-    (Note [Recomputed norms]); else fn(x) as it is."""
+    """fn(*xs), recomputed in backward when the switch is on and a gradient will flow through it
+    (Note [Recomputed norms]); else fn(*xs) as it is. ``module``: whose parameters fn reads
+    (their gradients count too)."""
     if (_recompute_norms and module.training and torch.is_grad_enabled()
-            and (x.requires_grad or any(p.requires_grad for p in module.parameters()))):
+            and (any(x.requires_grad for x in xs)
+                 or any(p.requires_grad for p in module.parameters(recurse=False)))):
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False)
-    return fn(x)
+        return checkpoint(fn, *xs, use_reentrant=False, preserve_rng_state=False)
+    return fn(*xs)
+
+
+def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
 
 
 # ------------------------------------------------------------------------------------------------
