@@ -498,12 +498,21 @@ class GraphedStep:
                 b.outputs = self._forward_backward(b.inputs, b.noise, loss_scale)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
             why = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        else:
+            why = ""
+        if why:
+            # Outside the except clause: the exception's traceback, and with it the frames that
+            # hold the failed capture's activations, is gone before the eager run allocates (an
+            # out-of-memory capture otherwise leaves its blocks allocated under the eager
+            # fallback, which then runs out too: run K, batch 72 under a 40 GiB cap).
             noise = b.noise
             b.inputs, b.outputs, b.noise = {}, {}, None
+            del graph
             if self.grads_in_pool and not self._grads_ready:
                 self._drop_grads()  # made by the failed capture: the eager run makes its own
             self.capture_failures.append(f"{self._describe(b.key)}: {why}")
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
             b.eager_reason = why
             self.log(f"[cuda-graph] bucket {self._describe(b.key)} runs eager: {why}")
             # This microbatch's numbers were drawn into b.noise: the eager run uses them, so the
