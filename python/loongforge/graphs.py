@@ -39,6 +39,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -511,6 +512,7 @@ class GraphedStep:
             if self.grads_in_pool and not self._grads_ready:
                 self._drop_grads()  # made by the failed capture: the eager run makes its own
             self.capture_failures.append(f"{self._describe(b.key)}: {why}")
+            gc.collect()  # frames caught in a reference cycle would hold activations until later
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             b.eager_reason = why

@@ -538,13 +538,14 @@ def test_grads_in_pool_pads_up_to_the_captured_bucket():
 
 
 _FAILED_CAPTURE = r"""
-import sys, torch
+import gc, sys, torch
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from test_graphs import _batch, _model
 from loongforge.graphs import GraphedStep
 
 dev = torch.device("cuda")
 model = _model(dev)
+batch = _batch(b=16, device=dev)
 
 
 def reads_host(batch, noise=None, time_u=None):  # a host read: refused under capture
@@ -554,27 +555,41 @@ def reads_host(batch, noise=None, time_u=None):  # a host read: refused under ca
     return out
 
 
+def allocated():
+    # cuBLAS keeps a workspace per stream for the process's life (the warm-up's side stream and
+    # the capture stream add theirs): dropped here, so that only tensors are compared.
+    gc.collect()
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    return torch.cuda.memory_allocated()
+
+
 def step(runner_graphs):
     model.zero_grad(set_to_none=True)
     s = GraphedStep(model, dev, runner=reads_host, warmup=1, graphs=runner_graphs,
                     grads_in_pool=True, log=lambda m: None)
     gen = torch.Generator(dev).manual_seed(3)
-    batch = _batch(device=dev)
     losses = []
     for _ in range(2):  # a warm-up microbatch, then the capture (which fails) or eager again
         model.zero_grad(set_to_none=True)
         losses.append(float(s(batch, gen)["loss"]))
     model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    return s, losses, torch.cuda.memory_allocated()
+    return s, losses, allocated()
 
 
+# What one forward keeps for backward: the failed capture's share if its tensors were held.
+before = allocated()
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    held = model(batch)
+kept = allocated() - before
+del held
 _, ref, ref_mem = step(False)
 s, got, mem = step(True)
 st = s.stats()
 assert st["captures"] == 0 and len(st["capture_failures"]) == 1, st
 assert got == ref, (got, ref)
-assert mem <= ref_mem + (1 << 20), (mem, ref_mem)  # nothing of the failed capture stays allocated
+assert kept > (4 << 20), kept
+assert mem - ref_mem < kept // 2, (mem, ref_mem, kept)  # the failed capture's tensors are freed
 print("ok")
 """
 
