@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "autocast computes with anyway: the same results, half their memory, no cast "
                    "per step (auto: on in loongforge mode on CUDA; needs CUDA)")
     g.add_argument("--norm-recompute", choices=("auto", "on", "off"), default="auto",
-                   help="RMSNorms recomputed in backward from their input instead of keeping "
-                   "their fp32 normalized output: the same gradients, less activation memory "
+                   help="RMSNorms and SwiGLU products recomputed in backward from their inputs "
+                   "instead of keeping their outputs: the same gradients, less activation memory "
                    "(Note [Recomputed norms] in gr00t_layers.py; auto: on in loongforge mode on "
                    "CUDA)")
     g.add_argument("--persistent-arena", choices=("auto", "off"), default="auto",
@@ -488,7 +488,8 @@ def build(args: argparse.Namespace) -> Session:
                                             and d.device.type == "cuda")
     set_norm_recompute(norms)  # Note [Recomputed norms]: the same gradients, less memory
     if norms:
-        status["norm_recompute"] = "on (RMSNorms recomputed in backward: the same gradients)"
+        status["norm_recompute"] = ("on (RMSNorms and SwiGLU recomputed in backward: the same "
+                                    "gradients)")
     if frozen_bf16 and not args.fp8_frozen:
         # Before the copy to the device (host init): no fp32 weights there to free, no holes
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32
