@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import resource
 import time
 from collections import deque
@@ -196,7 +197,8 @@ class ModuleProfiler:
             acts = [torch.profiler.ProfilerActivity.CPU]
             if self.cuda:
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof = torch.profiler.profile(activities=acts)
+            # Shapes: the op ranking (top_ops) tells a weight's cast from an activation's.
+            self.prof = torch.profiler.profile(activities=acts, record_shapes=True)
             self.prof.start()
             set_profile_ranges(self.range)
         self.sync()
@@ -219,7 +221,7 @@ class ModuleProfiler:
 
         set_profile_ranges(None)
         self.prof.stop()
-        avgs = list(self.prof.key_averages())
+        avgs = list(self.prof.key_averages(group_by_input_shape=True))
         self.prof = None
         self.result = module_breakdown(avgs, self.step_s, self.cuda)
 
@@ -259,6 +261,7 @@ def module_breakdown(avgs: Sequence[Any], step_s: Sequence[float], cuda: bool) -
                      ("; device_ms: kernel time" if cuda else "")}
     if cuda and n:
         out.update(top_kernels(avgs, n))
+        out["ops"] = top_ops(avgs, n)
     return out
 
 
@@ -295,7 +298,7 @@ def top_kernels(avgs: Sequence[Any], steps: int, top: int = 15) -> Dict[str, Any
             continue
         if a.key.startswith(("lf::", "Optimizer.", "ProfilerStep")):
             continue
-        us = float(getattr(a, "self_device_time_total", getattr(a, "self_cuda_time_total", 0.0)))
+        us = _self_device_us(a)
         if us > 0:
             rows.append((us, a.key, int(a.count)))
     rows.sort(reverse=True)
@@ -308,6 +311,51 @@ def top_kernels(avgs: Sequence[Any], steps: int, top: int = 15) -> Dict[str, Any
                         for us, k, c in rows[:top]]}
 
 
+def _self_device_us(e: Any) -> float:
+    return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
+
+
+def top_ops(avgs: Sequence[Any], steps: int, top: int = 15) -> List[Dict[str, Any]]:
+    """The operators (aten::*, forward and backward) whose own kernels took the most device
+    time, per (operator, input shapes): ms and calls per step, largest first. A kernel's name
+    says what it computes (a bf16 copy, a float add); the operator and its shapes say where:
+    a weight's cast and an activation's have different shapes. Needs a profile taken with
+    record_shapes and averaged with group_by_input_shape."""
+    rows = []
+    for a in avgs:
+        if _on_device(a) or not a.key.startswith("aten::"):
+            continue
+        us = _self_device_us(a)
+        if us > 0:
+            shapes = [list(x) for x in (getattr(a, "input_shapes", None) or []) if x]
+            rows.append((us, a.key, str(shapes) if shapes else "", int(a.count)))
+    rows.sort(key=lambda r: -r[0])
+    return [{"op": k, "shapes": sh, "ms": us / 1e3 / steps, "calls": c / steps}
+            for us, k, sh, c in rows[:top]]
+
+
+# Namespaces and wrappers that every elementwise kernel's name repeats; the functor or the
+# kernel function inside them says what the kernel does.
+_KERNEL_NOISE = re.compile(r"^void |\(anonymous namespace\)::|\b(?:at::native::|at::|c10::|std::)")
+_KERNEL_WHAT = re.compile(
+    r"\b(\w*(?:Functor|_functor)\w*(?:<[\w:, ]*>)?|\w+_kernel_cuda|\w+_kernel_impl\w*)")
+
+
+def short_kernel_name(name: str, width: int = 90) -> str:
+    """A kernel's name for a line of text: the outer kernel and what it applies (the functor or
+    the function inside torch's elementwise wrappers, e.g. ``vectorized_elementwise_kernel
+    [bfloat16_copy_kernel_cuda]``), or the name cut to ``width``."""
+    plain = _KERNEL_NOISE.sub("", name).strip()
+    outer = re.match(r"[\w:]+", plain)
+    what = [w for w in dict.fromkeys(_KERNEL_WHAT.findall(plain))
+            if not w.startswith(("gpu_kernel_impl", "elementwise_kernel"))]
+    if outer and what and len(plain) > width:
+        short = f"{outer.group(0)} [{', '.join(what[:3])}]"
+        if len(short) <= width:
+            return short
+    return plain if len(plain) <= width else plain[:width - 3] + "..."
+
+
 def format_kernels(b: Dict[str, Any], width: int = 90) -> List[str]:
     """The kernel ranking of a module breakdown, a line per kernel (none on a CPU)."""
     if "kernels" not in b:
@@ -317,9 +365,13 @@ def format_kernels(b: Dict[str, Any], width: int = 90) -> List[str]:
     lines = [f"   device kernels: {b['kernel_ms']:.1f} ms/step of {b['step_ms']:.1f} "
              f"({b['kernel_ms'] / b['step_ms']:.0%}): {classes}; largest:"]
     for k in b["kernels"]:
-        name = k["name"] if len(k["name"]) <= width else k["name"][:width - 3] + "..."
         lines.append(f"     {k['ms']:7.2f} ms {k['ms'] / b['kernel_ms']:4.0%} "
-                     f"x{k['calls']:<6.0f} {name}")
+                     f"x{k['calls']:<6.0f} {short_kernel_name(k['name'], width)}")
+    if b.get("ops"):
+        lines.append("   operators by their kernels' time (forward and backward), with input shapes:")
+        for o in b["ops"]:
+            lines.append(f"     {o['ms']:7.2f} ms {o['ms'] / b['kernel_ms']:4.0%} "
+                         f"x{o['calls']:<6.0f} {o['op']} {o['shapes'][:width]}")
     return lines
 
 

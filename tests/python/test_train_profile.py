@@ -72,6 +72,63 @@ def test_top_kernels_ranks_device_events_per_step():
     assert format_kernels(module_breakdown(avgs, [0.010], cuda=False)) == []
 
 
+# Guards the operator ranking of a GPU profile: aten ops by their own kernels' time per (op, input
+# shapes), largest first, per step; device events and ranges are not operators; the printed lines
+# carry the shapes that tell a weight's cast from an activation's.
+def test_top_ops_ranks_operators_by_their_kernels_time():
+    from types import SimpleNamespace as E
+
+    from loongforge.train_metrics import format_kernels, module_breakdown, top_ops
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    avgs = [E(key="aten::copy_", count=4, device_type=cpu, self_device_time_total=3000.0,
+              input_shapes=[[64, 184, 2048], [64, 184, 2048], []], cpu_time_total=10.0),
+            E(key="aten::copy_", count=40, device_type=cpu, self_device_time_total=1000.0,
+              input_shapes=[[2048, 2048], [2048, 2048], []], cpu_time_total=10.0),
+            E(key="aten::add", count=2, device_type=cpu, self_device_time_total=5000.0,
+              input_shapes=[], cpu_time_total=10.0),
+            E(key="aten::view", count=9, device_type=cpu, self_device_time_total=0.0,
+              input_shapes=[[4]], cpu_time_total=1.0),
+            E(key="lf::dit", count=2, device_type=cpu, self_device_time_total=9000.0,
+              cpu_time_total=4000.0),
+            E(key="vectorized_elementwise_kernel", count=46, device_type=cuda,
+              self_device_time_total=9000.0)]
+    ops = top_ops(avgs, steps=2)
+    assert [(o["op"], o["shapes"], o["ms"], o["calls"]) for o in ops] == [
+        ("aten::add", "", 2.5, 1.0),
+        ("aten::copy_", "[[64, 184, 2048], [64, 184, 2048]]", 1.5, 2.0),
+        ("aten::copy_", "[[2048, 2048], [2048, 2048]]", 0.5, 20.0)]
+    assert top_ops(avgs, steps=2, top=1)[0]["op"] == "aten::add"
+    lines = format_kernels(module_breakdown(avgs, [0.010, 0.010], cuda=True))
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("   operators by"))
+    assert "aten::add" in lines[i + 1] and "[[64, 184, 2048], [64, 184, 2048]]" in lines[i + 2]
+
+
+# Guards the kernel names in the printed ranking: torch's elementwise wrappers shortened to what
+# they apply, other long names cut, short names kept.
+def test_short_kernel_name():
+    from loongforge.train_metrics import short_kernel_name
+
+    cast = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_"
+            "cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#8}::"
+            "operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::"
+            "bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}, std::array<char*, "
+            "2ul>)")
+    assert short_kernel_name(cast) == "vectorized_elementwise_kernel [bfloat16_copy_kernel_cuda]"
+    mul = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::"
+           "native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<"
+           "float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<float, float, float, "
+           "at::native::binary_internal::MulFunctor<float> > const&)::{lambda(int)#1}>(int)")
+    assert short_kernel_name(mul) == "elementwise_kernel [BinaryFunctor, MulFunctor<float>]"
+    adam = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+            "(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::"
+            "FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double, double>(x)")
+    assert short_kernel_name(adam) == "multi_tensor_apply_kernel [FusedAdamMathFunctor]"
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_" * 2
+    assert short_kernel_name(gemm, width=40) == gemm[:37] + "..."
+    assert short_kernel_name("flash_fwd_kernel") == "flash_fwd_kernel"
+
+
 # Guards: without the option no breakdown is made and the model's parts run no profiler range.
 def test_no_profile_by_default(train_db, tmp_path):
     out = str(tmp_path / "s.json")
