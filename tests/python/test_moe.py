@@ -219,6 +219,11 @@ def _a2a_worker(rank: int, world: int, port: int, die: bool, out: str) -> None:
         json.dump(result, f)
     if not die:
         dist.destroy_process_group()
+    else:
+        # A Gloo group that lost a peer with an all-to-all still pending can abort the process
+        # in torch's teardown at interpreter exit ("terminate called without an active
+        # exception", SIGABRT: one CPU CI run). The error this test checks is written above.
+        os._exit(0)
 
 
 # Guards: the expert-parallel all-to-all round trip is exact (forward and backward, an empty
