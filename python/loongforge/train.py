@@ -36,7 +36,8 @@ from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
-                             TrainError, auto_buckets, build_model, compile_frozen,
+                             TrainError, auto_buckets, build_model, compile_blocks,
+                             compile_frozen,
                              init_optimizer_state, lr_lambda, make_loader, make_optimizer,
                              moe_metrics, optimizer_step, parse_overrides, rng_state,
                              set_rng_state, setup_dist)
@@ -161,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="selective activation checkpointing")
     g.add_argument("--compile-frozen", action="store_true",
                    help="torch.compile the frozen encoder path (vision tower, frozen LLM layers)")
+    g.add_argument("--compile-blocks", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile each dense transformer block (vision, language, DiT) and "
+                   "the projector: norms, activations, residual adds and autocast's casts fused "
+                   "around the GEMMs, inside the CUDA graphs; one compilation per block kind and "
+                   "token bucket, cached on disk (Note [Compiled blocks] in train_backends.py; "
+                   "auto: on in loongforge mode on CUDA with torch >= 2.5, unless --compile or "
+                   "--compile-frozen)")
     g.add_argument("--fp8-frozen", action="store_true",
                    help="run the frozen encoders' linear layers in FP8 e4m3 (per-channel weights, "
                    "per-token activations, torch._scaled_mm); needs compute capability >= 8.9")
@@ -245,6 +253,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise TrainError(f"--profile-modules {args.profile_modules} needs --steps >= "
                              f"--warmup + {args.profile_modules} (got --steps {args.steps}, "
                              f"--warmup {args.warmup})")
+    if args.compile_blocks == "on" and (args.compile or args.compile_frozen):
+        raise TrainError("--compile-blocks on compiles the blocks that --compile / "
+                         "--compile-frozen would compile again: choose one")
     if not os.path.exists(os.path.join(args.data, "data.mdb")):
         raise TrainError(f"--data {args.data}: no LoongForge dataset there (missing data.mdb); "
                          f"build one with `loongforge pack`")
@@ -603,6 +614,13 @@ def build(args: argparse.Namespace) -> Session:
         runner = torch.compile(runner)
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
+    blocks = _compile_blocks_wanted(args, lf, d.device)
+    if blocks:
+        try:
+            status["compile_blocks"] = compile_blocks(model)
+        except RuntimeError as e:
+            raise TrainError(f"--compile-blocks on: {e}") from e
+    compiled = args.compile_frozen or bool(blocks)
     if args.act_ckpt != "off":
         model.set_activation_checkpointing(args.act_ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -648,7 +666,7 @@ def build(args: argparse.Namespace) -> Session:
                               mem_pool=(mem.graph_pool(args.graph_pool, expandable.startswith("on"))
                                         if graphs else None),
                               # compiled per shape: a new bucket's eager calls compile it
-                              warmup_next=args.graph_warmup if args.compile_frozen else 0,
+                              warmup_next=args.graph_warmup if compiled else 0,
                               grads_in_pool=pool_grads, pad_up=args.graph_pad_up)
         status["memsculptor"] = mem.status
         status["cuda_graph"] = (("per_microbatch" + (", gradients in the graph pool"
@@ -671,6 +689,21 @@ def build(args: argparse.Namespace) -> Session:
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, start_step, counter, sync_dev, autocast, trace, stepper,
                    sync_free, readback, guard, profiler, clock.phases)
+
+
+def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device) -> bool:
+    """--compile-blocks: on; or auto in loongforge mode on CUDA with torch >= 2.5 (where one
+    compilation serves every layer of a kind, Note [Compiled blocks]) and no other compile
+    flag."""
+    if args.compile_blocks != "auto":
+        return args.compile_blocks == "on"
+    if not lf or device.type != "cuda" or args.compile or args.compile_frozen:
+        return False
+    try:
+        major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 5)
 
 
 def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,

@@ -235,6 +235,12 @@ def test_cli_errors(train_db, tmp_path, capsys):
         assert train.main(COMMON + ["--device", "cuda", "--data",
                           train_db, "--memory-history", str(tmp_path / "no" / "h")]) == 2
         assert "does not exist or is not writable" in capsys.readouterr().err
+    assert train.main(COMMON + ["--data", train_db, "--compile-blocks", "on",
+                                "--compile-frozen"]) == 2
+    assert "choose one" in capsys.readouterr().err
+    if not hasattr(torch, "compile"):  # torch 1.x: said in one line, not a traceback
+        assert train.main(COMMON + ["--data", train_db, "--compile-blocks", "on"]) == 2
+        assert "has no torch.compile" in capsys.readouterr().err
     if not has_datafusion():
         assert train.main(["--data", train_db, "--mode", "loongforge", "--steps", "1"]) == 2
         assert "--no-datafusion" in capsys.readouterr().err
@@ -620,6 +626,24 @@ def test_gpu_norm_recompute_same_losses(train_db, tmp_path):
     on = _run_gpu(train_db, tmp_path, "norms", "loongforge", 4)
     off = _run_gpu(train_db, tmp_path, "nonorms", "loongforge", 4, "--norm-recompute", "off")
     _switch_keeps_losses(on, off, "norm_recompute", 4)
+
+
+# Guards Note [Compiled blocks] in the trainer: on by default in loongforge mode on CUDA (torch >=
+# 2.5), said in the modules, the blocks' compiled kernels captured in the CUDA graph, and losses
+# those of the eager blocks up to bf16 rounding (inductor keeps fp32 between the casts eager
+# rounds at).
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch, "compile"),
+                    reason="needs a CUDA device and torch.compile")
+def test_gpu_compile_blocks_keeps_losses(train_db, tmp_path):
+    on = _run_gpu(train_db, tmp_path, "blocks", "loongforge", 5)
+    off = _run_gpu(train_db, tmp_path, "noblocks", "loongforge", 5, "--compile-blocks", "off")
+    assert on["modules"]["compile_blocks"].startswith("on ("), on["modules"]
+    assert "compile_blocks" not in off["modules"]
+    assert on["modules"]["cuda_graph"].startswith("per_microbatch"), on["modules"]
+    a = [r["loss"] for r in on["loss_curve"]]
+    b = [r["loss"] for r in off["loss_curve"]]
+    assert len(a) == 5 and a == pytest.approx(b, rel=2e-2), (a, b)
+    assert a != b  # the compiled kernels ran (fused bf16 arithmetic rounds differently)
 
 
 # Guards --norm-recompute on in the CPU trainer: said in the modules, the same losses as without,

@@ -74,6 +74,13 @@ def set_shared_casts(flag: bool) -> None:
     _share_casts = flag
 
 
+def _compiling() -> bool:
+    """True while torch.compile traces (constant-folded into the compiled graph)."""
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling")
+                and compiler.is_compiling())
+
+
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     """The dtype autocast gives matmuls on x's device, None when autocast is off there."""
     if x.is_cuda:
@@ -94,8 +101,8 @@ def shared_autocast_input(x: torch.Tensor, *consumers: nn.Module) -> torch.Tenso
     grad (the frozen layers: no backward through the cast, whose gradient sums would round
     otherwise), x is fp32, autocast is on, and every consumer is a plain ``nn.Linear`` (an
     Fp8Linear quantizes the fp32 input itself). Otherwise x as it is."""
-    if not _share_casts or x.requires_grad or x.dtype != torch.float32:
-        return x
+    if not _share_casts or x.requires_grad or x.dtype != torch.float32 or _compiling():
+        return x  # compiled blocks: inductor merges the consumers' casts itself
     dt = _autocast_dtype(x)
     if dt is None or dt == torch.float32 or any(type(m) is not nn.Linear for m in consumers):
         return x
