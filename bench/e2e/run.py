@@ -121,6 +121,8 @@ def main() -> int:
     p.add_argument("--profile-modules", type=int, default=0, metavar="N",
                    help="the trainer's --profile-modules N in every mode (per-part step time)")
     p.add_argument("--extra", default="", help="extra trainer flags for loongforge mode")
+    p.add_argument("--extra-all", default="",
+                   help="extra trainer flags for every mode (e.g. --init-device device)")
     p.add_argument("--out", default="results/e2e")
     p.add_argument("--reuse", action="store_true",
                    help="load {mode}_b{B}.json already in --out instead of re-running that mode "
@@ -162,6 +164,7 @@ def main() -> int:
             if a.profile_modules:
                 cmd += ["--profile-modules", str(a.profile_modules)]
             cmd += tflags
+            cmd += a.extra_all.split()
             if mode == "loongforge" and a.extra:
                 cmd += a.extra.split()
             print("$ " + " ".join(cmd), flush=True)

@@ -143,10 +143,11 @@ def compile_frozen(model: Gr00tPolicy) -> str:
 COMPILE_RECOMPILE_LIMIT = 64  # graphs per block kind: kinds x token buckets, with room
 
 
-def compile_blocks(model: Gr00tPolicy) -> str:
+def compile_blocks(model: Gr00tPolicy, backend: Any = "inductor") -> str:
     """torch.compile every dense transformer block of the policy in place, per block (Note
     [Compiled blocks]): their ``forward`` methods, so parameter names and state_dict keys stay
-    as they are. Returns the status line. RuntimeError without torch.compile."""
+    as they are. ``backend``: torch.compile's (tests count compilations through a wrapper).
+    Returns the status line. RuntimeError without torch.compile."""
     if not hasattr(torch, "compile"):
         raise RuntimeError(f"torch {torch.__version__} has no torch.compile (needs torch >= 2)")
     import torch._dynamo as dynamo
@@ -173,10 +174,12 @@ def compile_blocks(model: Gr00tPolicy) -> str:
             kind = "action head"
         else:
             continue
-        m.forward = torch.compile(m.forward, dynamic=False)  # type: ignore[method-assign]
+        m.forward = torch.compile(m.forward, dynamic=False,  # type: ignore[method-assign]
+                                  backend=backend)
         kinds[kind] += 1
     mlp1 = model.backbone.mlp1
-    mlp1.forward = torch.compile(mlp1.forward, dynamic=False)  # type: ignore[method-assign]
+    mlp1.forward = torch.compile(mlp1.forward, dynamic=False,  # type: ignore[method-assign]
+                                 backend=backend)
     done = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
     return (f"on ({done} blocks and the projector; compiled per token bucket in its warm-up"
             + (f"; {eager_moe} MoE blocks eager" if eager_moe else "") + ")")
