@@ -15,6 +15,8 @@
 #          the snapshot is dumped at the out-of-memory too)
 #   prof   n16 loongforge at PROF_BATCHES (16,64) with --profile-modules 5: where the eager step's
 #          time goes, by part (issue 17)
+#   profc  prof's profile of the compiled blocks (--compile-blocks on --token-pad 56: the profile's
+#          eager steps get static shapes, so each block kind compiles once)
 #   fp8    n16 loongforge at batch 64 with --fp8-frozen (compare with mem's bf16 row)
 #   proffp8  prof's profile of the --fp8-frozen step at batch 64
 #   maxb   bench/memory/max_batch.py: the largest n16 batch under a MAXB_CAP (40) GiB cap in
@@ -112,6 +114,8 @@ has cf && rows cf n16 "${CF_BATCHES:-64}" loongforge 40 \
   --extra="--compile-frozen${FAST_INIT:+ --init-device device}"
 has prof && rows prof n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5 \
   ${FAST_INIT:+"--extra=--init-device device"}
+has profc && rows profc n16 "${PROF_BATCHES:-16,64}" loongforge 30 --profile-modules 5 \
+  --extra="--compile-blocks on --token-pad 56${FAST_INIT:+ --init-device device}"
 has fp8 && rows fp8 n16 64 loongforge 40 --extra="--fp8-frozen${FAST_INIT:+ --init-device device}"
 has proffp8 && rows proffp8 n16 64 loongforge 30 --profile-modules 5 \
   --extra="--fp8-frozen${FAST_INIT:+ --init-device device}"

@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("baseline", "tuned", "loongforge"), default="loongforge",
                    help="baseline: LeRobot-style; tuned: tuned PyTorch (workers collate, pinned "
                    "non-blocking copies, persistent workers, async checkpoints); loongforge")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (torch >= 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the whole model with static shapes (text padded to the "
+                   "dataset's longest unless --token-pad or token buckets; torch >= 2)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="per-rank micro-batch size")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -167,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the projector: norms, activations, residual adds and autocast's casts fused "
                    "around the GEMMs, inside the CUDA graphs; one compilation per block kind and "
                    "token bucket, cached on disk (Note [Compiled blocks] in train_backends.py; "
-                   "auto: on in loongforge mode on CUDA with torch >= 2.5, unless --compile or "
-                   "--compile-frozen)")
+                   "auto: on in loongforge mode on CUDA with torch >= 2.5 and static shapes, unless "
+                   "--compile or --compile-frozen)")
     g.add_argument("--fp8-frozen", action="store_true",
                    help="run the frozen encoders' linear layers in FP8 e4m3 (per-channel weights, "
                    "per-token activations, torch._scaled_mm); needs compute capability >= 8.9")
@@ -540,6 +542,11 @@ def build(args: argparse.Namespace) -> Session:
     if cut and buckets and buckets[-1] > cut:
         buckets = tuple(b for b in buckets if b < cut) + (cut,)
     loader_buckets = buckets if buckets and longest and longest <= buckets[-1] else ()
+    if args.compile and not buckets and not args.token_pad and longest:
+        # Note [Static shapes for --compile]: one shape, one compilation
+        args.token_pad = min(-(-longest // 8) * 8, cfg.max_text_tokens)
+        status["compile"] = (f"whole model, static shapes (text padded to {args.token_pad}, the "
+                             "dataset's longest rounded up to 8; --token-pad N to change)")
     if os.environ.get("LOONGFORGE_TRAIN_LOADER_BUCKETS", "1") == "0":
         loader_buckets = ()  # diagnostics: the step runner pads instead of DataFusion
     try:
@@ -611,15 +618,27 @@ def build(args: argparse.Namespace) -> Session:
     if args.compile:
         if not hasattr(torch, "compile"):
             raise TrainError(f"--compile needs torch >= 2.0 (this is {torch.__version__})")
-        runner = torch.compile(runner)
+        # Note [Static shapes for --compile]. With text padded per batch, every new length
+        # recompiles the whole model, and from the second one torch compiles it with dynamic
+        # shapes; on torch 2.11 that graph's backward failed at its first run in inductor's own
+        # code (a workspace view of the wrong size, run M2). A user of torch.compile pads to one
+        # length and compiles once: the trainer pads text to the dataset's longest (above) and
+        # asks for static shapes.
+        runner = torch.compile(runner, dynamic=False)
+        status.setdefault("compile", "whole model, static shapes" if args.token_pad or buckets
+                          else "whole model (text lengths vary: recompiles per length)")
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
-    blocks = _compile_blocks_wanted(args, lf, d.device)
+    blocks = _compile_blocks_wanted(args, lf, d.device, static=bool(buckets or args.token_pad))
     if blocks:
         try:
             status["compile_blocks"] = compile_blocks(model)
         except RuntimeError as e:
             raise TrainError(f"--compile-blocks on: {e}") from e
+        if "frozen_bf16" in status:  # inside compiled blocks inductor merges the casts itself
+            status["frozen_bf16"] = status["frozen_bf16"].replace(
+                "one input cast for sibling layers", "sibling layers' input casts merged in the "
+                "compiled blocks")
     compiled = args.compile_frozen or bool(blocks)
     if args.act_ckpt != "off":
         model.set_activation_checkpointing(args.act_ckpt)
@@ -691,13 +710,15 @@ def build(args: argparse.Namespace) -> Session:
                    sync_free, readback, guard, profiler, clock.phases)
 
 
-def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device) -> bool:
+def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device,
+                           static: bool) -> bool:
     """--compile-blocks: on; or auto in loongforge mode on CUDA with torch >= 2.5 (where one
-    compilation serves every layer of a kind, Note [Compiled blocks]) and no other compile
-    flag."""
+    compilation serves every layer of a kind, Note [Compiled blocks]), static shapes (token
+    buckets or --token-pad: otherwise every text length would compile anew) and no other
+    compile flag."""
     if args.compile_blocks != "auto":
         return args.compile_blocks == "on"
-    if not lf or device.type != "cuda" or args.compile or args.compile_frozen:
+    if not lf or device.type != "cuda" or args.compile or args.compile_frozen or not static:
         return False
     try:
         major, minor = (int(v) for v in torch.__version__.split(".")[:2])

@@ -623,8 +623,11 @@ def test_gpu_persistent_arena_and_expandable_graph_pool_same_losses(train_db, tm
 # steps), and the run's losses are those of the same run without it (Note [Recomputed norms]).
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_norm_recompute_same_losses(train_db, tmp_path):
-    on = _run_gpu(train_db, tmp_path, "norms", "loongforge", 4)
-    off = _run_gpu(train_db, tmp_path, "nonorms", "loongforge", 4, "--norm-recompute", "off")
+    # eager blocks: under --compile-blocks inductor's partitioner picks what backward recomputes,
+    # and fuses around it, so bits may differ; this guards the recompute's exactness
+    on = _run_gpu(train_db, tmp_path, "norms", "loongforge", 4, "--compile-blocks", "off")
+    off = _run_gpu(train_db, tmp_path, "nonorms", "loongforge", 4, "--norm-recompute", "off",
+                   "--compile-blocks", "off")
     _switch_keeps_losses(on, off, "norm_recompute", 4)
 
 
@@ -646,6 +649,18 @@ def test_gpu_compile_blocks_keeps_losses(train_db, tmp_path):
     assert a != b  # the compiled kernels ran (fused bf16 arithmetic rounds differently)
 
 
+# Guards Note [Static shapes for --compile]: tuned mode with torch.compile of the whole model pads
+# text to the dataset's longest (one shape, one compilation; torch 2.11 failed in the backward of
+# the dynamic-shape recompile that varying lengths caused) and trains to finite losses.
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch, "compile"),
+                    reason="needs a CUDA device and torch.compile")
+def test_gpu_tuned_compile_static_shapes(train_db, tmp_path):
+    s = _run_gpu(train_db, tmp_path, "tc", "tuned", 4, "--compile")
+    assert s["modules"]["compile"].startswith("whole model, static shapes (text padded to"), \
+        s["modules"]
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in s["loss_curve"])
+
+
 # Guards --norm-recompute on in the CPU trainer: said in the modules, the same losses as without,
 # and the process-wide switch is set per run (off again in a later run that does not ask).
 def test_norm_recompute_on_cpu_same_losses(train_db, tmp_path):
@@ -657,3 +672,25 @@ def test_norm_recompute_on_cpu_same_losses(train_db, tmp_path):
     off = _run(args, tmp_path, "off")
     assert "norm_recompute" not in off["modules"] and not L._recompute_norms
     assert [r["loss"] for r in on["loss_curve"]] == [r["loss"] for r in off["loss_curve"]]
+
+
+# Guards when --compile-blocks auto compiles (Note [Compiled blocks]): loongforge mode on CUDA
+# with torch >= 2.5 and static shapes only; never beside --compile / --compile-frozen, never in
+# the other modes or on the CPU; on and off as asked.
+def test_compile_blocks_auto_rules(monkeypatch):
+    import argparse
+
+    def want(version="2.11.0+cu130", lf=True, device="cuda", static=True, **flags):
+        monkeypatch.setattr(torch, "__version__", version)
+        a = argparse.Namespace(compile_blocks="auto", compile=False, compile_frozen=False)
+        vars(a).update(flags)
+        return train._compile_blocks_wanted(a, lf, torch.device(device), static)
+
+    assert want()
+    assert not want(static=False)  # every text length would compile anew
+    assert not want(lf=False) and not want(device="cpu")
+    assert not want(compile=True) and not want(compile_frozen=True)
+    assert not want(version="2.4.1") and not want(version="1.13.1")
+    assert want(version="2.5.0a0")
+    assert want(lf=False, device="cpu", static=False, compile_blocks="on")
+    assert not want(compile_blocks="off")
