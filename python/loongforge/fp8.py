@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from . import _C
+from .models.gr00t_layers import _compiling
 
 __all__ = ["E4M3_MAX", "Fp8Unsupported", "Fp8Linear", "apply_fp8_frozen", "check_fp8_support",
            "fp8_linear_reference", "fused_quantize_available", "quantize_rowwise",
@@ -124,12 +125,8 @@ def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor,
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _compiling() -> bool:
-    """Inside torch.compile tracing (--compile-frozen), where the weight's version counter is
-    not read: frozen weights do not change within a run."""
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling")
-                and compiler.is_compiling())
+# _compiling(): inside torch.compile tracing (compiled blocks, --compile-frozen) the weight's
+# version counter is not read: frozen weights do not change within a run.
 
 
 # Note [Shared activation quantization]. Sibling layers often read the same activation: q, k

@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "around the GEMMs, inside the CUDA graphs; one compilation per block kind and "
                    "token bucket, cached on disk (Note [Compiled blocks] in train_backends.py; "
                    "auto: on in loongforge mode on CUDA with torch >= 2.5 and static shapes, unless "
-                   "--compile or --compile-frozen)")
+                   "--compile, --compile-frozen or --act-ckpt)")
     g.add_argument("--fp8-frozen", action="store_true",
                    help="run the frozen encoders' linear layers in FP8 e4m3 (per-channel weights, "
                    "per-token activations, torch._scaled_mm); needs compute capability >= 8.9")
@@ -720,6 +720,8 @@ def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.dev
         return args.compile_blocks == "on"
     if not lf or device.type != "cuda" or args.compile or args.compile_frozen or not static:
         return False
+    if getattr(args, "act_ckpt", "off") != "off":
+        return False  # checkpointed compiled blocks have not run on a GPU yet: on forces them
     try:
         major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     except ValueError:

@@ -690,6 +690,7 @@ def test_compile_blocks_auto_rules(monkeypatch):
     assert not want(static=False)  # every text length would compile anew
     assert not want(lf=False) and not want(device="cpu")
     assert not want(compile=True) and not want(compile_frozen=True)
+    assert not want(act_ckpt="dit") and want(act_ckpt="off")
     assert not want(version="2.4.1") and not want(version="1.13.1")
     assert want(version="2.5.0a0")
     assert want(lf=False, device="cpu", static=False, compile_blocks="on")
