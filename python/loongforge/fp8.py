@@ -125,10 +125,6 @@ def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor,
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# _compiling(): inside torch.compile tracing (compiled blocks, --compile-frozen) the weight's
-# version counter is not read: frozen weights do not change within a run.
-
-
 # Note [Shared activation quantization]. Sibling layers often read the same activation: q, k
 # and v take the same normed input, and so do an MLP's gate and up. Each Fp8Linear quantized it
 # again (run J4: 90 of the 168 fp32 quantizations of an n16 step at batch 64 repeated a
@@ -194,6 +190,8 @@ class Fp8Linear(nn.Module):
                 f"bias={self.bias is not None}, e4m3 row-wise")
 
     def _quantized(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        # Under torch.compile tracing (compiled blocks, --compile-frozen) the weight's version
+        # counter is not read: frozen weights do not change within a run.
         if self.weight_fp8 is not None and _compiling():
             return self.weight_fp8, self.weight_scale  # quantized by the eager first call
         version = self.weight._version

@@ -131,8 +131,9 @@ def compile_frozen(model: Gr00tPolicy) -> str:
 # like any other. It compiles each *block*, not the model: every transformer layer of one kind
 # runs the same code, so one compilation serves all of them (torch >= 2.5 lifts a module's
 # parameters to graph inputs instead of specializing on them), and a cold start compiles a
-# handful of small graphs (a SigLIP layer, a frozen and a trainable Qwen layer, a cross- and a
-# self-attention DiT block, a VL self-attention block, the mlp1 projector) instead of one graph of
+# handful of small graphs (a SigLIP layer, a frozen Qwen layer, a trainable one twice: the first
+# reads an input that needs no gradient, the others one that does; a cross- and a self-attention
+# DiT block, a VL self-attention block, the mlp1 projector: 8, run M3) instead of one graph of
 # the whole model, whose compilation did not end within 250 s in run L4. Shapes are static
 # (dynamic=False): a graph per token bucket, compiled in that bucket's eager warm-up steps before
 # its capture (the trainer gives later buckets warm-up steps too). The compilations go to
