@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the projector: norms, activations, residual adds and autocast's casts fused "
                    "around the GEMMs, inside the CUDA graphs; one compilation per block kind and "
                    "token bucket, cached on disk (Note [Compiled blocks] in train_backends.py; "
-                   "auto: on in loongforge mode on CUDA with torch >= 2.5 and static shapes, unless "
-                   "--compile, --compile-frozen or --act-ckpt)")
+                   "auto: on in loongforge mode on CUDA with torch >= 2.5, static shapes and a dense "
+                   "model, unless --compile, --compile-frozen or --act-ckpt)")
     g.add_argument("--fp8-frozen", action="store_true",
                    help="run the frozen encoders' linear layers in FP8 e4m3 (per-channel weights, "
                    "per-token activations, torch._scaled_mm); needs compute capability >= 8.9")
@@ -629,7 +629,8 @@ def build(args: argparse.Namespace) -> Session:
                           else "whole model (text lengths vary: recompiles per length)")
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
-    blocks = _compile_blocks_wanted(args, lf, d.device, static=bool(buckets or args.token_pad))
+    blocks = _compile_blocks_wanted(args, lf, d.device, static=bool(buckets or args.token_pad),
+                                    moe=bool(getattr(cfg, "moe_experts", 0)))
     if blocks:
         try:
             status["compile_blocks"] = compile_blocks(model)
@@ -711,17 +712,19 @@ def build(args: argparse.Namespace) -> Session:
 
 
 def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device,
-                           static: bool) -> bool:
+                           static: bool, moe: bool = False) -> bool:
     """--compile-blocks: on; or auto in loongforge mode on CUDA with torch >= 2.5 (where one
     compilation serves every layer of a kind, Note [Compiled blocks]), static shapes (token
-    buckets or --token-pad: otherwise every text length would compile anew) and no other
-    compile flag."""
+    buckets or --token-pad: otherwise every text length would compile anew), a dense model and
+    no other compile flag."""
     if args.compile_blocks != "auto":
         return args.compile_blocks == "on"
     if not lf or device.type != "cuda" or args.compile or args.compile_frozen or not static:
         return False
-    if getattr(args, "act_ckpt", "off") != "off":
-        return False  # checkpointed compiled blocks have not run on a GPU yet: on forces them
+    if getattr(args, "act_ckpt", "off") != "off" or moe:
+        # Checkpointed compiled blocks, and a MoE model's dense blocks compiled around its eager
+        # (graphed) MoE layers, have not run on a GPU yet: on forces them.
+        return False
     try:
         major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     except ValueError:

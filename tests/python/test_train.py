@@ -680,17 +680,18 @@ def test_norm_recompute_on_cpu_same_losses(train_db, tmp_path):
 def test_compile_blocks_auto_rules(monkeypatch):
     import argparse
 
-    def want(version="2.11.0+cu130", lf=True, device="cuda", static=True, **flags):
+    def want(version="2.11.0+cu130", lf=True, device="cuda", static=True, moe=False, **flags):
         monkeypatch.setattr(torch, "__version__", version)
         a = argparse.Namespace(compile_blocks="auto", compile=False, compile_frozen=False)
         vars(a).update(flags)
-        return train._compile_blocks_wanted(a, lf, torch.device(device), static)
+        return train._compile_blocks_wanted(a, lf, torch.device(device), static, moe=moe)
 
     assert want()
     assert not want(static=False)  # every text length would compile anew
     assert not want(lf=False) and not want(device="cpu")
     assert not want(compile=True) and not want(compile_frozen=True)
     assert not want(act_ckpt="dit") and want(act_ckpt="off")
+    assert not want(moe=True) and want(moe=True, compile_blocks="on")
     assert not want(version="2.4.1") and not want(version="1.13.1")
     assert want(version="2.5.0a0")
     assert want(lf=False, device="cpu", static=False, compile_blocks="on")
