@@ -8,13 +8,18 @@ source bench/gpu_env.sh
 gpu_build
 pids=()
 if [ $# -gt 0 ]; then
-  # PYTEST_SHARDS=N: N pytest processes side by side, the test files dealt out largest first (the
-  # GPU and 16 cores have room; shortens the call when device time is short).
+  # PYTEST_SHARDS=N: N pytest processes side by side, the collected tests dealt out one by one
+  # (the GPU and 16 cores have room; shortens the call when device time is short). Tests, not
+  # files: test_train.py's GPU trainer runs alone outlast a whole shard of other files (run N1:
+  # 34 of its 40 tests in 450 s); dealt one by one, every file's slow tests are spread out.
   shards=${PYTEST_SHARDS:-1}
-  mapfile -t files < <(find "$@" -name 'test_*.py' -printf '%s %p\n' | sort -rn | cut -d' ' -f2)
+  # node ids, each once (a warnings summary may repeat some)
+  mapfile -t ids < <(python3 -m pytest -q -p no:cacheprovider --collect-only "$@" 2>/dev/null |
+    awk '/::/ && !/^[[:space:]]/ && !seen[$0]++')
+  [ ${#ids[@]} -gt 0 ] || ids=("$@")  # collection failed: one shard runs it, and reports why
   for ((k = 0; k < shards; k++)); do
     mine=()
-    for ((i = k; i < ${#files[@]}; i += shards)); do mine+=("${files[i]}"); done
+    for ((i = k; i < ${#ids[@]}; i += shards)); do mine+=("${ids[i]}"); done
     [ ${#mine[@]} -gt 0 ] || continue
     timeout "${PYTEST_T:-330}" python3 -m pytest -q -p no:cacheprovider -rfs "${mine[@]}" \
       >"$OUT/pytest$k.log" 2>&1 &
