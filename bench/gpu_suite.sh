@@ -2,7 +2,7 @@
 # One script for the GPU machine, in phases so each fits in 10 minutes:
 #
 #   bash bench/gpu_suite.sh test            # configure + build (build-gpu/), ctest (GPU tests run),
-#                                           # pytest under torch 2.x
+#                                           # pytest under torch 2.x (six shards)
 #   bash bench/gpu_suite.sh bench [NAMES]   # bench/<name>/gpu_run.sh for each name (default: all)
 #
 # From the repo root, with .gpudeps/ carried along (tools/gpu-deps.sh fetch on a CPU machine).
@@ -46,7 +46,9 @@ case "$phase" in
     step ctest 300 bash -c "cd build-gpu && { ctest --output-on-failure -j 4 --timeout 240 -E '$serial'; r=\$?; ctest --output-on-failure --timeout 240 -R '$serial' || r=1; exit \$r; }"
     grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -30
     export PYTHONPATH=$PWD/python
-    step pytest 300 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/python
+    # six pytest processes side by side (bench/pytest_shards.sh): one process takes longer than
+    # a device call since the trainer's GPU tests compile their blocks
+    step pytest 480 bash bench/pytest_shards.sh "${PYTEST_SHARDS:-6}" 450 "$OUT/pytest" tests/python
     ;;
   bench)
     export PYTHONPATH=$PWD/python
