@@ -40,15 +40,24 @@ case "$phase" in
       -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)"
     grep -E "LoongForge:" "$OUT/configure.log"
     step build 360 cmake --build build-gpu -j "$(nproc)"
-    # Tests that read the device's free memory (cudaMemGetInfo) run alone: other tests' allocations
-    # on the same GPU would read as growth.
-    serial='NoDeviceMemoryGrowth|DeviceMemoryFlat'
-    step ctest 300 bash -c "cd build-gpu && { ctest --output-on-failure -j 4 --timeout 240 -E '$serial'; r=\$?; ctest --output-on-failure --timeout 240 -R '$serial' || r=1; exit \$r; }"
-    grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -30
     export PYTHONPATH=$PWD/python
-    # six pytest processes side by side (bench/pytest_shards.sh): one process takes longer than
-    # a device call since the trainer's GPU tests compile their blocks
-    step pytest 480 bash bench/pytest_shards.sh "${PYTEST_SHARDS:-6}" 450 "$OUT/pytest" tests/python
+    # pytest in six processes (bench/pytest_shards.sh: one process takes longer than a device call
+    # since the trainer's GPU tests compile their blocks), beside ctest (the GPU has room for both)
+    t_py=$(date +%s)
+    echo "=== pytest, ${PYTEST_SHARDS:-6} shards, in the background ($(date +%T))"
+    bash bench/pytest_shards.sh "${PYTEST_SHARDS:-6}" 450 "$OUT/pytest" tests/python \
+      >"$OUT/pytest.log" 2>&1 &
+    py=$!
+    # Tests that read the device's free memory (cudaMemGetInfo) run alone, after pytest: other
+    # tests' allocations on the same GPU would read as growth.
+    serial='NoDeviceMemoryGrowth|DeviceMemoryFlat'
+    step ctest 300 bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 240 -E '$serial'"
+    grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -30
+    wait $py
+    rc=$?
+    summary+=("$(printf '%-22s rc=%-4s %4ss' pytest "$rc" "$(($(date +%s) - t_py))")")
+    echo "=== pytest"; cat "$OUT/pytest.log"
+    step ctest_serial 300 bash -c "cd build-gpu && ctest --output-on-failure --timeout 240 -R '$serial'"
     ;;
   bench)
     export PYTHONPATH=$PWD/python
