@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -629,8 +629,11 @@ def build(args: argparse.Namespace) -> Session:
                           else "whole model (text lengths vary: recompiles per length)")
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
-    blocks = _compile_blocks_wanted(args, lf, d.device, static=bool(buckets or args.token_pad),
-                                    moe=bool(getattr(cfg, "moe_experts", 0)))
+    blocks, why_not = _compile_blocks_wanted(args, lf, d.device,
+                                             static=bool(buckets or args.token_pad),
+                                             moe=bool(getattr(cfg, "moe_experts", 0)))
+    if not blocks and lf and args.compile_blocks == "auto":
+        status["compile_blocks"] = f"off: {why_not}"
     if blocks:
         try:
             status["compile_blocks"] = compile_blocks(model)
@@ -712,24 +715,36 @@ def build(args: argparse.Namespace) -> Session:
 
 
 def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device,
-                           static: bool, moe: bool = False) -> bool:
-    """--compile-blocks: on; or auto in loongforge mode on CUDA with torch >= 2.5 (where one
-    compilation serves every layer of a kind, Note [Compiled blocks]), static shapes (token
-    buckets or --token-pad: otherwise every text length would compile anew), a dense model and
-    no other compile flag."""
+                           static: bool, moe: bool = False) -> Tuple[bool, str]:
+    """(whether to compile the blocks, why not). --compile-blocks: on; or auto in loongforge
+    mode on CUDA with torch >= 2.5 (where one compilation serves every layer of a kind, Note
+    [Compiled blocks]), static shapes (token buckets or --token-pad: otherwise every text length
+    would compile anew), a dense model and no other compile flag."""
     if args.compile_blocks != "auto":
-        return args.compile_blocks == "on"
-    if not lf or device.type != "cuda" or args.compile or args.compile_frozen or not static:
-        return False
-    if getattr(args, "act_ckpt", "off") != "off" or moe:
-        # Checkpointed compiled blocks, and a MoE model's dense blocks compiled around its eager
-        # (graphed) MoE layers, have not run on a GPU yet: on forces them.
-        return False
+        return args.compile_blocks == "on", "--compile-blocks off"
+    if not lf:
+        return False, "auto is on in loongforge mode only"
+    if device.type != "cuda":
+        return False, "needs CUDA"
+    if args.compile or args.compile_frozen:
+        return False, "--compile or --compile-frozen compiles instead"
+    if not static:
+        return False, ("text lengths vary (no token buckets, no --token-pad): each would "
+                       "compile anew")
+    if getattr(args, "act_ckpt", "off") != "off":
+        # checkpointed compiled blocks have not run on a GPU yet: on forces them
+        return False, "with --act-ckpt only when asked (--compile-blocks on)"
+    if moe:
+        # a MoE model's dense blocks compiled around its eager (graphed) MoE layers have not run
+        # on a GPU yet: on forces them
+        return False, "for MoE models only when asked (--compile-blocks on)"
     try:
         major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     except ValueError:
-        return False
-    return (major, minor) >= (2, 5)
+        return False, f"cannot read torch's version {torch.__version__!r}"
+    if (major, minor) < (2, 5):
+        return False, f"needs torch >= 2.5 (this is {torch.__version__})"
+    return True, ""
 
 
 def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,

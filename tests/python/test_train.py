@@ -684,7 +684,9 @@ def test_compile_blocks_auto_rules(monkeypatch):
         monkeypatch.setattr(torch, "__version__", version)
         a = argparse.Namespace(compile_blocks="auto", compile=False, compile_frozen=False)
         vars(a).update(flags)
-        return train._compile_blocks_wanted(a, lf, torch.device(device), static, moe=moe)
+        wanted, why = train._compile_blocks_wanted(a, lf, torch.device(device), static, moe=moe)
+        assert wanted or why  # every "no" says why (the modules line shows it)
+        return wanted
 
     assert want()
     assert not want(static=False)  # every text length would compile anew
@@ -695,4 +697,8 @@ def test_compile_blocks_auto_rules(monkeypatch):
     assert not want(version="2.4.1") and not want(version="1.13.1")
     assert want(version="2.5.0a0")
     assert want(lf=False, device="cpu", static=False, compile_blocks="on")
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    a = argparse.Namespace(compile_blocks="auto", compile=False, compile_frozen=False)
+    assert "MoE" in train._compile_blocks_wanted(a, True, torch.device("cuda"), True, moe=True)[1]
+    assert "CUDA" in train._compile_blocks_wanted(a, True, torch.device("cpu"), True)[1]
     assert not want(compile_blocks="off")
