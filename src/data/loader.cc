@@ -754,8 +754,12 @@ StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
       im.failed = true;
       return s;
     }
-    // Note [Held by]: a published batch whose device work held Next() measurably (0.1 ms).
-    if (held_by == std::string_view("ready") && NowSeconds() - t_ready > 1e-4) held_by = "device";
+    // Note [Held by]: a published batch whose device work held Next() measurably (0.1 ms). Only
+    // a batch with device work to wait for: a CPU batch's Next() descheduled for 0.1 ms on a
+    // loaded machine was not held by a device (a flaky "device" on 2 busy cores).
+    if (held_by == std::string_view("ready") && (*item)->ready_event != nullptr &&
+        NowSeconds() - t_ready > 1e-4)
+      held_by = "device";
   }
   (*item)->held_by = held_by;
   (*item)->wait_ms = (NowSeconds() - t0) * 1e3;
