@@ -28,7 +28,8 @@ for k in "${!pids[@]}"; do
   wait "${pids[k]}"
   r=$?
   if [ "$r" -eq 124 ]; then  # pytest printed no summary: its progress line is the record
-    echo "shard $k: cut after $t s, $(grep -oE '^[.sFExX]+' "$prefix$k.log" | tr -d '\n' | wc -c) tests reported"
+    n=$(grep -oE '^[.sFExX]+' "$prefix$k.log" | tr -d '\n' | wc -c)
+    echo "shard $k: cut after $t s, $n tests reported"
   fi
   [ "$r" -eq 0 ] || rc=1
   grep -E "passed|failed|FAILED|Error" "$prefix$k.log" | tail -12

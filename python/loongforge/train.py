@@ -721,7 +721,8 @@ def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.dev
     [Compiled blocks]), static shapes (token buckets or --token-pad: otherwise every text length
     would compile anew), a dense model and no other compile flag."""
     if args.compile_blocks != "auto":
-        return args.compile_blocks == "on", "--compile-blocks off"
+        on = args.compile_blocks == "on"
+        return on, "" if on else "--compile-blocks off"
     if not lf:
         return False, "auto is on in loongforge mode only"
     if device.type != "cuda":
