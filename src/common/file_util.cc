@@ -28,6 +28,96 @@ StatusOr<int> OpenNewFile(const std::string& path) {
   return fd;
 }
 
+const char* FileKindName(unsigned mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "regular file";
+    case S_IFDIR:
+      return "directory";
+    case S_IFIFO:
+      return "FIFO";
+    case S_IFCHR:
+      return "character device";
+    case S_IFBLK:
+      return "block device";
+    case S_IFSOCK:
+      return "socket";
+    case S_IFLNK:
+      return "symlink";
+    default:
+      return "special file";
+  }
+}
+
+StatusOr<int> OpenRegularFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, "stat " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is a " + FileKindName(st.st_mode) +
+                                ", not a regular file");
+  }
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, "fcntl " + path);
+  }
+  return fd;
+}
+
+StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
+  LF_ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, "stat " + path);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    ::close(fd);
+    return ResourceExhaustedError(path + ": " + std::to_string(size) + " bytes, more than the " +
+                                  std::to_string(max_bytes) + " a file of this kind may have");
+  }
+  std::string out(size, '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, "read " + path);
+    }
+    if (n == 0) break;  // shrank since fstat: return what is there
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+Status CheckReplaceableOutput(const std::string& path, bool force) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoToStatus(errno, "stat " + path);
+  }
+  if (S_ISREG(st.st_mode)) {
+    if (force) return Status::Ok();
+    return AlreadyExistsError(path + " exists; pass --force to replace it");
+  }
+  return InvalidArgumentError("output " + path + " is a " + FileKindName(st.st_mode) +
+                              "; only a regular file may be replaced");
+}
+
 std::string DirName(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";

@@ -59,6 +59,32 @@ class TempFile {
 // of `data`, never a part, and a symlink at `path` is replaced, not followed.
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 
+// Note [Only regular files are opened as files]
+// A path read from a file or a command line may name a FIFO, a device, a socket or a directory.
+// open() of a FIFO blocks until a writer appears, read() of a device never ends, and a directory
+// reads as an I/O error deep inside a parser. Readers therefore open with O_NONBLOCK (so that
+// open() of a FIFO returns at once), fstat() the descriptor (not the path, which could be swapped
+// between the check and the open), refuse anything that is not a regular file naming the path and
+// its kind, then clear O_NONBLOCK for ordinary reads.
+
+// Opens `path` for reading and checks that it is a regular file (Note [Only regular files are
+// opened as files]). Errors: NotFound, PermissionDenied (EACCES), InvalidArgument for a directory,
+// FIFO, device or socket, each naming the path. Returns the descriptor; the caller closes it.
+StatusOr<int> OpenRegularFile(const std::string& path);
+
+// Reads all of the regular file `path` (OpenRegularFile's checks). A file larger than `max_bytes`
+// is refused with ResourceExhausted naming the path and both sizes, before anything is allocated.
+StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes);
+
+// What an output path may be replaced by a tool's rename(): nothing, or (with `force`) a regular
+// file. A directory, device, FIFO or socket is refused (InvalidArgument naming the path and its
+// kind); an existing regular file without `force` is AlreadyExists. A symlink at `path` is refused
+// too: rename() would replace the link, which surprises a user who meant its target.
+Status CheckReplaceableOutput(const std::string& path, bool force);
+
+// The kind of file `mode` describes, for errors: "directory", "FIFO", "character device", ...
+const char* FileKindName(unsigned mode);
+
 // The directory part of `path` ("." when it has none).
 std::string DirName(const std::string& path);
 

@@ -74,5 +74,60 @@ TEST(FileUtil, DiscardedTempFileLeavesNothing) {
   std::filesystem::remove_all(dir);
 }
 
+// A FIFO nobody writes to must be refused at open, not block the reader forever; a directory
+// must be refused naming the path, not surface later as a read error inside a parser.
+TEST(FileUtil, OpenRegularFileRefusesFifoAndDirectoryWithoutBlocking) {
+  std::string dir = testing::TempDir() + "/lf_file_util_reg_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  StatusOr<int> f = internal::OpenRegularFile(fifo);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(f.status().message().find(fifo), std::string::npos);
+  EXPECT_NE(f.status().message().find("FIFO"), std::string::npos);
+  StatusOr<std::string> d = internal::ReadRegularFile(dir, 1 << 20);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("directory"), std::string::npos);
+  StatusOr<int> missing = internal::OpenRegularFile(dir + "/none");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+// A length read from the file system decides no allocation past the caller's bound.
+TEST(FileUtil, ReadRegularFileBoundsSize) {
+  std::string dir = testing::TempDir() + "/lf_file_util_sz_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::string p = dir + "/f";
+  ASSERT_TRUE(internal::WriteFileAtomic(p, std::string(100, 'x')).ok());
+  StatusOr<std::string> ok = internal::ReadRegularFile(p, 100);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->size(), 100u);
+  StatusOr<std::string> big = internal::ReadRegularFile(p, 99);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find(p), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// An output must never be renamed over a device, FIFO or directory, and replaces an existing
+// regular file only when asked.
+TEST(FileUtil, CheckReplaceableOutputRefusesSpecialFiles) {
+  std::string dir = testing::TempDir() + "/lf_file_util_out_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  EXPECT_TRUE(internal::CheckReplaceableOutput(dir + "/new", false).ok());
+  std::string reg = dir + "/reg";
+  ASSERT_TRUE(internal::WriteFileAtomic(reg, "x").ok());
+  EXPECT_EQ(internal::CheckReplaceableOutput(reg, false).code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(internal::CheckReplaceableOutput(reg, true).ok());
+  EXPECT_EQ(internal::CheckReplaceableOutput(dir, true).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(internal::CheckReplaceableOutput("/dev/null", true).code(),
+            StatusCode::kInvalidArgument);
+  std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(internal::CheckReplaceableOutput(fifo, true).code(), StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loongforge
