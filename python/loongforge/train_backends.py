@@ -800,11 +800,15 @@ class Checkpointer:
             return None
         if self.kind == "vault":
             # Every rank reads the vault (read-only on ranks > 0).
+            from . import DataLossError
             from .ckpt import CheckpointVault
 
             v = self.vault or CheckpointVault(os.path.join(self.dir, "vault"), read_only=True)
             step = v.latest()
-            shared = v.load(step, map_location="cpu") if step is not None else None
+            try:
+                shared = v.load(step, map_location="cpu") if step is not None else None
+            except DataLossError as e:  # names the vault and the step
+                raise TrainError(f"--resume: {str(e).strip().splitlines()[0]}") from None
         else:
             if any(f.endswith(".dcp") for f in os.listdir(self.dir)):
                 raise TrainError(f"{self.dir} holds DCP checkpoints; --resume reads torch.save "
