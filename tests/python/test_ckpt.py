@@ -532,7 +532,8 @@ def test_step_and_chunk_bytes_bounds(tmp_path):
         v.save(2**63 - 1, {"a": torch.ones(2)})
         assert v.latest() == 2**63 - 1
     for bad in (2**40, 0, -4096, 4095, (1 << 30) + 64, 4096.0):
-        with pytest.raises(ValueError, match=r"chunk_bytes must be an integer in 4096\.\.1073741824"):
+        with pytest.raises(ValueError,
+                           match=r"chunk_bytes must be an integer in 4096\.\.1073741824"):
             CheckpointVault(str(tmp_path / "b"), chunk_bytes=bad)
     assert not os.path.exists(tmp_path / "b")
 

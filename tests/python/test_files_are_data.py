@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from loongforge import DataLossError, _C
+from loongforge import DataLossError
 from loongforge.train_backends import Checkpointer, Dist, TrainError
 
 PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python", "loongforge")
@@ -111,7 +111,7 @@ def test_old_rank_state_file_is_refused(tmp_path, marker, content):
 # Guards the trainer's --resume on a vault whose newest step has a pickled structure: exit 2
 # with one line naming the checkpoint, nothing run.
 def test_vault_resume_with_pickle_is_refused(tmp_path, marker):
-    from loongforge.ckpt import _META_NAME, CheckpointVault
+    from loongforge.ckpt import _META_NAME
 
     ck = tmp_path / "ck"
     c = _ckpt("vault", ck, resume=False)
