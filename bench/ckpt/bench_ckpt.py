@@ -94,7 +94,7 @@ def main():
     out = None
     for _ in range(a.repeats):
         t0 = time.perf_counter()
-        loaded = torch.load(pt)
+        loaded = torch.load(pt, weights_only=True)
         tl.append(time.perf_counter() - t0)
         del loaded
         out = None

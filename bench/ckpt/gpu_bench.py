@@ -215,7 +215,8 @@ def main():
         t0 = time.perf_counter()
         fsync_tree(a.dir)
         res["torch_save_fsync_s"] = res["torch_save_s"] + time.perf_counter() - t0
-        res["torch_load_cuda_s"], loaded = timed(lambda: torch.load(pt, map_location="cuda"))
+        res["torch_load_cuda_s"], loaded = timed(
+            lambda: torch.load(pt, map_location="cuda", weights_only=True))
         del loaded
         os.remove(pt)
         dcp_dir = os.path.join(a.dir, "dcp")

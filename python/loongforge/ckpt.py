@@ -8,16 +8,20 @@
 
 Tensors (CPU or CUDA, any of bool/uint8/int8/int16/int32/int64/float16/bfloat16/float32/float64)
 are handed to the C++ core through DLPack (no copy in Python; non-contiguous ones are made
-contiguous first); the core checks them and names the tensor in its errors. Everything else in the state (numbers, strings, bytes, other picklables) is pickled
-into one small blob stored next to the tensors. See docs/ckpt.md.
+contiguous first); the core checks them and names the tensor in its errors. The structure around
+them (dict/list/tuple, str, int, float, bool, None, bytes; numpy arrays as raw chunks) is stored as
+one JSON chunk next to the tensors: loading a vault builds data only and never unpickles. Anything
+else is refused by save(), naming its key path. See docs/ckpt.md.
 """
 from __future__ import annotations
 
+import base64
+import json
 import operator
-import pickle
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from . import _C
@@ -26,75 +30,262 @@ __all__ = ["CheckpointVault"]
 
 _META_NAME = "__loongforge_meta__"
 _CUDA_COMPILED = bool(_C.build_info().get("cuda", False))
+# The structure chunk: this header line, then JSON (Note [The checkpoint structure]).
+_FORMAT = b"loongforge.ckpt.structure/1\n"
+_MAX_STEP = 2**63 - 1  # the manifest stores steps as int64
+_MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 30
 
 
 def _as_step(step: Any) -> int:
     """A checkpoint step as an int: Python, numpy or torch integers only (1.7 is not silently 1),
-    and >= 0."""
+    in 0..2**63-1."""
     if isinstance(step, bool):
         raise TypeError(f"checkpoint step must be an integer, got {step!r}")
     try:
         value = operator.index(step)
     except TypeError:
-        raise TypeError(f"checkpoint step must be an integer, got {step!r} "
-                        f"({type(step).__name__})") from None
+        raise TypeError(f"checkpoint step must be an integer, got {type(step).__name__}") from None
     if value < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {value}")
+    if value > _MAX_STEP:
+        raise ValueError(f"checkpoint step must be <= 2**63-1, got {value}")
     return value
 
 
-class _Slot:
-    """Placeholder for a tensor inside the pickled skeleton of the state."""
+# Note [The checkpoint structure]
+# A checkpoint is tensors plus the structure around them (dicts, lists, numbers, strings). The
+# structure is stored as one JSON chunk (_META_NAME) in the vault, so that loading a vault can
+# only ever build data: no pickle, no class named by the file. Every JSON object is a tagged
+# node, every other JSON value a literal:
+#   null / true / false / number / string     None, bool, int, float (inf and nan too), str
+#   {"dict": [[key, node], ...]}              dict with str or int keys (optimizer state
+#   {"odict": [[key, node], ...]}             uses int keys); OrderedDict (state_dict())
+#   {"list": [...]} / {"tuple": [...]}
+#   {"bytes": "<base64>"}
+#   {"tensor": name, "device": d, "requires_grad": b}    a tensor stored as chunk `name`
+#   {"view": name, "shape", "stride", "offset", "device", "requires_grad"}
+#                                             a tensor whose storage another entry shares: the
+#                                             whole storage is chunk `name`, each entry a view
+#                                             of it, so aliases come back sharing storage
+#   {"ndarray": name, "dtype": "<f4", "shape": [...]}    numpy array (numeric dtypes), bytes
+# Anything else is refused by save() naming its key path and type.
+_NP_KINDS = "biufc"
 
-    __slots__ = ("name", "device", "requires_grad")
 
-    def __init__(self, name: str, device: str, requires_grad: bool) -> None:
-        self.name = name
-        self.device = device
-        self.requires_grad = requires_grad
-
-    def __getstate__(self) -> Tuple[str, str, bool]:
-        return (self.name, self.device, self.requires_grad)
-
-    def __setstate__(self, s: Tuple[str, str, bool]) -> None:
-        self.name, self.device, self.requires_grad = s
+def _path_str(path: str) -> str:
+    return path or "<root>"
 
 
-def _flatten(obj: Any, path: str, out: List[Tuple[str, torch.Tensor]], names: set) -> Any:
-    if isinstance(obj, torch.Tensor):
+class _Encoder:
+    def __init__(self) -> None:
+        self.tensors: List[Tuple[str, torch.Tensor]] = []
+        self.names: set = {_META_NAME}
+        self.bases: Dict[Tuple[str, int], Tuple[str, torch.dtype, str]] = {}
+        self.shared: set = set()
+
+    def _name(self, path: str) -> str:
         name = path or "tensor"
-        if name in names or name == _META_NAME:
+        if name in self.names:
             i = 1
-            while f"{name}#{i}" in names:
+            while f"{name}#{i}" in self.names:
                 i += 1
             name = f"{name}#{i}"
-        names.add(name)
-        out.append((name, obj))
-        return _Slot(name, str(obj.device), bool(obj.requires_grad))
-    if type(obj) in (dict, OrderedDict):
-        r = type(obj)()
-        for k, v in obj.items():
-            r[k] = _flatten(v, f"{path}/{k}" if path else str(k), out, names)
-        return r
-    if type(obj) in (list, tuple):
-        return type(obj)(_flatten(v, f"{path}/{i}", out, names) for i, v in enumerate(obj))
-    return obj
+        self.names.add(name)
+        return name
+
+    @staticmethod
+    def _storage_key(t: torch.Tensor) -> Optional[Tuple[str, int]]:
+        if t.layout != torch.strided:
+            return None
+        s = t.storage()
+        if s.size() == 0 or s.data_ptr() == 0:
+            return None
+        return (str(t.device), s.data_ptr())
+
+    def scan(self, obj: Any) -> None:
+        """Finds the storages that more than one tensor entry of `obj` uses."""
+        seen: set = set()
+        stack = [obj]
+        while stack:
+            o = stack.pop()
+            if isinstance(o, torch.Tensor):
+                key = self._storage_key(o)
+                if key is not None:
+                    (self.shared.add if key in seen else seen.add)(key)
+            elif isinstance(o, dict):
+                stack.extend(o.values())
+            elif isinstance(o, (list, tuple)):
+                stack.extend(o)
+
+    def encode(self, obj: Any, path: str) -> Any:
+        if obj is None or isinstance(obj, (bool, str)) or type(obj) in (int, float):
+            return obj
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, path)
+        if type(obj) in (dict, OrderedDict):
+            items = []
+            for k, v in obj.items():
+                if isinstance(k, bool) or type(k) not in (str, int):
+                    raise TypeError(f"checkpoint state {_path_str(path)}: key {k!r} is a "
+                                    f"{type(k).__name__}; keys must be str or int")
+                items.append([k, self.encode(v, f"{path}/{k}" if path else str(k))])
+            return {"odict" if type(obj) is OrderedDict else "dict": items}
+        if type(obj) in (list, tuple):
+            return {type(obj).__name__: [self.encode(v, f"{path}/{i}")
+                                         for i, v in enumerate(obj)]}
+        if type(obj) in (bytes, bytearray):
+            return {"bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, np.ndarray) and obj.dtype.kind in _NP_KINDS and not obj.dtype.fields:
+            arr = np.ascontiguousarray(obj)
+            name = self._name(path)
+            self.tensors.append((name, torch.from_numpy(arr.reshape(-1).view(np.uint8).copy())))
+            return {"ndarray": name, "dtype": arr.dtype.str, "shape": list(arr.shape)}
+        if isinstance(obj, (np.integer, np.floating, np.bool_)):
+            return obj.item()
+        if isinstance(obj, float):  # float subclasses (e.g. numpy.float64 handled above)
+            return float(obj)
+        raise TypeError(f"checkpoint state {_path_str(path)}: a {type(obj).__module__}."
+                        f"{type(obj).__qualname__} cannot be saved (a checkpoint holds tensors, "
+                        "numpy arrays, dict/list/tuple, str, int, float, bool, None and bytes)")
+
+    def _tensor(self, t: torch.Tensor, path: str) -> Dict[str, Any]:
+        if t.layout != torch.strided:
+            raise TypeError(f"checkpoint state {_path_str(path)}: a {t.layout} tensor cannot be "
+                            "saved (dense tensors only)")
+        key = self._storage_key(t)
+        info = {"device": str(t.device), "requires_grad": bool(t.requires_grad)}
+        if key is None or key not in self.shared:
+            name = self._name(path)
+            self.tensors.append((name, t))
+            return dict(tensor=name, **info)
+        base = self.bases.get(key)
+        if base is None:
+            name = self._name(path + "#storage")
+            s = t.storage()
+            flat = torch.tensor([], dtype=t.dtype, device=t.device).set_(s, 0, (s.size(),), (1,))
+            self.tensors.append((name, flat))
+            base = self.bases[key] = (name, t.dtype, path)
+        elif base[1] != t.dtype:
+            raise TypeError(f"checkpoint state {_path_str(path)}: shares its storage with "
+                            f"{_path_str(base[2])} but is {t.dtype} and that one {base[1]}; "
+                            "aliased tensors must have one dtype")
+        return dict(view=base[0], shape=list(t.shape), stride=list(t.stride()),
+                    offset=int(t.storage_offset()), **info)
 
 
-def _unflatten(obj: Any, tensors: Dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, _Slot):
-        t = tensors[obj.name]
-        if obj.requires_grad and t.is_floating_point():
-            t.requires_grad_(True)
-        return t
-    if type(obj) in (dict, OrderedDict):
-        r = type(obj)()
-        for k, v in obj.items():
-            r[k] = _unflatten(v, tensors)
+def _encode_state(state: Any) -> Tuple[bytes, List[Tuple[str, torch.Tensor]]]:
+    enc = _Encoder()
+    enc.scan(state)
+    root = enc.encode(state, "")
+    text = json.dumps({"root": root}, allow_nan=True, separators=(",", ":"))
+    return _FORMAT + text.encode("utf-8"), enc.tensors
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _parse_structure(raw: bytes) -> Any:
+    if not raw.startswith(_FORMAT):
+        if raw[:1] == b"\x80":
+            raise _Malformed("its structure is a pickle (written by an older loongforge); it is "
+                             "not loaded, since unpickling a file can run code")
+        raise _Malformed(f"its structure does not start with {_FORMAT[:-1].decode()!r}")
+    try:
+        doc = json.loads(raw[len(_FORMAT):].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _Malformed(f"its structure is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or "root" not in doc:
+        raise _Malformed("its structure has no 'root'")
+    return doc["root"]
+
+
+def _refs(node: Any, path: str, out: Dict[str, Tuple[str, Dict[str, Any]]]) -> None:
+    """Collects the chunk names a structure references (name -> (path, node)), checking tags."""
+    stack = [(node, path)]
+    while stack:
+        n, p = stack.pop()
+        if isinstance(n, list):
+            raise _Malformed(f"{_path_str(p)}: a bare JSON list is not a node")
+        if not isinstance(n, dict):
+            continue
+        if len(n) == 0:
+            raise _Malformed(f"{_path_str(p)}: an empty JSON object is not a node")
+        tag = next(iter(n))
+        body = n[tag]
+        if tag in ("dict", "odict"):
+            if not isinstance(body, list):
+                raise _Malformed(f"{_path_str(p)}: '{tag}' holds a {type(body).__name__}")
+            for item in body:
+                if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool)
+                        or not isinstance(item[0], (str, int))):
+                    raise _Malformed(f"{_path_str(p)}: a '{tag}' item is not [str|int key, node]")
+                stack.append((item[1], f"{p}/{item[0]}" if p else str(item[0])))
+        elif tag in ("list", "tuple"):
+            if not isinstance(body, list):
+                raise _Malformed(f"{_path_str(p)}: '{tag}' holds a {type(body).__name__}")
+            stack.extend((v, f"{p}/{i}") for i, v in enumerate(body))
+        elif tag in ("tensor", "view", "ndarray"):
+            if not isinstance(body, str):
+                raise _Malformed(f"{_path_str(p)}: '{tag}' names no chunk")
+            out.setdefault(body, (p, n))
+        elif tag != "bytes" or not isinstance(body, str):
+            raise _Malformed(f"{_path_str(p)}: unknown node {tag!r}")
+
+
+def _int_list(v: Any, what: str, p: str) -> List[int]:
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        raise _Malformed(f"{_path_str(p)}: '{what}' is not a list of integers")
+    return v
+
+
+def _decode(node: Any, path: str, chunks: Dict[str, torch.Tensor]) -> Any:
+    if not isinstance(node, dict):
+        return node
+    tag = next(iter(node))
+    body = node[tag]
+    if tag in ("dict", "odict"):
+        r = OrderedDict() if tag == "odict" else {}
+        for k, v in body:
+            r[k] = _decode(v, f"{path}/{k}" if path else str(k), chunks)
         return r
-    if type(obj) in (list, tuple):
-        return type(obj)(_unflatten(v, tensors) for v in obj)
-    return obj
+    if tag in ("list", "tuple"):
+        items = [_decode(v, f"{path}/{i}", chunks) for i, v in enumerate(body)]
+        return items if tag == "list" else tuple(items)
+    if tag == "bytes":
+        try:
+            return base64.b64decode(body, validate=True)
+        except ValueError as e:
+            raise _Malformed(f"{_path_str(path)}: bad base64 ({e})") from None
+    t = chunks[body]
+    if tag == "ndarray":
+        try:
+            dt = np.dtype(node.get("dtype"))
+        except TypeError as e:
+            raise _Malformed(f"{_path_str(path)}: bad numpy dtype ({e})") from None
+        shape = _int_list(node.get("shape"), "shape", path)
+        if dt.kind not in _NP_KINDS or dt.fields or t.dtype != torch.uint8:
+            raise _Malformed(f"{_path_str(path)}: numpy dtype {dt.str} is not a numeric dtype")
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if min(shape, default=0) < 0 or n * dt.itemsize != t.numel():
+            raise _Malformed(f"{_path_str(path)}: numpy array {dt.str} {shape} needs "
+                             f"{n * dt.itemsize} bytes, its chunk has {t.numel()}")
+        return t.cpu().numpy().view(dt).reshape(shape).copy()
+    if tag == "view":
+        shape = _int_list(node.get("shape"), "shape", path)
+        stride = _int_list(node.get("stride"), "stride", path)
+        off = node.get("offset")
+        if (type(off) is not int or off < 0 or len(shape) != len(stride)
+                or min(shape + stride, default=0) < 0):
+            raise _Malformed(f"{_path_str(path)}: bad view shape/stride/offset")
+        end = off + sum((s - 1) * st for s, st in zip(shape, stride)) + 1
+        if 0 not in shape and end > t.numel():
+            raise _Malformed(f"{_path_str(path)}: view reaches element {end - 1}, its storage "
+                             f"{body!r} has {t.numel()}")
+        t = t.as_strided(shape, stride, off)
+    if node.get("requires_grad") is True and t.is_floating_point():
+        t.requires_grad_(True)
+    return t
 
 
 class CheckpointVault:
@@ -102,7 +293,8 @@ class CheckpointVault:
 
     Args:
         dir: vault directory (created if missing).
-        chunk_bytes: chunk size for change detection (default 4 MiB).
+        chunk_bytes: chunk size for change detection (default 4 MiB; 4 KiB..1 GiB, a multiple
+            of 64).
         compress: zstd each chunk when that saves >= 10%.
         xor_delta: store changed chunks as zstd(XOR with the previous version) when smaller.
         keep_last: keep only the newest N checkpoints (0 = keep all); keep_every: plus every M-th.
@@ -136,6 +328,10 @@ class CheckpointVault:
                  writer: str = "auto") -> None:
         self.dir = str(dir)
         self._read_only = read_only
+        if (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int)
+                or not _MIN_CHUNK <= chunk_bytes <= _MAX_CHUNK):
+            raise ValueError(f"CheckpointVault {self.dir}: chunk_bytes must be an integer in "
+                             f"{_MIN_CHUNK}..{_MAX_CHUNK} (4 KiB..1 GiB), got {chunk_bytes!r}")
         self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
                                      xor_delta=xor_delta, keep_last=keep_last,
                                      keep_every=keep_every, max_inflight=max_inflight,
@@ -178,11 +374,8 @@ class CheckpointVault:
         return list(self._v.take_committed_stats())
 
     def _tensors(self, state: Any) -> List[Tuple[str, torch.Tensor]]:
-        pairs: List[Tuple[str, torch.Tensor]] = []
-        skeleton = _flatten(state, "", pairs, set())
-        meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
-        meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8) if meta else torch.empty(0, dtype=torch.uint8)
-        tensors = [(_META_NAME, meta_t)]
+        meta, pairs = _encode_state(state)
+        tensors = [(_META_NAME, torch.frombuffer(bytearray(meta), dtype=torch.uint8))]
         for name, t in pairs:
             # No detach(): the converter exports a tensor that requires grad through a detached
             # view itself (the same memory), and a detach per tensor costs ~4 us x thousands.
@@ -234,15 +427,29 @@ class CheckpointVault:
             raise ValueError(f"checkpoint {step} in {self.dir} was not written by loongforge.ckpt")
         meta_t = torch.empty(infos[_META_NAME]["nbytes"], dtype=torch.uint8)
         self._v.restore_into(int(step), [(_META_NAME, meta_t)])
-        skeleton = pickle.loads(meta_t.numpy().tobytes())
-        slots: Dict[str, _Slot] = {}
-        _collect_slots(skeleton, slots)
+        where = f"checkpoint {step} in {self.dir}"
+        refs: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+        try:
+            root = _parse_structure(meta_t.numpy().tobytes())
+            _refs(root, "", refs)
+            for name, (path, _) in refs.items():
+                if name not in infos or name == _META_NAME:
+                    raise _Malformed(f"{_path_str(path)}: names chunk {name!r}, which the "
+                                     "manifest does not hold")
+        except _Malformed as e:
+            raise _C.DataLossError(f"{where}: {e}") from None
         tensors: Dict[str, torch.Tensor] = {}
         targets = []
         moves = []
-        for name, slot in slots.items():
+        for name, (_, node) in refs.items():
             info = infos[name]
-            dev = torch.device(map_location) if map_location is not None else torch.device(slot.device)
+            # numpy arrays come back as numpy arrays (host memory) whatever map_location says
+            saved = "cpu" if "ndarray" in node else node.get("device", "cpu")
+            want = saved if map_location is None or "ndarray" in node else map_location
+            try:
+                dev = torch.device(want)
+            except (RuntimeError, TypeError):
+                raise _C.DataLossError(f"{where}: chunk {name!r}: bad device {want!r}") from None
             if dev.type == "cuda" and not torch.cuda.is_available():
                 dev = torch.device("cpu")
             direct = dev.type == "cpu" or (dev.type == "cuda" and _CUDA_COMPILED)
@@ -256,7 +463,10 @@ class CheckpointVault:
         self._v.restore_into(int(step), targets)
         for name, dev in moves:
             tensors[name] = tensors[name].to(dev)
-        return _unflatten(skeleton, tensors)
+        try:
+            return _decode(root, "", tensors)
+        except _Malformed as e:
+            raise _C.DataLossError(f"{where}: {e}") from None
 
     def verify(self, step: Optional[int] = None) -> None:
         """Re-reads every chunk of `step` (default latest) and checks its checksum."""
@@ -288,13 +498,3 @@ class CheckpointVault:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _collect_slots(obj: Any, out: Dict[str, _Slot]) -> None:
-    if isinstance(obj, _Slot):
-        out[obj.name] = obj
-    elif type(obj) in (dict, OrderedDict):
-        for v in obj.values():
-            _collect_slots(v, out)
-    elif type(obj) in (list, tuple):
-        for v in obj:
-            _collect_slots(v, out)

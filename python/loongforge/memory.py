@@ -65,10 +65,28 @@ def trace_from_snapshot(snapshot: Dict[str, Any], device: int = 0,
     return trace
 
 
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """torch writes memory snapshots as pickles of plain dicts, lists, strings and numbers. A
+    pickle can name any global to call while loading; this one refuses every global, so a
+    snapshot file can only ever build data."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"it names the global {module}.{name} (a memory snapshot "
+                                     "holds plain data only; refused, it could run code)")
+
+
 def load_snapshot(path: str) -> Dict[str, Any]:
-    """Loads a pickled snapshot written by ``torch.cuda.memory._dump_snapshot(path)``."""
+    """Loads a snapshot written by ``torch.cuda.memory._dump_snapshot(path)`` (a pickle of plain
+    data, read without resolving any global: ValueError naming the file otherwise)."""
     with open(path, "rb") as f:
-        return pickle.load(f)
+        try:
+            snap = _DataOnlyUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                KeyError, AttributeError, MemoryError, RecursionError) as e:
+            raise ValueError(f"memory snapshot {path}: not loadable: {e}") from None
+    if not isinstance(snap, dict):
+        raise ValueError(f"memory snapshot {path}: holds a {type(snap).__name__}, not a dict")
+    return snap
 
 
 def snapshot_reserved_bytes(snapshot: Dict[str, Any], device: int = 0) -> int:

@@ -598,7 +598,8 @@ def build(args: argparse.Namespace) -> Session:
     if ep is not None:  # Note [Expert-parallel checkpoints] in moe.py
         run_id["expert_parallel"] = ep.size
     ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned" else "torch"),
-                        ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log)
+                        ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log,
+                        resume=args.resume)
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
                                                              else "off")
 

@@ -420,17 +420,18 @@ def moe_metrics(model: Gr00tPolicy) -> Dict[str, Any]:
 class Checkpointer:
     """torch.save (baseline / --no-vault) or CheckpointVault. ``stall_s``: time training blocked.
 
-    Rank 0 writes the shared state (model, optimizer, scheduler); every rank writes its own small
-    state (loader position, RNG) so that a multi-rank resume is exact on every rank."""
+    Rank 0 writes the shared state (model, optimizer, scheduler) and every rank's own small state
+    (loader position, RNG) in one checkpoint per step (Note [One checkpoint per step])."""
 
     SHARED = ("step", "model", "optimizer", "scheduler", "config")
     RUN_FILE = "run.json"  # which run wrote this directory (Note [Checkpoint directory identity])
+    RANK_KEY = "__rank_state__"  # {"rank00000": that rank's own state, ...} inside a checkpoint
 
     WHEN_BUSY = ("skip", "wait")
 
     def __init__(self, kind: str, directory: Optional[str], d: Dist,
                  run_id: Optional[Dict[str, Any]] = None, when_busy: str = "skip",
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 log: Optional[Callable[[str], None]] = None, resume: bool = False) -> None:
         if when_busy not in self.WHEN_BUSY:
             raise TrainError(f"--ckpt-when-busy must be skip or wait, got {when_busy!r}")
         self.kind, self.dir, self.d = kind, directory, d
@@ -450,9 +451,9 @@ class Checkpointer:
         self._blocking: Dict[int, Dict[str, Any]] = {}  # step -> Save()'s own figures
         self._row: Dict[str, Any] = {}
         self.run_id = dict(run_id or {}, checkpoint=kind)
+        self.resume = resume
         if directory:
             self._claim(directory)
-            os.makedirs(os.path.join(directory, "rank_state"), exist_ok=True)
         if kind == "vault" and directory and d.is_main:
             try:
                 from .ckpt import CheckpointVault
@@ -494,6 +495,12 @@ class Checkpointer:
                                  for k in diff)
                 raise TrainError(f"--ckpt-dir {directory} belongs to another run: {what}; "
                                  "use another directory")
+        # A new run would train until its first save and then collide with the steps there (or
+        # mix its checkpoints with theirs): refused before training.
+        if not self.resume and os.path.isdir(directory) and self._has_checkpoints(directory):
+            raise TrainError(f"--ckpt-dir {directory} already holds checkpoints of a run: pass "
+                             "--resume to continue it, or pick another --ckpt-dir")
+        if theirs is not None:
             return
         if self.d.is_main:
             os.makedirs(directory, exist_ok=True)
@@ -501,6 +508,13 @@ class Checkpointer:
             with open(tmp, "w") as f:
                 json.dump(self.run_id, f, indent=1, sort_keys=True)
             os.replace(tmp, run_file)
+
+    @staticmethod
+    def _has_checkpoints(directory: str) -> bool:
+        manifests = os.path.join(directory, "vault", "manifests")
+        if os.path.isdir(manifests) and any(n.endswith(".manifest") for n in os.listdir(manifests)):
+            return True
+        return bool(Checkpointer._formats_in(directory) - {"vault"})
 
     @staticmethod
     def _formats_in(directory: str) -> set:
@@ -515,7 +529,97 @@ class Checkpointer:
         return found
 
     def _rank_path(self, step: int) -> str:
+        """Where runs before Note [One checkpoint per step] kept a rank's own state."""
         return os.path.join(self.dir, "rank_state", f"rank{self.d.rank:05d}_step_{step:08d}.pt")
+
+    # Note [One checkpoint per step]
+    # A resume needs the shared state and every rank's own state (loader position, RNG states,
+    # expert shard) of one step. They are one artefact, so that a committed checkpoint is always
+    # complete (a kill between two files cannot leave a step without its rank state): rank 0
+    # gathers the ranks' own states (a collective on every requested save) and stores them under
+    # RANK_KEY inside the vault commit, or inside the one step_*.pt file (written to a temporary
+    # file, fsynced, renamed, the directory fsynced). Both hold data only: the vault's structure
+    # is JSON (Note [The checkpoint structure] in ckpt.py) and the .pt files are read with
+    # torch.load(weights_only=True).
+    def _gather_rank_states(self, mine: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """Every rank's own state on rank 0 ({"rank00000": ..., ...}), None on the others."""
+        if self.d.world == 1:
+            return {f"rank{self.d.rank:05d}": mine}
+        import io
+
+        buf = io.BytesIO()
+        torch.save(mine, buf)
+        raw = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(self.d.device)
+        n = torch.tensor([raw.numel()], dtype=torch.int64, device=self.d.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.d.world)]
+        dist.all_gather(sizes, n)
+        width = max(int(x.item()) for x in sizes)
+        padded = torch.zeros(width, dtype=torch.uint8, device=self.d.device)
+        padded[:raw.numel()] = raw
+        parts = [torch.empty_like(padded) for _ in range(self.d.world)]
+        dist.all_gather(parts, padded)
+        if not self.d.is_main:
+            return None
+        out = {}
+        for r, (part, size) in enumerate(zip(parts, sizes)):
+            data = part[:int(size.item())].cpu().numpy().tobytes()
+            out[f"rank{r:05d}"] = self._load_data(io.BytesIO(data))
+        return out
+
+    @staticmethod
+    def _write_atomic(obj: Any, path: str) -> int:
+        """torch.save to a temporary file, fsync, rename over `path`, fsync the directory."""
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return os.path.getsize(path)
+
+    @staticmethod
+    def _load_data(f: Any) -> Any:
+        """torch.load(weights_only=True). torch < 2 refuses floats there ("Unsupported operand
+        71", every optimizer's lr); then the same allow-list of torch's weights-only unpickler
+        through a pickle.Unpickler whose find_class refuses every other global, so that no file
+        can name a function to call."""
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:
+            if "Unsupported operand" not in str(e):
+                raise
+        import pickle
+        import types
+
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        allowed = _get_allowed_globals()
+
+        class DataUnpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if f"{module}.{name}" in allowed:
+                    return allowed[f"{module}.{name}"]
+                raise pickle.UnpicklingError(f"global {module}.{name} is not data")
+
+        mod = types.ModuleType("loongforge_data_unpickler")
+        mod.Unpickler = DataUnpickler  # type: ignore[attr-defined]
+        mod.load = lambda fh, **kw: DataUnpickler(fh, **kw).load()  # type: ignore[attr-defined]
+        if hasattr(f, "seek"):
+            f.seek(0)
+        return torch.load(f, map_location="cpu", pickle_module=mod)
+
+    def _load_pt(self, path: str) -> Any:
+        try:
+            return self._load_data(path)
+        except Exception as e:  # pickle.UnpicklingError, RuntimeError, EOFError, ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TrainError(f"--resume: {path} is not a loongforge checkpoint of data only "
+                             f"({type(e).__name__}: {first[:200]})") from None
 
     # Note [When the disk cannot keep up]
     # A save blocks the step for (Note [When the writer is busy] in src/ckpt/snapshot.cc): the
@@ -526,12 +630,13 @@ class Checkpointer:
     # a device-to-device copy; the first save also allocates the arena). The back-pressure is
     # the only part that grows with the cadence, and it is a choice (--ckpt-when-busy):
     #   skip (default): a save requested while the previous one is still being written is not
-    #     taken (nothing flattened, no per-rank file on rank 0); the log names the step and how
+    #     taken (nothing flattened; with one rank the state is not even built); the log names
+    #     the step and how
     #     far behind the writer is, and the summary counts it. The committed checkpoints and the
     #     save in flight are untouched, so a kill loses at most the steps since the newest commit.
     #   wait: today's back-pressure; every requested step is saved, the step stalls meanwhile.
-    # Ranks > 0 cannot see rank 0's writer without a collective, so they write their per-rank
-    # file on every requested step; resume reads only the files of the committed step.
+    # With several ranks every rank builds its own state and joins the gather on every
+    # requested step (Note [One checkpoint per step]); rank 0 then decides whether to skip.
     # Per save the summary and the metrics rows report bytes written and durable time (save()
     # call to the manifest commit), from the vault's committed stats.
     def save(self, step: int, state: Union[Dict[str, Any], Callable[[], Dict[str, Any]]],
@@ -543,7 +648,10 @@ class Checkpointer:
         if not self.dir:
             return 0.0
         t = time.perf_counter()
-        if (self.vault is not None and self.when_busy == "skip" and self.vault.busy()):
+        # With one rank the skip is decided before the state is built; with more, every rank
+        # takes part in the gather first (rank 0 alone sees its writer).
+        if (self.d.world == 1 and self.vault is not None and self.when_busy == "skip"
+                and self.vault.busy()):
             self._skip(step, t)
             dt = time.perf_counter() - t
             self.stall_s += dt
@@ -552,9 +660,13 @@ class Checkpointer:
             state = state()
         t_state = time.perf_counter()
         shared = {k: v for k, v in state.items() if k in self.SHARED}
-        mine = {k: v for k, v in state.items() if k not in self.SHARED}
-        torch.save(mine, self._rank_path(step))  # small: loader position and RNG
+        ranks = self._gather_rank_states({k: v for k, v in state.items() if k not in self.SHARED})
         if self.d.is_main:
+            shared[self.RANK_KEY] = ranks
+        if (self.d.is_main and self.kind == "vault" and self.when_busy == "skip"
+                and self.vault.busy()):
+            self._skip(step, t)
+        elif self.d.is_main:
             if self.kind == "vault":
                 t_vault = time.perf_counter()
                 # Blocks only for the snapshot, plus (wait) the previous write. Not busy was
@@ -576,10 +688,7 @@ class Checkpointer:
             elif self.kind == "async":
                 self._save_async(step, shared, model, optimizer)
             else:
-                path = os.path.join(self.dir, f"step_{step:08d}.pt")
-                torch.save(shared, path + ".tmp")
-                os.replace(path + ".tmp", path)
-                size = os.path.getsize(path)
+                size = self._write_atomic(shared, os.path.join(self.dir, f"step_{step:08d}.pt"))
                 self.bytes_written += size
                 self._committed({"step": step, "bytes_written": size,
                                  "durable_s": time.perf_counter() - t})
@@ -681,8 +790,7 @@ class Checkpointer:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 
         def write() -> None:
-            torch.save(snap, path + ".pt.tmp")
-            os.replace(path + ".pt.tmp", path + ".pt")
+            self._write_atomic(snap, path + ".pt")
 
         self.pending = pool.submit(write)
         pool.shutdown(wait=False)
@@ -692,27 +800,50 @@ class Checkpointer:
             return None
         if self.kind == "vault":
             # Every rank reads the vault (read-only on ranks > 0).
+            from . import DataLossError
             from .ckpt import CheckpointVault
 
             v = self.vault or CheckpointVault(os.path.join(self.dir, "vault"), read_only=True)
             step = v.latest()
-            shared = v.load(step, map_location="cpu") if step is not None else None
+            try:
+                shared = v.load(step, map_location="cpu") if step is not None else None
+            except DataLossError as e:  # names the vault and the step
+                raise TrainError(f"--resume: {str(e).strip().splitlines()[0]}") from None
         else:
             if any(f.endswith(".dcp") for f in os.listdir(self.dir)):
                 raise TrainError(f"{self.dir} holds DCP checkpoints; --resume reads torch.save "
                                  "checkpoints only (load DCP ones with torch.distributed.checkpoint)")
             files = sorted(f for f in os.listdir(self.dir) if f.startswith("step_") and
                            f.endswith(".pt"))
-            shared = (torch.load(os.path.join(self.dir, files[-1]), map_location="cpu",
-                                 weights_only=False)
-                      if files else None)
+            where = os.path.join(self.dir, files[-1]) if files else ""
+            shared = self._load_pt(where) if files else None
         if shared is None:
             return None
-        rank_file = self._rank_path(int(shared["step"]))
-        if not os.path.exists(rank_file):
-            raise TrainError(f"checkpoint step {shared['step']}: missing {rank_file}")
-        # Our own files (loader state, RNG states, extras): torch >= 2.6 defaults to weights_only.
-        shared.update(torch.load(rank_file, map_location="cpu", weights_only=False))
+        if not isinstance(shared, dict) or not isinstance(shared.get("step"), int):
+            raise TrainError(f"--resume: the latest checkpoint in {self.dir} has no integer "
+                             "'step'")
+        step = int(shared["step"])
+        ranks = shared.pop(self.RANK_KEY, None)
+        key = f"rank{self.d.rank:05d}"
+        if ranks is None:
+            # Written before the rank state moved inside the checkpoint: its own file, read as
+            # data only (files whose RNG state holds numpy arrays are refused, naming the file).
+            rank_file = self._rank_path(step)
+            if not os.path.exists(rank_file):
+                raise TrainError(f"--resume: checkpoint step {step} in {self.dir} holds no rank "
+                                 f"state and {rank_file} is missing")
+            mine = self._load_pt(rank_file)
+            where = rank_file
+        elif not isinstance(ranks, dict) or not isinstance(ranks.get(key), dict):
+            raise TrainError(f"--resume: checkpoint step {step} in {self.dir} holds no state for "
+                             f"rank {self.d.rank} (saved by {len(ranks or {})} ranks)")
+        else:
+            mine = ranks[key]
+            where = f"checkpoint step {step} in {self.dir}"
+        if not isinstance(mine, dict):
+            raise TrainError(f"--resume: {where}: rank {self.d.rank}'s state is a "
+                             f"{type(mine).__name__}, not a dict")
+        shared.update(mine)
         return shared
 
     def close(self) -> None:
@@ -928,18 +1059,33 @@ def lr_lambda(total: int, warmup: float, min_ratio: float) -> Callable[[int], fl
 
 
 def rng_state(gen: torch.Generator) -> Dict[str, Any]:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-          "python": random.getstate(), "noise": gen.get_state()}
+    """The RNG states as tensors, ints and floats only, so that both checkpoint formats hold
+    them as data (torch.load(weights_only=True) takes no numpy arrays)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
+    st = {"torch": torch.get_rng_state(),
+          "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
+                    "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+          "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64),
+                     "gauss_next": gauss_next},
+          "noise": gen.get_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 
 def set_rng_state(st: Dict[str, Any], gen: torch.Generator) -> None:
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    gen.set_state(st["noise"])
+    try:
+        n, p = st["numpy"], st["python"]
+        torch.set_rng_state(st["torch"])
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]),
+                             int(n["has_gauss"]), float(n["cached_gaussian"])))
+        random.setstate((int(p["version"]), tuple(int(x) for x in p["state"].tolist()),
+                         p["gauss_next"]))
+        gen.set_state(st["noise"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise TrainError(f"--resume: the checkpoint's RNG state is malformed ({type(e).__name__}:"
+                         f" {e})") from None
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
 

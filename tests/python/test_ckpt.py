@@ -1,5 +1,6 @@
 """Tests of loongforge.ckpt.CheckpointVault (the Python facade over the C++ vault)."""
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -74,11 +75,15 @@ def test_every_dtype_empty_and_noncontiguous(tmp_path):
     base = torch.randn(20, 30, generator=g)
     state["transposed"] = base.t()
     state["strided"] = base[::2, 1::3]
+    state["lone_transposed"] = torch.randn(5, 6, generator=g).t()
     with CheckpointVault(str(tmp_path), chunk_bytes=4096) as v:
         v.save(1, state)
         out = v.load(1)
     _assert_same(state, out)
-    assert out["transposed"].is_contiguous()
+    # A view whose storage no other entry uses is stored (and comes back) contiguous; views of
+    # one storage come back as views of one storage.
+    assert out["lone_transposed"].is_contiguous()
+    assert out["transposed"].storage().data_ptr() == out["strided"].storage().data_ptr()
 
 
 # Guards incremental saves: with 1 of 10 tensors changed, only that tensor's bytes are written.
@@ -450,3 +455,196 @@ def test_trainer_checkpoint_takes_device_staging(tmp_path):
     assert got["step"] == 1
     for k, t in want.items():
         assert torch.equal(got["model"][k].cpu(), t), k
+
+
+# Guards the data-only structure: every kind of value it holds comes back with its type (int
+# keys of optimizer state, inf/nan, bytes, numpy arrays, tuples, OrderedDict).
+def test_structure_round_trips_data_values(tmp_path):
+    import math
+    from collections import OrderedDict
+
+    import numpy as np
+
+    state = {"od": OrderedDict([("b", 1), ("a", 2)]), 3: {"x": (1, 2.5, "s", None, True)},
+             "inf": float("inf"), "ninf": -math.inf, "big": 2**70, "bytes": b"\x00\xff",
+             "np": np.arange(6, dtype=np.uint32).reshape(2, 3), "np0": np.float64(1.5),
+             "rng": np.random.RandomState(3).get_state(), "nan": float("nan")}
+    with CheckpointVault(str(tmp_path), chunk_bytes=4096) as v:
+        v.save(1, state)
+        out = v.load(1)
+    assert math.isnan(out.pop("nan")) and math.isnan(state.pop("nan"))
+    assert type(out["od"]) is OrderedDict and list(out["od"]) == ["b", "a"]
+    assert out[3] == {"x": (1, 2.5, "s", None, True)}
+    assert out["big"] == 2**70 and out["inf"] == math.inf and out["ninf"] == -math.inf
+    assert out["bytes"] == b"\x00\xff" and out["np0"] == 1.5
+    assert out["np"].dtype == np.uint32 and (out["np"] == state["np"]).all()
+    rs = np.random.RandomState()
+    rs.set_state(out["rng"])
+    assert (rs.randint(0, 1000, 5) == np.random.RandomState(3).randint(0, 1000, 5)).all()
+
+
+# Guards: a value the format cannot hold is refused by save() (not at load), naming its key path
+# and type; nothing is written.
+def test_save_refuses_non_data_values_naming_path(tmp_path):
+    class Thing:
+        pass
+
+    with CheckpointVault(str(tmp_path), chunk_bytes=4096) as v:
+        with pytest.raises(TypeError, match=r"checkpoint state extras/1/obj: a .*Thing cannot"):
+            v.save(1, {"w": torch.zeros(2), "extras": [0, {"obj": Thing()}]})
+        with pytest.raises(TypeError, match=r"extras: key \(1, 2\) is a tuple"):
+            v.save(1, {"extras": {(1, 2): 3}})
+        with pytest.raises(TypeError, match=r"<root>: a builtins.set"):
+            v.save(1, {1, 2})
+        assert v.latest() is None
+
+
+# Guards storage sharing: entries that share a storage (the same tensor twice, a view of it)
+# come back sharing one storage, with their own shapes and values.
+def test_aliased_tensors_come_back_sharing_storage(tmp_path):
+    w = torch.arange(12, dtype=torch.float32)
+    state = {"a": w, "b": w, "v": w.view(3, 4)[1:, ::2], "other": torch.ones(3)}
+    with CheckpointVault(str(tmp_path), chunk_bytes=4096) as v:
+        v.save(1, state)
+        out = v.load(1)
+    _assert_same(state, out)
+    ptr = out["a"].storage().data_ptr()
+    assert out["b"].storage().data_ptr() == ptr and out["v"].storage().data_ptr() == ptr
+    out["a"][5] = -1.0
+    assert out["b"][5] == -1.0 and out["v"][0, 0] == 4.0 and out["v"][0, 1] == 6.0
+    out["a"][4] = -2.0
+    assert out["v"][0, 0] == -2.0
+    assert out["other"].storage().data_ptr() != ptr
+    with CheckpointVault(str(tmp_path / "d"), chunk_bytes=4096) as v:
+        with pytest.raises(TypeError, match="b: shares its storage with a but is torch.int32"):
+            v.save(1, {"a": w, "b": w.view(torch.int32)})
+
+
+# Guards the step and chunk-size bounds: a step beyond int64 and a chunk size outside 4 KiB..1 GiB
+# are refused with a short message (no tensor dump), before anything is written.
+def test_step_and_chunk_bytes_bounds(tmp_path):
+    with CheckpointVault(str(tmp_path / "a"), chunk_bytes=4096) as v:
+        with pytest.raises(ValueError, match=r"^checkpoint step must be <= 2\*\*63-1, got "
+                                             r"9223372036854775808$"):
+            v.save(2**63, {"a": torch.ones(2)})
+        with pytest.raises(ValueError, match=r"^checkpoint step must be >= 0, got -1$"):
+            v.save(-1, {"a": torch.ones(2)})
+        v.save(2**63 - 1, {"a": torch.ones(2)})
+        assert v.latest() == 2**63 - 1
+    for bad in (2**40, 0, -4096, 4095, (1 << 30) + 64, 4096.0):
+        with pytest.raises(ValueError,
+                           match=r"chunk_bytes must be an integer in 4096\.\.1073741824"):
+            CheckpointVault(str(tmp_path / "b"), chunk_bytes=bad)
+    assert not os.path.exists(tmp_path / "b")
+
+
+def _train_args(train_db, ck, mode, steps):
+    from lf_testdb import TINY_TRAIN_ARGS
+
+    return list(TINY_TRAIN_ARGS) + ["--data", train_db, "--mode", mode, "--steps", str(steps),
+                                    "--ckpt-every", "2", "--ckpt-dir", str(ck)]
+
+
+def _modes():
+    from lf_testdb import has_datafusion
+
+    return ["baseline", "loongforge"] if has_datafusion() else ["baseline"]
+
+
+def _tree(d):
+    return sorted((os.path.relpath(p, d), os.path.getsize(p))
+                  for p in glob.glob(os.path.join(str(d), "**"), recursive=True)
+                  if os.path.isfile(p))
+
+
+# Guards: a new run (no --resume) into the --ckpt-dir of a finished run trained until its first
+# save and then failed ("step 2 is not greater than the last step 20"); now it stops before
+# training with one line, and the directory is untouched. No rank_state/ files are written: the
+# rank state is inside each checkpoint.
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_new_run_into_finished_runs_dir_is_refused(train_db, tmp_path, capsys, mode):
+    if mode not in _modes():
+        pytest.skip("loongforge.data not in this build")
+    from loongforge import train
+
+    ck = tmp_path / "ck"
+    assert train.main(_train_args(train_db, ck, mode, 4)) == 0
+    capsys.readouterr()
+    before = _tree(ck)
+    assert not any(p.startswith("rank_state") for p, _ in before)
+    assert train.main(_train_args(train_db, ck, mode, 4)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"loongforge.train: error: --ckpt-dir {ck} already holds checkpoints of a run: "
+                   "pass --resume to continue it, or pick another --ckpt-dir"], err
+    assert _tree(ck) == before
+    assert train.main(_train_args(train_db, ck, mode, 6) + ["--resume"]) == 0
+    assert f"resumed from step 4 of {ck}" in capsys.readouterr().err
+
+
+# Guards: --resume with a garbage rank-state file (a checkpoint of the layout that kept it
+# beside the step file) gave an UnpicklingError traceback; now exit 2, one line naming the file.
+def test_resume_with_garbage_old_rank_state_names_file(train_db, tmp_path, capsys):
+    from loongforge import train
+
+    ck = tmp_path / "ck"
+    assert train.main(_train_args(train_db, ck, "baseline", 2)) == 0
+    step_file = ck / "step_00000002.pt"
+    st = torch.load(str(step_file), weights_only=False)
+    st.pop("__rank_state__")
+    torch.save(st, str(step_file))
+    os.makedirs(ck / "rank_state")
+    rank_file = ck / "rank_state" / "rank00000_step_00000002.pt"
+    rank_file.write_bytes(b"not a pickle\n")
+    capsys.readouterr()
+    assert train.main(_train_args(train_db, ck, "baseline", 4) + ["--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(rank_file) in err[0] and "Traceback" not in err[0], err
+
+
+# Guards one atomic checkpoint per step: the trainer is killed (SIGKILL) at random points while
+# it saves every step; each time the newest checkpoint on disk is complete (shared state and
+# this rank's state) and a resume from it trains on.
+@pytest.mark.parametrize("mode", ["baseline", "loongforge"])
+def test_kill_nine_at_random_points_leaves_resumable_checkpoint(train_db, tmp_path, mode):
+    if mode not in _modes():
+        pytest.skip("loongforge.data not in this build")
+    import random
+
+    from lf_testdb import TINY_TRAIN_ARGS
+    from loongforge.train_backends import Checkpointer, Dist
+
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
+    rnd = random.Random(7)
+    for run in range(3):
+        ck = tmp_path / f"ck{run}"
+        args = [a for a in TINY_TRAIN_ARGS if a != "--quiet"] + [
+            "--data", train_db, "--mode", mode, "--ckpt-every", "1", "--ckpt-dir", str(ck)]
+        p = subprocess.Popen([sys.executable, "-m", "loongforge.train"] + args +
+                             ["--steps", "400"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 300  # a bound on a hung child, not a timing assertion
+            while not (glob.glob(str(ck / "step_*.pt")) or
+                       glob.glob(str(ck / "vault" / "manifests" / "*.manifest"))):
+                assert p.poll() is None, "the trainer exited before its first checkpoint"
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(rnd.uniform(0.0, 1.5))  # somewhere in a later step or save
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        with open(ck / "run.json") as fh:
+            run_id = json.load(fh)
+        c = Checkpointer(run_id.pop("checkpoint"), str(ck), Dist(), run_id, resume=True)
+        st = c.latest()
+        c.close()
+        assert st is not None and st["step"] >= 1
+        assert {"model", "optimizer", "scheduler", "loader", "rng"} <= set(st), sorted(st)
+        if run == 2:
+            out = str(tmp_path / "resumed.json")
+            r = subprocess.run([sys.executable, "-m", "loongforge.train"] + args +
+                               ["--steps", str(st["step"] + 1), "--resume", "--json-out", out],
+                               env=env, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr[-2000:]
+            with open(out) as fh:
+                assert [x["step"] for x in json.load(fh)["loss_curve"]] == [st["step"] + 1]

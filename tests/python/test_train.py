@@ -383,7 +383,8 @@ def test_resume_refuses_another_runs_directory(train_db, tmp_path, capsys):
     assert train.main(base + ["--mode", "baseline"]) == 0
     capsys.readouterr()
     before = _tree(ck)
-    assert any(k.startswith("rank_state") for k in before)
+    assert any(k.startswith("step_") for k in before)
+    assert not any(k.startswith("rank_state") for k in before)  # inside each step_*.pt
     others = [["--mode", "tuned"], ["--mode", "baseline", "--batch-size", "2"],
               ["--mode", "baseline", "--set", "dit_layers=2"],
               ["--mode", "baseline", "--image-size", "56"]]
