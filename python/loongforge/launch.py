@@ -128,9 +128,12 @@ def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def _end_all(procs: List[subprocess.Popen], grace: float, sig: int = signal.SIGTERM) -> None:
+def _end_all(procs: List[subprocess.Popen], grace: float,
+             sig: Optional[int] = signal.SIGTERM) -> None:
+    """Sends sig (None: nothing, the ranks were signalled already) to the ranks still running,
+    waits up to grace seconds for them all, then kills the rest."""
     for p in procs:
-        if p.poll() is None:
+        if sig is not None and p.poll() is None:
             try:
                 p.send_signal(sig)
             except ProcessLookupError:
@@ -181,14 +184,17 @@ def run(nproc: int, cmd: List[str], addr: str = "127.0.0.1", port: int = 0, grac
                 pumps.append(t)
         failed = None
         while failed is None:
+            if received:
+                # Interrupted: the ranks got the signal; their exit codes follow from it and are
+                # no failure of their own. They get --grace seconds to finish.
+                _end_all(procs, grace, sig=None)
+                break
             codes = [p.poll() for p in procs]
             bad = [(r, c) for r, c in enumerate(codes) if c is not None and c != 0]
             if bad:
                 failed = bad[0]
                 break
             if all(c == 0 for c in codes):
-                break
-            if received and all(c is not None for c in codes):
                 break
             time.sleep(0.05)
         if failed is not None:
@@ -206,6 +212,10 @@ def run(nproc: int, cmd: List[str], addr: str = "127.0.0.1", port: int = 0, grac
         for t in pumps:
             t.join(timeout=5)
         if received:
+            with lock:
+                sys.stderr.write(f"{PROG}: {signal.Signals(received[0]).name} passed on to "
+                                 f"{nproc} rank(s); exiting {128 + received[0]}\n")
+                sys.stderr.flush()
             return 128 + received[0]
         return 0
     finally:

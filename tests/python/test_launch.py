@@ -134,6 +134,34 @@ def test_sigterm_is_forwarded(tmp_path):
     lines = out.splitlines()
     assert f"[rank 0] got {int(signal.SIGTERM)}" in lines and \
         f"[rank 1] got {int(signal.SIGTERM)}" in lines, out
+    assert "loongforge launch: SIGTERM passed on to 2 rank(s); exiting 143" in err, err
+
+
+# Guards the interrupt edge: a rank that ignores the forwarded SIGINT is killed after --grace, so
+# Ctrl-C never leaves the launcher waiting on a stuck rank.
+def test_sigint_kills_a_rank_that_ignores_it_after_grace(tmp_path):
+    (tmp_path / "stuck.py").write_text(
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "open('ready' + os.environ['RANK'], 'w').close()\n"
+        "time.sleep(120)\n")
+    p = subprocess.Popen([ENTRY, "launch", "--nproc", "2", "--grace", "2", "--", "stuck.py"],
+                         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{i}").exists() for i in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGINT, (p.returncode, err)
+    assert time.monotonic() - t0 < 30
 
 
 # Guards usage errors: each is exit 2 with one line saying what is wrong, and nothing is started.
