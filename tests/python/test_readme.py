@@ -193,3 +193,12 @@ def test_reading_the_output_sample_matches(readme_runs):
     missing = [x for x in sample["body"].splitlines() if x.strip() and normalize(x) not in printed]
     assert not missing, ("README.md 'Reading the output' lines the trainer no longer prints: "
                          f"{missing}\nprinted (normalized): {sorted(printed)}")
+
+
+# Guards the multi-process spelling: the README's several-process command is one the test runs
+# on Debian's torch 1.13 (torch.distributed.run's `--nproc-per-node` is torch 2.x only, and
+# Debian's torchrun fails on Python 3.11), so it is a `loongforge launch` line in a run block.
+def test_several_processes_line_is_run():
+    run = [b for b in command_blocks(parse_blocks(_read())) if b["skip"] is None]
+    assert any(re.search(r"^loongforge launch --nproc [2-9]", script_of(b), re.M) for b in run), (
+        "README.md has no run (unskipped) command block with `loongforge launch --nproc N`")
