@@ -67,7 +67,9 @@ class RecordReader {
   // is incomplete (no schema record, or a pack of it is still running or was interrupted),
   // DataLoss naming data.mdb if the file is empty, not LMDB, or shorter than its LMDB meta pages
   // say (checked before the file is mapped, so a truncated copy never raises SIGBUS), DataLoss if
-  // the schema cannot be parsed.
+  // the schema cannot be parsed, has a field of the wrong type, names a camera twice, or claims
+  // more samples than the DB holds (naming the field and both values), PermissionDenied when the
+  // folder cannot be read.
   // `max_readers` bounds concurrent read transactions (threads x processes).
   static StatusOr<std::unique_ptr<RecordReader>> Open(const std::string& path,
                                                       int max_readers = 256);
@@ -91,20 +93,31 @@ class RecordReader {
 
    private:
     friend class RecordReader;
-    explicit Txn(void* txn, unsigned dbi, const std::string* path)
-        : txn_(txn), dbi_(dbi), path_(path) {}
+    explicit Txn(void* txn, unsigned dbi, const std::string* path, const RecordReader* reader)
+        : txn_(txn), dbi_(dbi), path_(path), reader_(reader) {}
     void* txn_;
     unsigned dbi_;
     const std::string* path_;
+    const RecordReader* reader_;
   };
+  // Checks data.mdb first (CheckUnchanged): DataLoss when it changed since Open.
   StatusOr<Txn> Begin() const;
 
-  // Every key in order (for inspect / tests).
+  // Every key in order (for inspect / tests). Walks and checks the B-tree pages first, so a
+  // damaged data.mdb is DataLoss naming the page rather than a crash.
   StatusOr<std::vector<std::string>> Keys() const;
+
+  // DataLoss naming data.mdb when the file was truncated, rewritten or replaced since Open
+  // (size, LMDB meta pages); Begin() and Txn::Renew() call it.
+  Status CheckUnchanged() const;
 
  private:
   RecordReader() = default;
-  std::string path_;
+  static Status CheckSchemaRecords(void* txn, unsigned dbi, const Schema& s,
+                                   const std::string& path);
+  std::string path_, data_file_;
+  int64_t opened_bytes_ = 0;
+  uint64_t opened_txnid_ = 0, opened_last_page_ = 0;
   void* env_ = nullptr;
   unsigned dbi_ = 0;
   Schema schema_;

@@ -79,6 +79,10 @@ enum class PrefaultMode { kOff, kTouch, kPopulate };
 // kNone: raw values.
 enum class StateNormalization { kNone, kMeanStd, kMinMax, kQ01Q99 };
 
+// Upper bound of LoaderOptions::threads: decode workers past the cores only add contention, and
+// thousands of threads exhaust the process's limits.
+constexpr int kMaxLoaderThreads = 256;
+
 struct LoaderOptions {
   std::string db_path;
   int batch_size = 32;
@@ -96,7 +100,7 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int rank = 0, world_size = 1;
   bool shuffle = true, drop_last = true;
-  int threads = 2;    // decode workers
+  int threads = 2;    // decode workers, 1..kMaxLoaderThreads
   int prefetch = 4;   // batches in flight (pipeline depth)
   int token_pad = 0;  // 0: pad to the batch max; >0: fixed length (longer is an error)
   // Static batches (Note [Static batches] in src/data/loader.cc). Non-empty token_buckets turns
@@ -110,8 +114,12 @@ struct LoaderOptions {
   bool static_shapes = false;
   bool truncate_tokens = false;
   CorruptPolicy on_corrupt = CorruptPolicy::kSkip;
+  // Under kSkip: this many corrupt samples in a row (in sampler order, across batches) stop the
+  // loader with DataLoss naming the last one, so a DB that is unreadable throughout ends the run
+  // instead of being skipped forever. 0: no limit.
+  int max_consecutive_corrupt = 64;
   bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
-  int64_t timeout_ms = 60000;  // every wait inside the pipeline
+  int64_t timeout_ms = 60000;  // every wait inside the pipeline; must be > 0
   // GPU loader (device = kCuda). layout/dtype/antialias other than the defaults need kCuda.
   LoaderDevice device = LoaderDevice::kCpu;
   int device_id = 0;

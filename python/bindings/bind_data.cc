@@ -9,8 +9,10 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "bindings.h"
 #include "data/image_ops.h"
@@ -59,6 +61,14 @@ OptionField Plain(const char* name, T LoaderOptions::*m) {
             try {
               o.*m = v.cast<T>();
             } catch (const py::cast_error&) {
+              if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v))
+                  ThrowStatus(InvalidArgumentError(
+                      std::string("DataLoader: option '") + name + "' must be in " +
+                      std::to_string(std::numeric_limits<T>::min()) + ".." +
+                      std::to_string(std::numeric_limits<T>::max()) + ", got " +
+                      py::repr(v).cast<std::string>()));
+              }
               ThrowStatus(InvalidArgumentError(
                   std::string("DataLoader: option '") + name + "' cannot take a " +
                   py::str(v.get_type().attr("__name__")).cast<std::string>() + " (" +
@@ -133,6 +143,7 @@ const std::vector<OptionField>& OptionFields() {
       Plain("truncate_tokens", &LoaderOptions::truncate_tokens),
       Choice("on_corrupt", &LoaderOptions::on_corrupt,
              {{"skip", CorruptPolicy::kSkip}, {"error", CorruptPolicy::kError}}),
+      Plain("max_consecutive_corrupt", &LoaderOptions::max_consecutive_corrupt),
       Plain("pin_memory", &LoaderOptions::pin_memory),
       Plain("timeout_ms", &LoaderOptions::timeout_ms),
       Choice("device", &LoaderOptions::device,

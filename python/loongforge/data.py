@@ -83,7 +83,7 @@ class DataFusionLoader:
         layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
         dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16').
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
-        timeout_s: every wait inside the pipeline.
+        timeout_s: every wait inside the pipeline, in seconds (> 0; there is no "no timeout").
         **options: any other loader option (above).
     """
 
@@ -159,6 +159,10 @@ class DataFusionLoader:
         for k in ("mean", "std"):
             if k in options:
                 options[k] = [float(x) for x in options[k]]
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+                not timeout_s > 0 or timeout_s * 1000 > 2**62:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self._closed = False
         self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
                                    **options, **gpu_kwargs)
@@ -182,6 +186,9 @@ class DataFusionLoader:
             self._start_batch = 0
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
+        if self._closed:
+            raise RuntimeError(f"DataFusionLoader({self.db_path!r}) was closed: create a new "
+                               "loader to iterate again")
         epoch, start = self._epoch, self._start_batch
         self._impl.start(epoch, start)
         self._yielded = start
@@ -240,7 +247,8 @@ class DataFusionLoader:
 
     def close(self) -> None:
         """Stops the pipeline threads (a finished epoch leaves them prefetching the next one).
-        Iterating again restarts them; batches already handed out stay valid."""
+        Iterating after close() raises RuntimeError; batches already handed out stay valid."""
+        self._closed = True
         self._impl.stop()
 
     def state_dict(self) -> Dict[str, int]:

@@ -12,11 +12,19 @@ ThreadPool::ThreadPool(int num_threads, std::string name, size_t queue_capacity)
              name_ + ".tasks") {
   LF_CHECK(num_threads >= 1) << "thread pool '" << name_ << "' needs at least one thread";
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this] { WorkerLoop(); });
-    // Linux limits thread names to 15 characters.
-    std::string tname = (name_ + std::to_string(i)).substr(0, 15);
-    pthread_setname_np(threads_.back().native_handle(), tname.c_str());
+  try {
+    for (int i = 0; i < num_threads; ++i) {
+      threads_.emplace_back([this] { WorkerLoop(); });
+      // Linux limits thread names to 15 characters.
+      std::string tname = (name_ + std::to_string(i)).substr(0, 15);
+      pthread_setname_np(threads_.back().native_handle(), tname.c_str());
+    }
+  } catch (...) {
+    // Out of threads (std::system_error): join the started ones, so the caller gets the error
+    // instead of std::terminate from a joinable std::thread being destroyed.
+    tasks_.Close();
+    for (auto& t : threads_) t.join();
+    throw;
   }
 }
 

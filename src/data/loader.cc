@@ -59,6 +59,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -297,6 +298,8 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
         get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
         get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
         for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
+        std::string_view meta;  // int32 episode, step (dataset.h): checked, not delivered
+        get("meta", 2 * sizeof(int32_t), &meta);
       }
       c_bytes->fetch_add(bytes);
       PackStage3(*w);
@@ -352,7 +355,8 @@ void Pipeline::PackStage3(Work& w) {
     if (!w.sample_status[i].ok()) continue;  // never a src_row
     // Sizes were validated by the lookups; ids beyond the capacity are cut (truncate_tokens).
     const int nt = static_cast<int>(std::min<size_t>(w.tokens[i].size() / 4, L.max_tokens));
-    std::memcpy(ids + total, w.tokens[i].data(), sizeof(int32_t) * nt);  // LMDB: maybe unaligned
+    // LMDB views: maybe unaligned. An empty record's view may have no data pointer at all.
+    if (nt > 0) std::memcpy(ids + total, w.tokens[i].data(), sizeof(int32_t) * nt);
     total += nt;
     std::memcpy(st + i * S, w.state[i].data(), sizeof(float) * S);
     std::memcpy(ac + i * HA, w.action[i].data(), sizeof(float) * HA);
@@ -378,10 +382,18 @@ Status Pipeline::PlanStage3(Work& w, Stage3Plan* p) {
   for (size_t i = 0; i < w.samples.size(); ++i) {
     if (w.sample_status[i].ok()) {
       p->keep.push_back(static_cast<int>(i));
+      consecutive_corrupt = 0;
       continue;
     }
     if (opts.on_corrupt == CorruptPolicy::kError) return w.sample_status[i];
     ++p->dropped;
+    if (opts.max_consecutive_corrupt > 0 && ++consecutive_corrupt >= opts.max_consecutive_corrupt)
+      return DataLossError(
+          reader->path() + ": " + std::to_string(consecutive_corrupt) +
+          " corrupt samples in a row (max_consecutive_corrupt=" +
+          std::to_string(opts.max_consecutive_corrupt) + "), the last sample " +
+          std::to_string(w.samples[i]) + ": " + w.sample_status[i].message() +
+          "; the dataset looks unreadable: repack it, or raise max_consecutive_corrupt");
     int64_t suppressed = 0;
     if (corrupt_log.Allow(&suppressed))
       LF_LOG(WARNING) << "skipping corrupt sample " << w.samples[i] << ": "
@@ -581,8 +593,22 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     return InvalidArgumentError("image_size out of range");
   if (!(o.crop_fraction > 0.f && o.crop_fraction <= 1.f))
     return InvalidArgumentError("crop_fraction must be in (0, 1]");
-  if (o.threads <= 0) return InvalidArgumentError("threads must be > 0");
-  if (o.prefetch <= 0) return InvalidArgumentError("prefetch must be > 0");
+  if (o.threads <= 0 || o.threads > kMaxLoaderThreads)
+    return InvalidArgumentError("loader option 'threads' must be in 1.." +
+                                std::to_string(kMaxLoaderThreads) + " (this machine has " +
+                                std::to_string(std::thread::hardware_concurrency()) +
+                                " cores), got " + std::to_string(o.threads));
+  if (o.prefetch <= 0 || o.prefetch > 1024)
+    return InvalidArgumentError("loader option 'prefetch' must be in 1..1024, got " +
+                                std::to_string(o.prefetch));
+  if (o.timeout_ms <= 0)
+    return InvalidArgumentError("loader option 'timeout_ms' must be > 0 (a wait bound), got " +
+                                std::to_string(o.timeout_ms));
+  if (o.max_consecutive_corrupt < 0)
+    return InvalidArgumentError(
+        "loader option 'max_consecutive_corrupt' must be >= 0 (0: no "
+        "limit), got " +
+        std::to_string(o.max_consecutive_corrupt));
   for (int c = 0; c < 3; ++c)
     if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
   if (!(o.hw_decode_ratio <= 1.f)) return InvalidArgumentError("hw_decode_ratio must be <= 1");
@@ -653,7 +679,13 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   // Enough queued decode tasks to keep every worker busy across two batches. (GPU: the pool only
   // decodes the images nvJPEG cannot.)
   size_t task_cap = static_cast<size_t>(o.batch_size) * sc.cameras.size() * 2;
-  impl->decode_pool = std::make_unique<ThreadPool>(o.threads, "lf-decode", task_cap);
+  try {
+    impl->decode_pool = std::make_unique<ThreadPool>(o.threads, "lf-decode", task_cap);
+  } catch (const std::system_error& e) {
+    return ResourceExhaustedError("loader: could not start " + std::to_string(o.threads) +
+                                  " decode threads: " + e.what() + " (lower 'threads')");
+  }
+  impl->creator_pid = ::getpid();
   impl->cpu_info.reason = "device=cpu: libjpeg-turbo on " + std::to_string(o.threads) + " threads";
   if (gpu) {
     LF_ASSIGN_OR_RETURN(impl->stage, internal::CreateGpuStage(*impl));
@@ -676,8 +708,27 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   return dl;
 }
 
+// Note [A loader across fork]
+// fork() copies the loader's memory but none of its threads: in the child the pipeline's queues
+// wait for threads that do not exist, and joining their handles waits forever (the probe's
+// multiprocessing child hung until killed). So every entry point checks the pid the loader was
+// created in and refuses in another process with FailedPrecondition saying to create a loader
+// there; the child's destructor leaks the pipeline instead of joining (its memory goes with the
+// child). A `spawn`ed or `forkserver` child that opens its own loader is unaffected.
+static Status CheckSameProcess(pid_t creator) {
+  if (::getpid() == creator) return Status::Ok();
+  return FailedPreconditionError(
+      "loader: this DataLoader was created in process " + std::to_string(creator) +
+      " and used in process " + std::to_string(::getpid()) +
+      " (a fork child): its threads did not survive fork; create a new loader in the child");
+}
+
 DataLoader::~DataLoader() {
   if (!impl_) return;
+  if (!CheckSameProcess(impl_->creator_pid).ok()) {
+    (void)impl_.release();  // Note [A loader across fork]: the threads are the parent's
+    return;
+  }
   impl_->StopThreads();
   impl_->decode_pool->Shutdown();  // runs (cancelled) tasks still queued, joins the workers
 }
@@ -692,6 +743,7 @@ int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
 
 Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
   Impl& im = *impl_;
+  LF_RETURN_IF_ERROR(CheckSameProcess(im.creator_pid));
   // The pipeline is already fetching this epoch (Note [Epoch continuation]).
   if (im.running && im.finished && !im.failed && epoch == im.epoch + 1 && start_batch == 0) {
     im.epoch = epoch;
@@ -710,19 +762,26 @@ Status DataLoader::Start(int64_t epoch, int64_t start_batch) {
   im.epoch = epoch;
   im.next_batch = start_batch;
   im.seq_started = im.seq_read = im.seq_published = 0;  // Note [Held by]: the threads are stopped
-  im.seq_consumed = 0;
+  im.seq_consumed = 0;  // consecutive_corrupt carries on: a restart reads the same DB
   im.work_q = std::make_unique<BoundedQueue<internal::WorkPtr>>(im.opts.prefetch, "lf-work");
   im.out_q = std::make_unique<BoundedQueue<internal::Output>>(im.opts.prefetch, "lf-out");
-  im.fetch_thread = std::thread([&im, epoch, start_batch] { im.FetchLoop(epoch, start_batch); });
-  pthread_setname_np(im.fetch_thread.native_handle(), "lf-fetch");
-  im.collate_thread = std::thread([&im] { im.stage->CollateLoop(); });
-  pthread_setname_np(im.collate_thread.native_handle(), "lf-collate");
+  try {
+    im.fetch_thread = std::thread([&im, epoch, start_batch] { im.FetchLoop(epoch, start_batch); });
+    pthread_setname_np(im.fetch_thread.native_handle(), "lf-fetch");
+    im.collate_thread = std::thread([&im] { im.stage->CollateLoop(); });
+    pthread_setname_np(im.collate_thread.native_handle(), "lf-collate");
+  } catch (const std::system_error& e) {
+    im.running = true;  // StopThreads joins the thread that did start
+    im.StopThreads();
+    return ResourceExhaustedError(std::string("loader: could not start its threads: ") + e.what());
+  }
   im.running = true;
   return Status::Ok();
 }
 
 StatusOr<std::shared_ptr<Batch>> DataLoader::Next() {
   Impl& im = *impl_;
+  LF_RETURN_IF_ERROR(CheckSameProcess(im.creator_pid));
   if (!im.running) return FailedPreconditionError("loader: Next() before Start()");
   if (im.finished) return OutOfRangeError("end of epoch");
   internal::Output item = OutOfRangeError("end of epoch");
@@ -777,7 +836,9 @@ LoaderDeviceInfo DataLoader::device_info() const {
 
 void DataLoader::SetConsumerStream(void* stream) { impl_->pool->SetConsumerStream(stream); }
 
-void DataLoader::Stop() { impl_->StopThreads(); }
+void DataLoader::Stop() {
+  if (CheckSameProcess(impl_->creator_pid).ok()) impl_->StopThreads();
+}
 
 }  // namespace data
 }  // namespace loongforge

@@ -10,6 +10,8 @@
 // published batch may outlive the loader, so the memory's owner must too.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -230,6 +232,9 @@ struct Pipeline {
   std::atomic<int64_t> seq_started{0}, seq_read{0}, seq_published{0};
   int64_t seq_consumed = 0;
   RateLimiter corrupt_log{2000};
+  int64_t consecutive_corrupt =
+      0;                  // lf-collate: corrupt samples in a row (max_consecutive_corrupt)
+  pid_t creator_pid = 0;  // Note [A loader across fork]
 
   std::unique_ptr<BoundedQueue<WorkPtr>> work_q;
   std::unique_ptr<BoundedQueue<Output>> out_q;

@@ -298,6 +298,53 @@ TEST_F(LoaderTest, SkipPolicyDropsAndCountsBadRecords) {
   EXPECT_EQ((*dl)->corrupt_skipped(), 4);
 }
 
+// Guards the API bounds: threads far past any machine (100000 ended in std::terminate when the
+// threads could not start), a zero or negative timeout, a negative corrupt limit and an absurd
+// prefetch are InvalidArgument naming the option and the value.
+TEST_F(LoaderTest, OptionBounds) {
+  std::string db = Db(testing::TestDbOptions{});
+  struct Case {
+    void (*set)(LoaderOptions&);
+    const char* text;
+  };
+  const Case cases[] = {
+      {[](LoaderOptions& o) { o.threads = 100000; }, "'threads' must be in 1..256"},
+      {[](LoaderOptions& o) { o.threads = 0; }, "'threads' must be in 1..256"},
+      {[](LoaderOptions& o) { o.timeout_ms = 0; }, "'timeout_ms' must be > 0"},
+      {[](LoaderOptions& o) { o.timeout_ms = -1000; }, "got -1000"},
+      {[](LoaderOptions& o) { o.prefetch = 1 << 20; }, "'prefetch' must be in 1..1024"},
+      {[](LoaderOptions& o) { o.max_consecutive_corrupt = -1; }, "max_consecutive_corrupt"},
+  };
+  for (const Case& c : cases) {
+    LoaderOptions o = SmallLoaderOptions(db);
+    c.set(o);
+    auto dl = DataLoader::Create(o);
+    EXPECT_EQ(dl.status().code(), StatusCode::kInvalidArgument) << c.text;
+    EXPECT_NE(dl.status().message().find(c.text), std::string::npos) << dl.status();
+  }
+}
+
+// Guards the UBSan finding: an empty instruction (0-byte tokens record, whose view may carry no
+// data pointer) is delivered as a row of no tokens, without a memcpy from it.
+TEST_F(LoaderTest, EmptyInstructionRow) {
+  testing::TestDbOptions to;
+  to.empty_tokens = {2};
+  std::string db = Db(to);
+  auto dl = DataLoader::Create(InOrder(db));
+  ASSERT_TRUE(dl.ok()) << dl.status();
+  ASSERT_TRUE((*dl)->Start(0).ok());
+  auto b = (*dl)->Next();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*b)->size, 4);
+  const Batch& x = **b;
+  EXPECT_EQ(x.sample_index[2], 2);
+  for (int t = 0; t < x.tokens_len; ++t) {
+    EXPECT_EQ(x.attention_mask[2 * x.tokens_len + t], 0) << t;
+    EXPECT_EQ(x.tokens[2 * x.tokens_len + t], 0) << t;
+  }
+  EXPECT_EQ(x.attention_mask[3 * x.tokens_len], 1);
+}
+
 // Guards the error policy: the first bad record stops the loader with a Status naming its key.
 TEST_F(LoaderTest, ErrorPolicyNamesTheRecord) {
   using Defect = std::set<int64_t> testing::TestDbOptions::*;

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace loongforge::data::internal {
@@ -30,7 +32,16 @@ constexpr uint16_t kPageFlagMeta = 0x08;  // P_META
 // MDB_db mm_dbs[2] (48 bytes each: uint32_t md_pad, uint16_t md_flags, uint16_t md_depth, five
 // 8-byte fields); pgno_t mm_last_pg; txnid_t mm_txnid. mm_psize is mm_dbs[FREE_DBI].md_pad.
 constexpr size_t kMagicOffset = 0, kVersionOffset = 4, kMapSizeOffset = 16, kPageSizeOffset = 24,
-                 kLastPageOffset = 120, kTxnIdOffset = 128, kMetaBytes = 136;
+                 kFreeRootOffset = 64, kMainDepthOffset = 78, kMainEntriesOffset = 104,
+                 kMainRootOffset = 112, kLastPageOffset = 120, kTxnIdOffset = 128, kMetaBytes = 136;
+constexpr uint64_t kNoRoot = ~uint64_t{0};  // P_INVALID: an empty database
+// struct MDB_page: uint16_t mp_lower at 12, mp_upper at 14 (uint32_t mp_pages on overflow
+// pages), then uint16_t mp_ptrs[] (node offsets from the page start). struct MDB_node: uint16_t
+// mn_lo, mn_hi (data size, or the low 32 bits of a child page number on branch pages), mn_flags
+// (its high 16 bits), mn_ksize, then the key and the data (NODESIZE = 8).
+constexpr uint16_t kPageBranch = 0x01, kPageLeaf = 0x02, kPageLeaf2 = 0x20;        // P_BRANCH ...
+constexpr uint16_t kNodeBigData = 0x01, kNodeSubData = 0x02, kNodeDupData = 0x04;  // F_BIGDATA ...
+constexpr size_t kLowerOffset = 12, kUpperOffset = 14, kNodeHeaderBytes = 8;
 constexpr size_t kMetaBufBytes = kPageHeaderBytes + kMetaBytes;  // sizeof(MDB_metabuf)
 constexpr uint32_t kLmdbMagic = 0xBEEFC0DE;                      // MDB_MAGIC
 constexpr uint32_t kLmdbDataVersion = 1;                         // MDB_DATA_VERSION (0.9)
@@ -73,6 +84,10 @@ Status ReadMeta(int fd, const std::string& file, int64_t file_bytes, int64_t off
   out->map_size = Load<uint64_t>(m + kMapSizeOffset);
   out->last_page = Load<uint64_t>(m + kLastPageOffset);
   out->txnid = Load<uint64_t>(m + kTxnIdOffset);
+  out->main_root = Load<uint64_t>(m + kMainRootOffset);
+  out->free_root = Load<uint64_t>(m + kFreeRootOffset);
+  out->main_entries = Load<uint64_t>(m + kMainEntriesOffset);
+  out->main_depth = Load<uint16_t>(m + kMainDepthOffset);
   const uint32_t ps = out->page_size;
   if (ps < 256 || ps > 65536 || (ps & (ps - 1)) != 0)
     return DataLossError(file + ": LMDB meta page " + std::to_string(index) +
@@ -80,6 +95,30 @@ Status ReadMeta(int fd, const std::string& file, int64_t file_bytes, int64_t off
   if (out->last_page < 1 || out->last_page > (uint64_t{1} << 62) / ps)
     return DataLossError(file + ": LMDB meta page " + std::to_string(index) +
                          " gives an impossible last page " + Num(out->last_page));
+  // LMDB asserts "root > 1" (abort) on a root among the meta pages; one past mm_last_pg is
+  // outside the file.
+  for (auto [what, root] :
+       {std::make_pair("main", out->main_root), std::make_pair("free-page", out->free_root)})
+    if (root != kNoRoot && (root < 2 || root > out->last_page))
+      return DataLossError(file + ": LMDB meta page " + std::to_string(index) + " gives the " +
+                           what + " database root page " + Num(root) +
+                           ", outside the data pages 2.." + Num(out->last_page));
+  if (out->main_root != kNoRoot && (out->main_depth < 1 || out->main_depth > 64))
+    return DataLossError(file + ": LMDB meta page " + std::to_string(index) +
+                         " gives an impossible tree depth " + Num(out->main_depth));
+  return Status::Ok();
+}
+
+Status PreadAll(int fd, void* buf, size_t n, int64_t offset, const std::string& file) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd, static_cast<char*>(buf) + got, n - got, offset + got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, "read " + file);
+    if (r == 0)
+      return DataLossError(file + ": ends at byte " + Num(offset + got) + " inside a page");
+    got += static_cast<size_t>(r);
+  }
   return Status::Ok();
 }
 
@@ -117,7 +156,93 @@ StatusOr<LmdbFileInfo> CheckLmdbDataFile(const std::string& data_mdb) {
                          " bytes; map size " + Num(info.meta[info.current].map_size) +
                          "); it was cut short (an interrupted copy or a full disk?): copy or "
                          "pack it again");
+  // The current main root must be a tree page that names itself (a zeroed or shifted file
+  // passes the meta checks only if its meta pages survived).
+  const LmdbMeta& cur = info.meta[info.current];
+  if (cur.main_root != kNoRoot) {
+    unsigned char hdr[kPageHeaderBytes];
+    LF_RETURN_IF_ERROR(PreadAll(fd, hdr, sizeof(hdr),
+                                static_cast<int64_t>(cur.main_root * cur.page_size), data_mdb));
+    const uint16_t flags = Load<uint16_t>(hdr + kPageFlagsOffset);
+    if (Load<uint64_t>(hdr) != cur.main_root || !(flags & (kPageBranch | kPageLeaf)))
+      return DataLossError(data_mdb + ": the main database root page " + Num(cur.main_root) +
+                           " (LMDB meta page " + std::to_string(info.current) +
+                           ") is not a tree page: the file is damaged");
+  }
   return info;
+}
+
+Status CheckLmdbTree(const std::string& data_mdb, const LmdbFileInfo& info) {
+  const LmdbMeta& m = info.meta[info.current];
+  if (m.main_root == kNoRoot) return Status::Ok();
+  int fd = ::open(data_mdb.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open " + data_mdb);
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  const size_t ps = m.page_size;
+  std::vector<unsigned char> page(ps);
+  std::unordered_set<uint64_t> seen;
+  std::vector<std::pair<uint64_t, int>> todo{{m.main_root, 1}};  // (page, level from the root)
+  auto bad = [&](uint64_t pg, const std::string& why) {
+    return DataLossError(data_mdb + ": LMDB page " + Num(pg) + " " + why +
+                         ": the file is damaged (copy or pack it again)");
+  };
+  while (!todo.empty()) {
+    auto [pg, level] = todo.back();
+    todo.pop_back();
+    if (!seen.insert(pg).second) return bad(pg, "is reached twice in the tree");
+    LF_RETURN_IF_ERROR(PreadAll(fd, page.data(), ps, static_cast<int64_t>(pg * ps), data_mdb));
+    const unsigned char* p = page.data();
+    const uint16_t flags = Load<uint16_t>(p + kPageFlagsOffset);
+    const bool leaf = level == m.main_depth;
+    if (Load<uint64_t>(p) != pg) return bad(pg, "names itself page " + Num(Load<uint64_t>(p)));
+    if ((flags & kPageLeaf2) || !(flags & (leaf ? kPageLeaf : kPageBranch)))
+      return bad(pg, std::string("is not the ") + (leaf ? "leaf" : "branch") +
+                         " page expected at level " + std::to_string(level) + " of " +
+                         std::to_string(m.main_depth) + " (flags " + Num(flags) + ")");
+    const uint16_t lower = Load<uint16_t>(p + kLowerOffset),
+                   upper = Load<uint16_t>(p + kUpperOffset);
+    if (lower < kPageHeaderBytes || lower > upper || upper > ps || (lower - kPageHeaderBytes) % 2)
+      return bad(pg, "has impossible bounds (lower " + Num(lower) + ", upper " + Num(upper) + ")");
+    const size_t nodes = (lower - kPageHeaderBytes) / 2;
+    if (nodes == 0 && !(leaf && pg == m.main_root)) return bad(pg, "holds no nodes");
+    for (size_t i = 0; i < nodes; ++i) {
+      const uint16_t at = Load<uint16_t>(p + kPageHeaderBytes + 2 * i);
+      if (at < upper || at + kNodeHeaderBytes > ps)
+        return bad(pg, "has node " + std::to_string(i) + " at offset " + Num(at) +
+                           ", outside its node area");
+      const unsigned char* n = p + at;
+      const uint32_t lo_hi = Load<uint16_t>(n) | (uint32_t{Load<uint16_t>(n + 2)} << 16);
+      const uint16_t nflags = Load<uint16_t>(n + 4), ksize = Load<uint16_t>(n + 6);
+      size_t end = at + kNodeHeaderBytes + ksize;
+      if (leaf) {
+        if (nflags & (kNodeSubData | kNodeDupData))
+          return bad(pg, "holds a sub-database or duplicate node (node " + std::to_string(i) +
+                             "), which a LoongForge dataset never has");
+        end += (nflags & kNodeBigData) ? sizeof(uint64_t) : lo_hi;
+        if (end > ps)
+          return bad(pg, "has node " + std::to_string(i) + " running past the page end");
+        if (nflags & kNodeBigData) {
+          const uint64_t ov = Load<uint64_t>(n + kNodeHeaderBytes + ksize);
+          const uint64_t pages = (uint64_t{lo_hi} + kPageHeaderBytes + ps - 1) / ps;
+          if (ov < 2 || ov > m.last_page || pages > m.last_page - ov + 1)
+            return bad(pg, "has node " + std::to_string(i) + " whose " + Num(lo_hi) +
+                               " bytes start at page " + Num(ov) + ", past the last page " +
+                               Num(m.last_page));
+        }
+      } else {
+        if (end > ps)
+          return bad(pg, "has node " + std::to_string(i) + " running past the page end");
+        const uint64_t child = lo_hi | (uint64_t{nflags} << 32);
+        if (child < 2 || child > m.last_page)
+          return bad(pg, "points to child page " + Num(child) + ", outside 2.." + Num(m.last_page));
+        todo.emplace_back(child, level + 1);
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Status LmdbError(int rc, const std::string& what) {

@@ -23,10 +23,14 @@ namespace loongforge::data::internal {
 
 // One meta page as LMDB 0.9 stores it.
 struct LmdbMeta {
-  uint32_t page_size = 0;  // mm_dbs[FREE_DBI].md_pad
-  uint64_t map_size = 0;   // mm_mapsize
-  uint64_t last_page = 0;  // mm_last_pg: last page number in use
-  uint64_t txnid = 0;      // mm_txnid: the meta with the larger one is current
+  uint32_t page_size = 0;     // mm_dbs[FREE_DBI].md_pad
+  uint64_t map_size = 0;      // mm_mapsize
+  uint64_t last_page = 0;     // mm_last_pg: last page number in use
+  uint64_t txnid = 0;         // mm_txnid: the meta with the larger one is current
+  uint64_t main_root = 0;     // mm_dbs[MAIN_DBI].md_root (~0: an empty database)
+  uint64_t free_root = 0;     // mm_dbs[FREE_DBI].md_root
+  uint64_t main_entries = 0;  // mm_dbs[MAIN_DBI].md_entries
+  uint16_t main_depth = 0;    // mm_dbs[MAIN_DBI].md_depth
 };
 
 struct LmdbFileInfo {
@@ -40,7 +44,21 @@ struct LmdbFileInfo {
 // before mapping]). DataLoss naming the file when it is empty, shorter than its meta pages say
 // (with both sizes), not an LMDB file, of another LMDB data version or with an impossible page
 // size; NotFound / PermissionDenied from open().
+// Each meta page's database roots must be pages 2..mm_last_pg (or ~0 for an empty database: LMDB
+// asserts "root > 1" on anything else), and the current main root must be a branch or leaf page
+// that names itself.
 StatusOr<LmdbFileInfo> CheckLmdbDataFile(const std::string& data_mdb);
+
+// Note [Walking the tree before a cursor does]
+// LMDB trusts every page it reads: a damaged branch page (a child number past the end, a node
+// offset outside the page, a key longer than the page) sends mdb_cursor_get outside the map
+// (SIGSEGV). A full scan of the keys therefore first walks the main B-tree of the current meta
+// `info` itself, with pread: each page must name itself, have the expected kind (branch pages
+// above leaf pages, no cycles, depth as the meta says), hold its node offsets and keys inside
+// the page, and every child and overflow page must lie in 2..mm_last_pg. DataLoss naming the
+// file and the page otherwise. It reads every branch and leaf page once (not the overflow pages
+// holding images), so it is for inspect-style scans, not for every loader open.
+Status CheckLmdbTree(const std::string& data_mdb, const LmdbFileInfo& info);
 
 // The Status of an LMDB return code `rc` from the write path of the environment whose data file
 // is open as `fd` (mdb_env_get_fd; -1 if unknown). LMDB reports a short write (a disk that filled

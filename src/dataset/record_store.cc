@@ -13,7 +13,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <type_traits>
 #include <vector>
 
 #include "common/file_util.h"
@@ -33,7 +36,52 @@ Status ReadVec(const nlohmann::json& j, const char* field, std::vector<T>* out,
   if (!j.contains(field)) return Status::Ok();
   if (!j[field].is_array())
     return DataLossError(where + ": schema field '" + field + "' is not a list");
+  for (size_t i = 0; i < j[field].size(); ++i)
+    if (!j[field][i].is_number())
+      return DataLossError(where + ": schema field '" + field + "' item " + std::to_string(i) +
+                           " is a " + j[field][i].type_name() + ", not a number");
   *out = j[field].get<std::vector<T>>();
+  return Status::Ok();
+}
+
+// Field `field` of schema object `j` as a T, or `fallback` when absent (required: DataLoss). A
+// value of another JSON type, or a number outside T, is DataLoss naming the field and the value.
+template <typename T>
+Status ReadField(const nlohmann::json& j, const char* field, T* out, const std::string& where,
+                 bool required) {
+  auto it = j.find(field);
+  if (it == j.end()) {
+    if (required) return DataLossError(where + ": schema record lacks the field '" + field + "'");
+    return Status::Ok();
+  }
+  const nlohmann::json& v = *it;
+  auto wrong = [&](const char* want) {
+    std::string shown = v.dump();
+    if (shown.size() > 80) shown = shown.substr(0, 80) + "...";
+    return DataLossError(where + ": schema field '" + field + "' is " + shown + " (a " +
+                         v.type_name() + "), expected " + want);
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return wrong("a string");
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) return wrong("a number");
+    *out = v.get<T>();
+  } else {
+    if (!v.is_number_integer()) return wrong("an integer");
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+        return wrong("a smaller integer");
+      *out = static_cast<T>(u);
+    } else {
+      const int64_t x = v.get<int64_t>();
+      if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          x > static_cast<int64_t>(std::numeric_limits<T>::max()))
+        return wrong("a smaller integer");
+      *out = static_cast<T>(x);
+    }
+  }
   return Status::Ok();
 }
 
@@ -316,30 +364,35 @@ StatusOr<Schema> Schema::FromJson(std::string_view json, const std::string& wher
   if (j.is_discarded() || !j.is_object())
     return DataLossError(where + ": schema record is not valid JSON");
   Schema s;
-  try {
-    s.format_version = j.at("format_version").get<int>();
-    if (s.format_version != kDatasetFormatVersion)
-      return FailedPreconditionError(where + ": dataset format version " +
-                                     std::to_string(s.format_version) + ", this build reads " +
-                                     std::to_string(kDatasetFormatVersion));
-    s.num_samples = j.at("num_samples").get<int64_t>();
-    s.num_episodes = j.value("num_episodes", int64_t{0});
-    s.cameras = j.at("cameras").get<std::vector<std::string>>();
-    s.image_width = j.at("image_width").get<int>();
-    s.image_height = j.at("image_height").get<int>();
-    s.state_dim = j.at("state_dim").get<int>();
-    s.action_dim = j.at("action_dim").get<int>();
-    s.action_horizon = j.at("action_horizon").get<int>();
-    s.tokenizer = j.at("tokenizer").get<std::string>();
-    s.vocab_size = j.value("vocab_size", 0);
-    s.max_tokens = j.value("max_tokens", 0);
-    s.source = j.value("source", std::string());
-    s.source_format = j.value("source_format", std::string());
-    s.fps = j.value("fps", 0.0);
-    if (j.contains("source_meta")) s.source_meta = j.at("source_meta").dump();
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(where + ": schema record: " + e.what());
+  LF_RETURN_IF_ERROR(ReadField(j, "format_version", &s.format_version, where, true));
+  if (s.format_version != kDatasetFormatVersion)
+    return FailedPreconditionError(where + ": dataset format version " +
+                                   std::to_string(s.format_version) + ", this build reads " +
+                                   std::to_string(kDatasetFormatVersion));
+  LF_RETURN_IF_ERROR(ReadField(j, "num_samples", &s.num_samples, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "num_episodes", &s.num_episodes, where, false));
+  if (!j.contains("cameras") || !j["cameras"].is_array())
+    return DataLossError(where + ": schema field 'cameras' is missing or not a list");
+  for (size_t i = 0; i < j["cameras"].size(); ++i) {
+    if (!j["cameras"][i].is_string())
+      return DataLossError(where + ": schema field 'cameras' item " + std::to_string(i) + " is a " +
+                           j["cameras"][i].type_name() + ", not a camera name");
+    s.cameras.push_back(j["cameras"][i].get<std::string>());
   }
+  LF_RETURN_IF_ERROR(ReadField(j, "image_width", &s.image_width, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "image_height", &s.image_height, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "state_dim", &s.state_dim, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "action_dim", &s.action_dim, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "action_horizon", &s.action_horizon, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "tokenizer", &s.tokenizer, where, true));
+  LF_RETURN_IF_ERROR(ReadField(j, "vocab_size", &s.vocab_size, where, false));
+  LF_RETURN_IF_ERROR(ReadField(j, "max_tokens", &s.max_tokens, where, false));
+  LF_RETURN_IF_ERROR(ReadField(j, "source", &s.source, where, false));
+  LF_RETURN_IF_ERROR(ReadField(j, "source_format", &s.source_format, where, false));
+  LF_RETURN_IF_ERROR(ReadField(j, "fps", &s.fps, where, false));
+  if (j.contains("source_meta"))
+    s.source_meta =
+        j.at("source_meta").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   LF_RETURN_IF_ERROR(ReadVec(j, "state_mean", &s.state_mean, where));
   LF_RETURN_IF_ERROR(ReadVec(j, "state_std", &s.state_std, where));
   LF_RETURN_IF_ERROR(ReadVec(j, "state_min", &s.state_min, where));
@@ -357,6 +410,18 @@ StatusOr<Schema> Schema::FromJson(std::string_view json, const std::string& wher
   if (s.num_samples < 0 || s.state_dim < 0 || s.action_dim < 0 || s.action_horizon <= 0 ||
       s.cameras.empty() || s.vocab_size < 0 || s.max_tokens < 0)
     return DataLossError(where + ": schema record has invalid dimensions");
+  std::set<std::string> names;
+  for (const auto& c : s.cameras) {
+    if (c.empty()) return DataLossError(where + ": schema field 'cameras' has an empty name");
+    if (!names.insert(c).second)
+      return DataLossError(where + ": schema field 'cameras' names camera '" + c +
+                           "' twice (every camera is one record per sample)");
+  }
+  // A vocabulary of 0 ids admits no token: every sample would be refused one by one.
+  if (j.contains("vocab_size") && s.vocab_size == 0 && s.num_samples > 0)
+    return DataLossError(where + ": schema field 'vocab_size' is 0 for " +
+                         std::to_string(s.num_samples) + " samples of tokenizer '" + s.tokenizer +
+                         "': no token id would be valid");
   return s;
 }
 
@@ -367,6 +432,12 @@ StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& pa
                                                            int max_readers) {
   std::error_code ec;
   const std::string data = (fs::path(path) / kDataFile).string();
+  struct stat data_st;
+  if (::stat(data.c_str(), &data_st) != 0 && (errno == EACCES || errno == EPERM)) {
+    // A folder the user may not search is not a missing dataset.
+    return ErrnoToStatus(errno, path + ": cannot read the dataset (" + data +
+                                    "); check the permissions of the folder and its parents");
+  }
   if (!fs::exists(data, ec)) {
     // A writer stages the DB next to `path` (RecordWriter): say so rather than "not found".
     std::string p = path;
@@ -382,9 +453,13 @@ StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& pa
     return NotFoundError(path + ": no LoongForge dataset (missing data.mdb)");
   }
   // Note [Validating data.mdb before mapping]: a truncated file would raise SIGBUS later.
-  LF_RETURN_IF_ERROR(internal::CheckLmdbDataFile(data).status());
+  LF_ASSIGN_OR_RETURN(internal::LmdbFileInfo file, internal::CheckLmdbDataFile(data));
   std::unique_ptr<RecordReader> r(new RecordReader());
   r->path_ = path;
+  r->data_file_ = data;
+  r->opened_bytes_ = file.file_bytes;
+  r->opened_txnid_ = file.meta[file.current].txnid;
+  r->opened_last_page_ = file.meta[file.current].last_page;
   MDB_env* env = nullptr;
   int rc = mdb_env_create(&env);
   if (rc) return LmdbError(rc, "mdb_env_create");
@@ -418,10 +493,75 @@ StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& pa
   }
   auto schema =
       Schema::FromJson(std::string_view(static_cast<const char*>(v.mv_data), v.mv_size), path);
+  if (!schema.ok()) {
+    mdb_txn_abort(txn);
+    return schema.status();
+  }
+  Status records = CheckSchemaRecords(txn, dbi, *schema, path);
   mdb_txn_abort(txn);
-  if (!schema.ok()) return schema.status();
+  LF_RETURN_IF_ERROR(records);
   r->schema_ = std::move(schema).value();
   return r;
+}
+
+// Note [Schema against the records]: num_samples sizes the sampler's permutation and every
+// per-sample lookup, so a schema claiming more samples than the DB holds would allocate for
+// samples that do not exist (1e12 of them: bad_alloc) or fail record by record. Each sample has
+// at least its token, state, action, action-mask and camera records; the count is checked
+// against the DB's entries, and the last sample's records must exist.
+Status RecordReader::CheckSchemaRecords(void* txn, unsigned dbi, const Schema& s,
+                                        const std::string& path) {
+  MDB_stat st;
+  int rc = mdb_stat(static_cast<MDB_txn*>(txn), dbi, &st);
+  if (rc) return LmdbError(rc, "stat main database of " + path);
+  if (s.num_samples == 0) return Status::Ok();
+  const uint64_t per_sample = 4 + s.cameras.size();
+  const uint64_t records = st.ms_entries > 0 ? st.ms_entries - 1 : 0;  // without __schema__
+  if (static_cast<uint64_t>(s.num_samples) > records / per_sample)
+    return DataLossError(path + ": schema field 'num_samples' is " + std::to_string(s.num_samples) +
+                         " but the DB holds " + std::to_string(records) +
+                         " records, enough for at most " + std::to_string(records / per_sample) +
+                         " samples of " + std::to_string(per_sample) + " records");
+  std::vector<std::string> mods = {"tokens", "state", "action", "amask"};
+  for (const auto& c : s.cameras) mods.push_back(CameraModality(c));
+  for (const auto& m : mods) {
+    const std::string key = SampleKey(s.num_samples - 1, m);
+    MDB_val k{key.size(), const_cast<char*>(key.data())}, v;
+    rc = mdb_get(static_cast<MDB_txn*>(txn), dbi, &k, &v);
+    if (rc == MDB_NOTFOUND)
+      return DataLossError(path + ": schema field 'num_samples' is " +
+                           std::to_string(s.num_samples) + " but the last sample's record '" + key +
+                           "' does not exist");
+    if (rc) return LmdbError(rc, path + ": read record '" + key + "'");
+  }
+  return Status::Ok();
+}
+
+// Note [A DB changed under its reader]: the map is read-only and LMDB trusts it; a data.mdb cut
+// short under a live reader raises SIGBUS on the first page past the new end, one overwritten
+// (zeros, another pack copied over it) makes LMDB assert or read garbage. Before every read
+// transaction the reader compares the file with what it opened (size, the current meta page's
+// txnid and last page, and the meta checks of Note [Validating data.mdb before mapping]): any
+// change is DataLoss naming data.mdb, raised before a page is touched. Residual race: a change
+// after the check and before the transaction's reads end still faults; the check narrows the
+// window to one batch's reads, it cannot close it (a copy-on-write snapshot or a private copy
+// would).
+Status RecordReader::CheckUnchanged() const {
+  auto file = internal::CheckLmdbDataFile(data_file_);
+  if (!file.ok())
+    return DataLossError(path_ + ": data.mdb changed while the dataset was open (" +
+                         file.status().message() +
+                         "); a DB must not be rewritten or truncated "
+                         "while a loader reads it");
+  const auto& m = file->meta[file->current];
+  if (file->file_bytes != opened_bytes_ || m.txnid != opened_txnid_ ||
+      m.last_page != opened_last_page_)
+    return DataLossError(data_file_ + ": changed while the dataset was open (size " +
+                         std::to_string(opened_bytes_) + " -> " + std::to_string(file->file_bytes) +
+                         " bytes, LMDB txnid " + std::to_string(opened_txnid_) + " -> " +
+                         std::to_string(m.txnid) +
+                         "); a DB must not be rewritten or truncated while a loader reads it");
+  return Status::Ok();
 }
 
 RecordReader::~RecordReader() {
@@ -435,17 +575,19 @@ int64_t RecordReader::size_bytes() const {
 }
 
 StatusOr<RecordReader::Txn> RecordReader::Begin() const {
+  LF_RETURN_IF_ERROR(CheckUnchanged());
   MDB_txn* txn = nullptr;
   int rc = mdb_txn_begin(static_cast<MDB_env*>(env_), nullptr, MDB_RDONLY, &txn);
   if (rc) return LmdbError(rc, "begin read transaction on " + path_);
-  return Txn(txn, dbi_, &path_);
+  return Txn(txn, dbi_, &path_, this);
 }
 
 RecordReader::Txn::~Txn() {
   if (txn_) mdb_txn_abort(static_cast<MDB_txn*>(txn_));
 }
 
-RecordReader::Txn::Txn(Txn&& o) noexcept : txn_(o.txn_), dbi_(o.dbi_), path_(o.path_) {
+RecordReader::Txn::Txn(Txn&& o) noexcept
+    : txn_(o.txn_), dbi_(o.dbi_), path_(o.path_), reader_(o.reader_) {
   o.txn_ = nullptr;
 }
 
@@ -459,6 +601,7 @@ StatusOr<std::string_view> RecordReader::Txn::Get(std::string_view key) const {
 }
 
 Status RecordReader::Txn::Renew() {
+  if (reader_) LF_RETURN_IF_ERROR(reader_->CheckUnchanged());
   mdb_txn_reset(static_cast<MDB_txn*>(txn_));
   int rc = mdb_txn_renew(static_cast<MDB_txn*>(txn_));
   if (rc) return LmdbError(rc, "renew read transaction on " + *path_);
@@ -466,6 +609,9 @@ Status RecordReader::Txn::Renew() {
 }
 
 StatusOr<std::vector<std::string>> RecordReader::Keys() const {
+  // Note [Walking the tree before a cursor does]
+  LF_ASSIGN_OR_RETURN(internal::LmdbFileInfo file, internal::CheckLmdbDataFile(data_file_));
+  LF_RETURN_IF_ERROR(internal::CheckLmdbTree(data_file_, file));
   LF_ASSIGN_OR_RETURN(Txn txn, Begin());
   MDB_cursor* cur = nullptr;
   int rc = mdb_cursor_open(static_cast<MDB_txn*>(txn.txn_), dbi_, &cur);

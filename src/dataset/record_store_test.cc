@@ -3,11 +3,15 @@
 // lock, and token records checked against the vocabulary.
 #include <gtest/gtest.h>
 #include <lmdb.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "dataset/lmdb_file.h"
 #include "loongforge/dataset.h"
@@ -251,6 +255,214 @@ TEST(CheckTokens, OutOfVocabularyIsDataLoss) {
       << st;
   EXPECT_EQ(CheckTokens(view(neg), s, "db", "k").code(), StatusCode::kDataLoss);
   EXPECT_EQ(CheckTokens("abc", s, "db", "k").code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace loongforge::data
+
+namespace loongforge::data {
+namespace {
+
+// Rewrites the DB at `src` into `dst` record by record, with `edit` applied to its schema and
+// `record` to each record (returning false drops it): real LMDB files with a damaged schema.
+template <typename Edit, typename Record = bool (*)(const std::string&, std::string*)>
+std::string Rewrite(
+    const std::string& src, const std::string& dst, Edit edit,
+    Record record = [](const std::string&, std::string*) { return true; }) {
+  auto r = RecordReader::Open(src);
+  EXPECT_TRUE(r.ok()) << r.status();
+  auto keys = (*r)->Keys();
+  EXPECT_TRUE(keys.ok()) << keys.status();
+  auto txn = (*r)->Begin();
+  auto w = RecordWriter::Create(dst, true);
+  EXPECT_TRUE(w.ok()) << w.status();
+  for (const auto& k : *keys) {
+    if (k == kSchemaKey) continue;
+    std::string v(*txn->Get(k));
+    if (record(k, &v)) EXPECT_TRUE((*w)->Put(k, v).ok());
+  }
+  Schema s = (*r)->schema();
+  edit(s);
+  EXPECT_TRUE((*w)->Commit(s).ok());
+  return dst;
+}
+
+void ExpectDataLoss(const Status& s, const std::vector<std::string>& parts) {
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  for (const auto& p : parts) EXPECT_NE(s.message().find(p), std::string::npos) << p << ": " << s;
+}
+
+// Guards: a schema claiming far more samples than exist (1e12: the sampler allocated for them and
+// aborted with bad_alloc) is DataLoss at Open naming the field and both counts; so is one sample
+// too many (its records are missing).
+TEST_F(RecordStoreTest, NumSamplesCheckedAgainstRecords) {
+  const std::string db = Db(Small());
+  const std::string huge = Rewrite(db, dir_ + "/huge", [](Schema& s) { s.num_samples = 1e12; });
+  ExpectDataLoss(RecordReader::Open(huge).status(),
+                 {huge, "'num_samples' is 1000000000000", "records"});
+  const std::string one = Rewrite(db, dir_ + "/one", [](Schema& s) { s.num_samples += 1; });
+  ExpectDataLoss(RecordReader::Open(one).status(), {"'num_samples' is 25", "'00000024_"});
+  EXPECT_TRUE(RecordReader::Open(db).ok());
+}
+
+// Guards: a camera named twice, and a vocabulary of 0 ids, are DataLoss at Open naming the field.
+TEST_F(RecordStoreTest, DuplicateCamerasAndZeroVocabulary) {
+  const std::string db = Db(Small());
+  const std::string dup = Rewrite(db, dir_ + "/dup", [](Schema& s) {
+    s.cameras = {s.cameras[0], s.cameras[0]};
+  });
+  ExpectDataLoss(RecordReader::Open(dup).status(), {dup, "'cameras'", "'cam0' twice"});
+  const std::string v0 = Rewrite(db, dir_ + "/v0", [](Schema& s) { s.vocab_size = 0; });
+  ExpectDataLoss(RecordReader::Open(v0).status(), {v0, "'vocab_size' is 0"});
+}
+
+// Guards the fuzz finding: every schema field is type-checked; a wrong type is DataLoss naming
+// the field and the value (a list of strings where numbers belong escaped as an nlohmann
+// type_error and terminated the process).
+TEST(SchemaJson, EveryFieldTypeChecked) {
+  Schema s;
+  s.cameras = {"c"};
+  s.state_dim = 1;
+  s.state_mean = {0.f};
+  nlohmann::json good = nlohmann::json::parse(s.ToJson());
+  ASSERT_TRUE(Schema::FromJson(good.dump(), "db").ok());
+  const std::vector<std::pair<std::string, nlohmann::json>> bad = {
+      {"state_mean", nlohmann::json::array({"x"})},
+      {"state_std", nlohmann::json::array({nullptr})},
+      {"num_samples", "12"},
+      {"num_samples", 1.5},
+      {"image_width", 1e30},
+      {"image_height", uint64_t{1} << 40},
+      {"cameras", nlohmann::json::array({1})},
+      {"tokenizer", 3},
+      {"vocab_size", nlohmann::json::object()},
+      {"fps", "fast"},
+      {"source", nlohmann::json::array()},
+      {"action_horizon", true},
+  };
+  for (const auto& [field, value] : bad) {
+    nlohmann::json j = good;
+    j[field] = value;
+    auto r = Schema::FromJson(j.dump(), "db/x");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << field << " " << value.dump();
+    EXPECT_NE(r.status().message().find("'" + field + "'"), std::string::npos) << r.status();
+  }
+  for (const char* field : {"num_samples", "cameras", "state_dim", "tokenizer"}) {
+    nlohmann::json j = good;
+    j.erase(field);
+    EXPECT_EQ(Schema::FromJson(j.dump(), "db").status().code(), StatusCode::kDataLoss) << field;
+  }
+}
+
+// The current meta page's main root page number (LMDB 0.9 64-bit layout, lmdb_file.cc).
+uint64_t MainRoot(const std::string& data, uint64_t* page_size) {
+  auto info = internal::CheckLmdbDataFile(data);
+  EXPECT_TRUE(info.ok()) << info.status();
+  *page_size = info->meta[info->current].page_size;
+  return info->meta[info->current].main_root;
+}
+
+void Patch(const std::string& file, int64_t at, const void* bytes, size_t n) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+}
+
+// Guards the fuzz finding: a tree page whose node runs past the page (a key size of 65535) made
+// mdb_cursor_get read outside the map (SIGSEGV in Keys); Keys now walks the tree first and
+// returns DataLoss naming data.mdb and the page.
+TEST_F(RecordStoreTest, DamagedTreePageIsDataLossInKeys) {
+  const std::string db = Db(Small());
+  const std::string data = db + "/data.mdb";
+  uint64_t ps = 0;
+  uint64_t pg = MainRoot(data, &ps);
+  // Descend to the first leaf: branch nodes hold the child number in their first 6 bytes.
+  for (;;) {
+    std::string page(ps, '\0');
+    std::ifstream in(data, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(pg * ps));
+    in.read(page.data(), static_cast<std::streamsize>(ps));
+    uint16_t flags, ptr0;
+    std::memcpy(&flags, page.data() + 10, 2);
+    std::memcpy(&ptr0, page.data() + 16, 2);
+    if (flags & 0x02) {  // P_LEAF: key size of its first node
+      const uint16_t big = 0xFFFF;
+      Patch(data, static_cast<int64_t>(pg * ps + ptr0 + 6), &big, 2);
+      break;
+    }
+    uint16_t lo, hi;
+    std::memcpy(&lo, page.data() + ptr0, 2);
+    std::memcpy(&hi, page.data() + ptr0 + 2, 2);
+    pg = lo | (uint64_t{hi} << 16);
+  }
+  auto r = RecordReader::Open(db);
+  if (!r.ok()) {  // the damaged leaf held the schema record
+    ExpectDataLoss(r.status(), {});
+    return;
+  }
+  ExpectDataLoss((*r)->Keys().status(), {data, "LMDB page " + std::to_string(pg)});
+}
+
+// Guards: a main root among the meta pages (a zeroed root pointer) made LMDB assert
+// "root > 1" (abort); it is DataLoss at Open naming data.mdb.
+TEST_F(RecordStoreTest, RootInMetaPagesIsDataLoss) {
+  const std::string db = Db(Small());
+  const std::string data = db + "/data.mdb";
+  uint64_t ps = 0;
+  MainRoot(data, &ps);
+  const uint64_t one = 1;
+  for (uint64_t meta = 0; meta < 2; ++meta) Patch(data, meta * ps + 16 + 112, &one, 8);
+  ExpectDataLoss(RecordReader::Open(db).status(), {data, "main database root page 1"});
+}
+
+// Guards the live-loader findings: data.mdb truncated (SIGBUS) or overwritten with zeros (LMDB
+// assertion) after Open is DataLoss naming the file at the next read transaction, before any
+// page is touched.
+TEST_F(RecordStoreTest, DataFileChangedUnderTheReader) {
+  const std::string db = Db(Small());
+  const std::string data = db + "/data.mdb";
+  {
+    auto r = RecordReader::Open(db);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*r)->Begin().ok());
+    const auto size = fs::file_size(data);
+    std::string zeros(size, '\0');
+    Patch(data, 0, zeros.data(), zeros.size());
+    ExpectDataLoss((*r)->Begin().status(), {data, "changed while the dataset was open"});
+  }
+  const std::string db2 = Db(Small(), "db2");
+  auto r = RecordReader::Open(db2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto txn = (*r)->Begin();
+  ASSERT_TRUE(txn.ok());
+  fs::resize_file(db2 + "/data.mdb", 8192);
+  ExpectDataLoss((*r)->Begin().status(), {db2 + "/data.mdb", "changed while the dataset was open"});
+  ExpectDataLoss(txn->Renew(), {"changed while the dataset was open"});
+}
+
+// Guards: a dataset folder the user may not read is PermissionDenied naming it, not NotFound
+// "missing data.mdb". As root (who reads anything) the open runs in a child as user nobody.
+TEST_F(RecordStoreTest, UnreadableFolderIsPermissionDenied) {
+  const std::string db = Db(Small());
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  fs::permissions(db, fs::perms::none);
+  auto check = [&] {
+    Status s = RecordReader::Open(db).status();
+    return s.code() == StatusCode::kPermissionDenied && s.message().find(db) != std::string::npos;
+  };
+  if (::geteuid() != 0) {
+    EXPECT_TRUE(check()) << RecordReader::Open(db).status();
+  } else {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+      ::_exit(check() ? 0 : 1);
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  }
+  fs::permissions(db, fs::perms::owner_all);
 }
 
 }  // namespace

@@ -63,6 +63,8 @@ struct TestDbOptions {
   std::set<int64_t> long_tokens;
   // These samples get a token id equal to the schema's vocab_size (one past the vocabulary).
   std::set<int64_t> out_of_vocab_tokens;
+  // These samples get an empty instruction (a 0-byte tokens record).
+  std::set<int64_t> empty_tokens;
 };
 
 inline std::string TempDir(const std::string& name) {
@@ -102,6 +104,7 @@ inline Status MakeTestDb(const std::string& path, const TestDbOptions& o) {
     std::vector<int32_t> tok(o.long_tokens.count(i) ? 12 : (i % 7) + 2);
     for (size_t t = 0; t < tok.size(); ++t) tok[t] = static_cast<int32_t>(3 + i + t);
     if (o.out_of_vocab_tokens.count(i)) tok[1] = 259;
+    if (o.empty_tokens.count(i)) tok.clear();
     if (!o.missing_tokens.count(i))
       LF_RETURN_IF_ERROR(
           w->Put(data::SampleKey(i, "tokens"),

@@ -269,3 +269,151 @@ def test_record_writer_second_commit_raises(tmp_path):
     schema_json = _C.RecordReader(path).schema_json
     with pytest.raises(RuntimeError, match="after Commit"):
         w.commit(schema_json)
+
+
+# Guards the loader API bounds: threads far past any machine (100000 aborted the process with
+# "terminate called without an active exception"), a timeout that is no wait bound, a negative
+# seed, and a negative corrupt limit are ValueError naming the option.
+def test_option_bounds(db):
+    with pytest.raises(ValueError, match="'threads' must be in 1..256.*got 100000"):
+        _loader(db, threads=100000)
+    for t in (-1, 0, float("nan")):
+        with pytest.raises(ValueError, match="timeout_s must be a positive"):
+            _loader(db, timeout_s=t)
+    with pytest.raises(ValueError, match="'seed' must be in 0..18446744073709551615, got -1"):
+        loongforge.DataFusionLoader(db, 4, seed=-1)
+    with pytest.raises(ValueError, match="max_consecutive_corrupt"):
+        _loader(db, max_consecutive_corrupt=-1)
+
+
+# Guards: iterating a closed loader raises instead of silently restarting it.
+def test_iterate_after_close_raises(db):
+    ld = _loader(db, threads=1)
+    next(iter(ld))
+    ld.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        next(iter(ld))
+
+
+def _fork_child(ld, q):
+    try:
+        q.put("N %d" % sum(1 for _ in ld))
+    except Exception as e:  # the error is the expected outcome; the parent checks its text
+        q.put("ERR " + str(e))
+
+
+# Guards: a loader used in a fork child (multiprocessing's default start method) raises there,
+# naming the cause, instead of hanging on threads fork did not copy (the child hung 60 s).
+def test_fork_child_raises(db):
+    import multiprocessing as mp
+    ld = _loader(db, threads=1)
+    next(iter(ld))
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_fork_child, args=(ld, q))
+    p.start()
+    p.join(30)
+    if p.exitcode is None:
+        p.kill()
+        p.join()
+    assert p.exitcode == 0
+    msg = q.get(timeout=5)
+    assert msg.startswith("ERR") and "fork" in msg and "create a new loader" in msg, msg
+    assert len(next(iter(ld))["sample_index"]) == 4  # the parent's loader still works
+
+
+# Guards: under on_corrupt='skip' a DB whose every sample is corrupt stops the loader with
+# DataLoss naming the last record once max_consecutive_corrupt samples in a row failed (the
+# trainer skipped forever); isolated corrupt samples are still skipped.
+def test_consecutive_corrupt_limit(tmp_path, bad_db):
+    allbad = make_db(str(tmp_path / "allbad"), corrupt=range(24))
+    ld = _loader(allbad, shuffle=False, max_consecutive_corrupt=10)
+    with pytest.raises(loongforge.DataLossError,
+                       match=r"10 corrupt samples in a row.*the last sample 9: .*'00000009_cam"):
+        for _ in ld:
+            pass
+    # Across epochs too: 24 per epoch, a limit of 30 is reached in the second.
+    ld = _loader(allbad, shuffle=False, max_consecutive_corrupt=30)
+    assert sum(b.size for b in ld) == 0
+    with pytest.raises(loongforge.DataLossError, match="30 corrupt samples in a row"):
+        for _ in ld:
+            pass
+    ld = _loader(bad_db, shuffle=False, max_consecutive_corrupt=1)
+    with pytest.raises(loongforge.DataLossError, match="1 corrupt samples in a row"):
+        for _ in ld:
+            pass
+    assert sum(b.size for b in _loader(bad_db, shuffle=False)) == 23
+
+
+# Guards: a per-sample meta record of the wrong size (4 bytes, not int32[2]) is corrupt data
+# (accepted before), skipped or raised by the policy, naming the record.
+def test_short_meta_record(tmp_path):
+    from loongforge import _C, _synth
+    import io
+    import numpy as np
+    from PIL import Image
+    path = str(tmp_path / "me")
+    w = _C.RecordWriter(path, overwrite=True)
+    buf = io.BytesIO()
+    Image.fromarray(np.full((24, 32, 3), 120, np.uint8)).save(buf, "JPEG")
+    for i in range(8):
+        w.put(f"{i:08d}_cam_c", buf.getvalue())
+        _synth.write_arrays(w, i, 6, 4, 3)
+        if i == 2:
+            w.put(f"{i:08d}_meta", b"\0\0\0\0")
+    _synth.commit_schema(w, 8, ["c"], 32, 24, 6, 4, 3, "test")
+    with pytest.raises(loongforge.DataLossError, match="'00000002_meta' has 4 bytes, expected 8"):
+        for _ in _loader(path, shuffle=False, on_corrupt="error"):
+            pass
+    seen = [i for b in _loader(path, shuffle=False) for i in b["sample_index"].tolist()]
+    assert 2 not in seen and len(seen) == 7
+
+
+# Guards the live-loader findings: data.mdb truncated (SIGBUS) or overwritten with zeros (LMDB
+# assertion, abort) while a loader iterates raises DataLossError naming data.mdb. The pause lets
+# the prefetched batches finish reading before the file changes (the race Note [A DB changed
+# under its reader] leaves open).
+@pytest.mark.parametrize("damage", ["truncate", "zeros"])
+def test_db_changed_while_iterating(tmp_path, damage):
+    import time
+    path = make_db(str(tmp_path / "db"), samples=64)
+    data = os.path.join(path, "data.mdb")
+    ld = _loader(path, threads=1, on_corrupt="error", prefetch=1)
+    it = iter(ld)
+    next(it)
+    time.sleep(0.5)
+    if damage == "truncate":
+        os.truncate(data, 8192)
+    else:
+        with open(data, "r+b") as f:
+            f.write(bytes(os.path.getsize(data)))
+    with pytest.raises(loongforge.DataLossError, match="data.mdb.*changed while the dataset"):
+        for _ in it:
+            pass
+
+
+# Guards: `inspect` of a dataset folder the user cannot read says PermissionDenied naming it (it
+# said NotFound "missing data.mdb", exit 3). As root, who reads anything, it runs as nobody.
+def test_inspect_unreadable_folder(db, tmp_path):
+    import shutil
+    import subprocess
+    cli = os.path.join(os.environ.get("LOONGFORGE_BUILD", os.path.join(
+        os.path.dirname(__file__), "..", "..", "build")), "loongforge")
+    if not os.path.exists(cli):
+        pytest.skip("no loongforge CLI in this build")
+    root = tmp_path / "open"
+    root.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(root, 0o755)
+    path = str(root / "db000")
+    shutil.copytree(db, path)
+    os.chmod(path, 0)
+    cmd = [cli, "inspect", path]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(path, 0o755)
+    assert r.returncode not in (0, 3), r
+    assert "PermissionDenied" in r.stderr and path in r.stderr, r.stderr
