@@ -333,3 +333,41 @@ def test_sigint_twice_exits_at_once_and_sigusr1_without_directory(train_db, tmp_
     assert rc == 0 and "Traceback" not in err, err[-2000:]
     assert "[baseline] signal SIGINT: saved step " in err, err[-2000:]
     assert not math.isnan(float(err.split("saved step ")[1].split(",")[0]))
+
+
+# Guards: with several ranks a signal that reached one rank only would stop that rank alone, and
+# the other would wait in the next step's collective. Each step boundary all-reduces the ranks'
+# flags: both stop after the same step and both write that step's rank state.
+def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ck = str(tmp_path / "ck")
+    env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+               OMP_NUM_THREADS="1")
+    cmd = _cmd(train_db, "baseline", 400, "--ckpt-dir", ck, "--batch-size", "2")
+    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        lines = []
+        for line in procs[0].stderr:  # rank 0 logs the steps
+            lines.append(line)
+            if " step 2/" in line:
+                break
+        procs[1].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    err0 = "".join(lines) + outs[0][1]
+    assert [p.returncode for p in procs] == [0, 0], (err0[-2000:], outs[1][1][-2000:])
+    saved = [ln for ln in err0.splitlines() if "signal on another rank: saved step" in ln]
+    assert len(saved) == 1, err0[-2000:]
+    step = int(saved[0].split("saved step ")[1].split(",")[0])
+    names = sorted(os.listdir(os.path.join(ck, "rank_state")))
+    assert names == [f"rank{r:05d}_step_{step:08d}.pt" for r in range(2)], names
