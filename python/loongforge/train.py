@@ -828,6 +828,12 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
         log(f"[{args.mode}] --resume: no checkpoint in {args.ckpt_dir} yet; starting at step 1")
         return 0
     step = int(st["step"])
+    if step > args.steps:
+        raise TrainError(f"--resume: the latest checkpoint in {args.ckpt_dir} is step {step}, "
+                         f"past --steps {args.steps} (a larger --steps continues that run)")
+    if step == args.steps:
+        log(f"[{args.mode}] --resume: the latest checkpoint in {args.ckpt_dir} is step {step}, "
+            f"--steps {args.steps}: nothing left to train (a larger --steps continues)")
     try:
         model.load_state_dict(st["model"])
         before = {p: dict(s) for p, s in opt.state.items()}
@@ -1319,6 +1325,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if debug:
             raise
         return 2
+    except KeyboardInterrupt:  # SIGINT before the first step: the handlers are not in yet
+        print(f"{PROG}: interrupted during {_WHERE[0]}, nothing saved", file=sys.stderr)
+        if debug:
+            raise
+        return 130
     if int(os.environ.get("RANK", "0")) == 0:
         print(format_summary(summary))
     if dist.is_initialized():

@@ -371,3 +371,16 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
     step = int(saved[0].split("saved step ")[1].split(",")[0])
     names = sorted(os.listdir(os.path.join(ck, "rank_state")))
     assert names == [f"rank{r:05d}_step_{step:08d}.pt" for r in range(2)], names
+
+
+# Guards: --resume from a checkpoint past --steps trained nothing and exited 0, saying only
+# "loss: (no steps)".
+def test_resume_past_steps_is_refused(train_db, tmp_path, capsys):
+    ck = str(tmp_path / "ck")
+    base = COMMON + ["--data", train_db, "--mode", "baseline", "--ckpt-every", "2",
+                     "--ckpt-dir", ck]
+    assert train.main(base + ["--steps", "4"]) == 0
+    capsys.readouterr()
+    assert train.main(base + ["--steps", "3", "--resume"]) == 2
+    line = _one_line_error(capsys)
+    assert "is step 4, past --steps 3" in line, line
