@@ -347,7 +347,7 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
     ck = str(tmp_path / "ck")
     env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                OMP_NUM_THREADS="1")
-    cmd = _cmd(train_db, "baseline", 400, "--ckpt-dir", ck, "--batch-size", "2")
+    cmd = _cmd(train_db, "baseline", 400, "--ckpt-dir", ck, "--batch-size", "2", "--workers", "0")
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
