@@ -40,7 +40,8 @@ from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
 from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, NonFiniteError,
-                             SyncBackend, TokenGuard, TrainError, auto_buckets, build_model, compile_blocks,
+                             SyncBackend, TokenGuard, TrainError, auto_buckets, build_model,
+                             compile_blocks,
                              compile_frozen,
                              init_optimizer_state, lr_lambda, make_loader, make_optimizer,
                              moe_metrics, optimizer_step, parse_overrides, rng_state,
@@ -120,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "dataset's longest unless --token-pad or token buckets; torch >= 2)")
     p.add_argument("--steps", type=_int(1), default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=_int(1), default=8, help="per-rank micro-batch size")
-    p.add_argument("--grad-accum", type=_int(1, 1 << 20), default=1, help="micro-batches per optimizer step")
+    p.add_argument("--grad-accum", type=_int(1, 1 << 20), default=1,
+                   help="micro-batches per optimizer step")
     p.add_argument("--lr", type=_float(0), default=1e-4)
     p.add_argument("--lr-warmup", type=_float(0), default=0.05,
                    help="LR warmup: a fraction of --steps (<1) or a number of steps")
@@ -131,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a step whose loss or gradient norm is not finite is skipped (no "
                    "update); after N such steps in a row the run stops with an error (exit 1)")
     p.add_argument("--seed", type=_int(0, SEED_MAX), default=0)
-    p.add_argument("--image-size", type=_int(1, 1 << 16), default=None, help="override the config's image size")
+    p.add_argument("--image-size", type=_int(1, 1 << 16), default=None,
+                   help="override the config's image size")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model config field, e.g. --set moe_experts=4 (repeatable)")
     p.add_argument("--crop-fraction", type=_float(0, 1, low_open=True), default=0.95)
@@ -144,13 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-augment", action="store_true", help="same as --augment none")
     p.add_argument("--peak-tflops", type=_float(0), default=0.0,
                    help="dense bf16 peak of one GPU for MFU (0: from the device name)")
-    p.add_argument("--token-pad", type=_int(0, 1 << 20), default=0, help="fixed token length (0: batch max)")
+    p.add_argument("--token-pad", type=_int(0, 1 << 20), default=0,
+                   help="fixed token length (0: batch max)")
     p.add_argument("--workers", type=_int(0, 1024), default=2, help="baseline DataLoader workers")
-    p.add_argument("--loader-threads", type=_int(1, 1024), default=2, help="DataFusion decode threads")
-    p.add_argument("--prefetch", type=_int(1, 1 << 16), default=4, help="DataFusion batches in flight")
+    p.add_argument("--loader-threads", type=_int(1, 1024), default=2,
+                   help="DataFusion decode threads")
+    p.add_argument("--prefetch", type=_int(1, 1 << 16), default=4,
+                   help="DataFusion batches in flight")
     p.add_argument("--gpu-decode", choices=("auto", "on", "off"), default="auto",
                    help="DataFusion on CUDA: nvJPEG + fused GPU transform (auto: when built)")
-    p.add_argument("--threads", type=_int(0, 1 << 16), default=0, help="torch intra-op threads (0: default)")
+    p.add_argument("--threads", type=_int(0, 1 << 16), default=0,
+                   help="torch intra-op threads (0: default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--memory-cap-gib", type=_float(0), default=0.0,
                    help="cap this process's GPU memory at this many GiB: torch's allocator "
@@ -165,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "dump torch's memory snapshot here at the end (a diagnostic: slower steps; "
                    "bench/memory/peak_breakdown.py reads it)")
     p.add_argument("--warmup", type=_int(0), default=2, help="steps excluded from the timings")
-    p.add_argument("--ckpt-every", type=_int(0), default=0, help="checkpoint every K steps (0: never)")
+    p.add_argument("--ckpt-every", type=_int(0), default=0,
+                   help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-when-busy", choices=Checkpointer.WHEN_BUSY, default="skip",
                    help="a checkpoint due while the previous one is still being written: skip "
@@ -199,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--graph-warmup", type=_int(0), default=3,
                    help="eager microbatches of the first shape bucket before it is captured "
                         "(later buckets are captured at once, unless --compile-frozen)")
-    g.add_argument("--graph-max", type=_int(1, 1 << 16), default=8, help="shape buckets captured at most")
+    g.add_argument("--graph-max", type=_int(1, 1 << 16), default=8,
+                   help="shape buckets captured at most")
     g.add_argument("--graph-grads", choices=("auto", "fixed"), default="auto",
                    help="where graphed steps keep gradients. auto: made by the first capture "
                         "inside the graph pool, sharing blocks with the activations, when a step "
@@ -1063,7 +1072,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 f"{len(nonfinite)} steps in a row without a finite loss and gradient (steps "
                 f"{nonfinite[0]}..{nonfinite[-1]} skipped, no update; --max-nonfinite-steps "
                 f"{args.max_nonfinite_steps}); the weights are those of step {nonfinite[0] - 1}"
-                + (f", the newest checkpoint is kept" if ckpt.dir else "")
+                + ((f", the newest checkpoint of this run is step {s.stop.saved[-1]}"
+                    if s.stop.saved else ", this run took no checkpoint") if ckpt.dir else "")
                 + " (a smaller --lr, or --clip)")
 
     moe = bool(cfg.moe_experts)

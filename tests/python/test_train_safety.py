@@ -124,6 +124,7 @@ def test_nonfinite_loss_stops_the_run(train_db, tmp_path, capsys, mode):
     line = _one_line_error(capsys)
     assert rc == 1, line
     assert "step 4:" in line and "3 steps in a row" in line and "steps 2..4 skipped" in line
+    assert "the newest checkpoint of this run is step 4" in line, line
     for step in (2, 4):  # step 4 was skipped: its checkpoint holds the weights of step 1
         model = _model_tensors(ck, mode, step)
         bad = [k for k, t in model.items() if t.is_floating_point() and not t.isfinite().all()]
