@@ -947,6 +947,15 @@ class StopSignal:
         self._old: Dict[int, Any] = {}
         self._pending: "deque[Any]" = deque()
         self.saved: List[int] = []  # the steps whose checkpoint was not skipped
+        self._timer: Optional[threading.Timer] = None
+        grace = os.environ.get("LOONGFORGE_SIGNAL_GRACE_S", "60")
+        try:
+            self.grace_s = float(grace)
+        except ValueError:
+            self.grace_s = math.nan
+        if not (math.isfinite(self.grace_s) and self.grace_s > 0):
+            raise TrainError(f"LOONGFORGE_SIGNAL_GRACE_S must be a positive number of seconds, "
+                             f"got {grace!r}")
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -956,6 +965,8 @@ class StopSignal:
             self._old[num] = signal.signal(num, self._on_signal)
 
     def restore(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         for num, old in self._old.items():
             signal.signal(num, old)
         self._old = {}
@@ -970,6 +981,16 @@ class StopSignal:
             if self.d.is_main:
                 os.write(2, f"[{self.mode}] signal {name}: stopping at the next step boundary "
                             "(SIGINT again: exit now)\n".encode())
+            # A run stuck before its next step boundary (a loader that yields nothing, a hung
+            # collective) must still end: after the grace period it exits as the signal would.
+            self._timer = threading.Timer(self.grace_s, self._expire, (num, name))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self, num: int, name: str) -> None:
+        os.write(2, f"[{self.mode}] signal {name}: no step boundary within {self.grace_s:g} s "
+                    "(LOONGFORGE_SIGNAL_GRACE_S): exiting without a checkpoint\n".encode())
+        os._exit(128 + num)
 
     def poll(self) -> bool:
         """At a step boundary: whether the run stops after this step (the same on every rank)."""
@@ -1019,11 +1040,18 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
         epoch = loader.state_dict()["epoch"]
         while True:
             loader.set_epoch(epoch)
+            batches_seen, samples = 0, 0
             for b in loader:
+                batches_seen += 1
                 # Every sample of the batch was skipped as corrupt (DataFusion's skip policy,
                 # batch size 1 or a bad stretch): nothing to train on, the next batch follows.
                 if b["tokens"].shape[0] > 0:
+                    samples += int(b["tokens"].shape[0])
                     yield b
+            if batches_seen and not samples:  # it would loop over empty epochs for ever
+                raise TrainError(f"--data {args.data}: epoch {epoch}: every sample was skipped "
+                                 f"as corrupt ({batches_seen} batches, none left to train on; "
+                                 "the loader's warnings above name them)")
             epoch += 1
 
     it = batches()

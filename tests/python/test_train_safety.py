@@ -385,3 +385,40 @@ def test_resume_past_steps_is_refused(train_db, tmp_path, capsys):
     assert train.main(base + ["--steps", "3", "--resume"]) == 2
     line = _one_line_error(capsys)
     assert "is step 4, past --steps 3" in line, line
+
+
+# Guards: a run stuck before its next step boundary ignored SIGTERM for ever once the handler
+# had taken it (a `timeout` never ended it). After the grace period it exits as SIGTERM would.
+def test_signal_without_a_step_boundary_exits_after_the_grace_period():
+    code = ("import os, signal, time\n"
+            "from loongforge.train import StopSignal\n"
+            "from loongforge.train_backends import Dist\n"
+            "s = StopSignal(Dist(), 0, 'baseline')\n"
+            "s.install()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(60)\n")
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(_env(), LOONGFORGE_SIGNAL_GRACE_S="0.5"))
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert time.monotonic() - t < 30
+    assert "no step boundary within 0.5 s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# Guards: a DB whose every sample is corrupt looped over empty epochs until killed (90 s in the
+# probe); it now stops at the end of the first epoch with one line.
+def test_every_sample_corrupt_stops_with_one_line(train_db, tmp_path, capsys):
+    _need("loongforge")
+    import shutil
+
+    lmdb = pytest.importorskip("lmdb", reason="rewriting the DB's records needs python3-lmdb")
+    db = str(tmp_path / "bad")
+    shutil.copytree(train_db, db)
+    env = lmdb.open(db)
+    with env.begin(write=True) as txn:
+        for k in [k for k, _ in txn.cursor() if b"_cam_" in k]:
+            txn.put(k, b"not a jpeg")
+    env.close()
+    assert train.main(COMMON + ["--data", db, "--mode", "loongforge", "--steps", "3"]) == 2
+    line = _one_line_error(capsys)
+    assert "every sample was skipped as corrupt" in line and db in line, line
