@@ -975,7 +975,7 @@ class StopSignal:
         name = signal.Signals(num).name
         if self.name is not None and num == signal.SIGINT:
             os.write(2, f"[{self.mode}] second SIGINT: exiting now, nothing more saved\n".encode())
-            os._exit(130)
+            self._exit(130)
         if self.name is None:
             self.name = name
             if self.d.is_main:
@@ -987,10 +987,28 @@ class StopSignal:
             self._timer.daemon = True
             self._timer.start()
 
+    def reached(self, step: int) -> None:
+        """The run stops after `step`: the boundary is reached, the grace period no longer runs
+        (writing the checkpoint may take longer than it)."""
+        self.step = step
+        if self._timer is not None:
+            self._timer.cancel()
+
     def _expire(self, num: int, name: str) -> None:
         os.write(2, f"[{self.mode}] signal {name}: no step boundary within {self.grace_s:g} s "
                     "(LOONGFORGE_SIGNAL_GRACE_S): exiting without a checkpoint\n".encode())
-        os._exit(128 + num)
+        self._exit(128 + num)
+
+    @staticmethod
+    def _exit(code: int) -> None:
+        """Exits now. The DataLoader's worker processes go first: left behind, they would print
+        their own tracebacks when the connection to this process breaks."""
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(Exception):
+                child.kill()
+        os._exit(code)
 
     def poll(self) -> bool:
         """At a step boundary: whether the run stops after this step (the same on every rank)."""
@@ -1206,7 +1224,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 for r in readback.ready():
                     finish_row(r)
                 if stop.poll():
-                    stop.step = step + 1
+                    stop.reached(step + 1)
                     break
         for r in readback.drain():
             finish_row(r)
