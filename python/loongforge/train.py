@@ -24,10 +24,14 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from collections import deque
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,8 +39,9 @@ import torch.distributed as dist
 from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
-from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, SyncBackend, TokenGuard,
-                             TrainError, auto_buckets, build_model, compile_blocks,
+from .train_backends import (MODULES, Checkpointer, Dist, MemoryPlanner, NonFiniteError,
+                             SyncBackend, TokenGuard, TrainError, auto_buckets, build_model,
+                             compile_blocks,
                              compile_frozen,
                              init_optimizer_state, lr_lambda, make_loader, make_optimizer,
                              moe_metrics, optimizer_step, parse_overrides, rng_state,
@@ -51,8 +56,61 @@ __all__ = ["build_parser", "run", "main", "build_model", "auto_buckets", "optimi
 # ------------------------------------------------------------------------------------------------
 # Arguments
 
+SEED_MAX = 2**32 - 1  # the seed feeds torch's generators (x1000 + rank) and the samplers' uint64
+INT_MAX = 2**31 - 1  # counts and sizes: beyond it no run is possible, and C++ takes int32
+
+
+def _int(low: int, high: int = INT_MAX) -> Callable[[str], int]:
+    """argparse type: an integer in [low, high] (argparse names the flag in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {text}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _float(low: float, high: float = math.inf, low_open: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number in [low, high] ((low, high] with low_open). 1e400 reads as
+    inf and is refused like inf and nan."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not (low < v if low_open else low <= v) or v > high:
+            hi = "" if high == math.inf else f", {high:g}]"
+            lo = f"({low:g}" if low_open else f"[{low:g}"
+            rng = f"in {lo}{hi}" if hi else f"{'>' if low_open else '>='} {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {text}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line, ``loongforge train: error: ...`` (exit 2),
+    like every other refusal of the trainer; --help still shows the usage."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{PROG}: error: {message} (--help lists the flags)\n")
+
+
+PROG = "loongforge train"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loongforge.train", description=__doc__.split("\n")[0])
+    p = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--config", default="tiny", help="tiny | small | n16 | n16-moe | tiny-moe")
     p.add_argument("--data", required=True, help="packed LoongForge DB (directory with data.mdb)")
     p.add_argument("--mode", choices=("baseline", "tuned", "loongforge"), default="loongforge",
@@ -61,20 +119,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the whole model with static shapes (text padded to the "
                    "dataset's longest unless --token-pad or token buckets; torch >= 2)")
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=8, help="per-rank micro-batch size")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--lr-warmup", type=float, default=0.05,
+    p.add_argument("--steps", type=_int(1), default=100, help="optimizer steps")
+    p.add_argument("--batch-size", type=_int(1), default=8, help="per-rank micro-batch size")
+    p.add_argument("--grad-accum", type=_int(1, 1 << 20), default=1,
+                   help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=_float(0), default=1e-4)
+    p.add_argument("--lr-warmup", type=_float(0), default=0.05,
                    help="LR warmup: a fraction of --steps (<1) or a number of steps")
-    p.add_argument("--min-lr-ratio", type=float, default=0.0)
-    p.add_argument("--weight-decay", type=float, default=1e-5)
-    p.add_argument("--clip", type=float, default=1.0, help="grad-norm clip (0 = off)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image-size", type=int, default=None, help="override the config's image size")
+    p.add_argument("--min-lr-ratio", type=_float(0, 1), default=0.0)
+    p.add_argument("--weight-decay", type=_float(0), default=1e-5)
+    p.add_argument("--clip", type=_float(0), default=1.0, help="grad-norm clip (0 = off)")
+    p.add_argument("--max-nonfinite-steps", type=_int(1), default=3, metavar="N",
+                   help="a step whose loss or gradient norm is not finite is skipped (no "
+                   "update); after N such steps in a row the run stops with an error (exit 1)")
+    p.add_argument("--seed", type=_int(0, SEED_MAX), default=0)
+    p.add_argument("--image-size", type=_int(1, 1 << 16), default=None,
+                   help="override the config's image size")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model config field, e.g. --set moe_experts=4 (repeatable)")
-    p.add_argument("--crop-fraction", type=float, default=0.95)
+    p.add_argument("--crop-fraction", type=_float(0, 1, low_open=True), default=0.95)
     p.add_argument("--augment", choices=("groot", "none"), default="groot",
                    help="image transforms in every mode: groot = GR00T N1.6's random crop "
                    "(--crop-fraction) + resize + colour jitter (brightness 0.3, contrast 0.4, "
@@ -82,17 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--color-jitter", action="store_true",
                    help="(kept for old command lines) the default --augment groot jitters")
     p.add_argument("--no-augment", action="store_true", help="same as --augment none")
-    p.add_argument("--peak-tflops", type=float, default=0.0,
+    p.add_argument("--peak-tflops", type=_float(0), default=0.0,
                    help="dense bf16 peak of one GPU for MFU (0: from the device name)")
-    p.add_argument("--token-pad", type=int, default=0, help="fixed token length (0: batch max)")
-    p.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers")
-    p.add_argument("--loader-threads", type=int, default=2, help="DataFusion decode threads")
-    p.add_argument("--prefetch", type=int, default=4, help="DataFusion batches in flight")
+    p.add_argument("--token-pad", type=_int(0, 1 << 20), default=0,
+                   help="fixed token length (0: batch max)")
+    p.add_argument("--workers", type=_int(0, 1024), default=2, help="baseline DataLoader workers")
+    p.add_argument("--loader-threads", type=_int(1, 1024), default=2,
+                   help="DataFusion decode threads")
+    p.add_argument("--prefetch", type=_int(1, 1 << 16), default=4,
+                   help="DataFusion batches in flight")
     p.add_argument("--gpu-decode", choices=("auto", "on", "off"), default="auto",
                    help="DataFusion on CUDA: nvJPEG + fused GPU transform (auto: when built)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    p.add_argument("--threads", type=_int(0, 1 << 16), default=0,
+                   help="torch intra-op threads (0: default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--memory-cap-gib", type=float, default=0.0,
+    p.add_argument("--memory-cap-gib", type=_float(0), default=0.0,
                    help="cap this process's GPU memory at this many GiB: torch's allocator "
                    "(set_per_process_memory_fraction) and MemSculptor's backend (0: no cap; "
                    "bench/memory/max_batch.py)")
@@ -104,48 +171,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record every GPU allocation with its Python stack from the start and "
                    "dump torch's memory snapshot here at the end (a diagnostic: slower steps; "
                    "bench/memory/peak_breakdown.py reads it)")
-    p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timings")
-    p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
+    p.add_argument("--warmup", type=_int(0), default=2, help="steps excluded from the timings")
+    p.add_argument("--ckpt-every", type=_int(0), default=0,
+                   help="checkpoint every K steps (0: never)")
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-when-busy", choices=Checkpointer.WHEN_BUSY, default="skip",
                    help="a checkpoint due while the previous one is still being written: skip "
                         "it (logged, counted in the summary) or wait for the writer (stalls)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
-    p.add_argument("--stop-after", type=int, default=0,
+    p.add_argument("--stop-after", type=_int(0), default=0,
                    help="stop after this many steps of the --steps schedule (simulates a preemption)")
     p.add_argument("--json-out", default=None, help="summary JSON (figures + loss curve)")
     p.add_argument("--metrics-jsonl", default=None, help="one JSON line per step")
     p.add_argument("--trace", default=None, help="Chrome-trace JSON of --trace-steps steps")
-    p.add_argument("--trace-steps", type=int, default=5)
-    p.add_argument("--profile-modules", type=int, default=0, metavar="N",
+    p.add_argument("--trace-steps", type=_int(0), default=5)
+    p.add_argument("--profile-modules", type=_int(0), default=0, metavar="N",
                    help="after --warmup, profile N steps (torch.profiler) and report the step "
                    "time per part: data, vision, llm, projector, dit, backward, optimizer "
                    "(summary 'module_breakdown'; those steps leave the timed figures; eager: "
                    "not with --cuda-graph per_microbatch, --token-buckets or --compile)")
-    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--log-every", type=_int(1), default=1)
     p.add_argument("--quiet", action="store_true")
     m = p.add_argument_group("mixture of experts (docs/moe.md)")
-    m.add_argument("--expert-parallel", type=int, default=1, metavar="N",
+    m.add_argument("--expert-parallel", type=_int(1, 1 << 16), default=1, metavar="N",
                    help="split each MoE layer's experts across N ranks (all-to-all dispatch)")
-    m.add_argument("--topk-ratio", type=float, default=None,
+    m.add_argument("--topk-ratio", type=_float(0, 1, low_open=True), default=None,
                    help="NexusSync: top-k with error feedback on the low-load expert group, "
                         "sending this fraction of its gradients (default: dense)")
-    m.add_argument("--ep-timeout", type=float, default=300.0,
+    m.add_argument("--ep-timeout", type=_float(0, low_open=True), default=300.0,
                    help="seconds an expert-parallel exchange may wait for a peer")
     g = p.add_argument_group("step scheduling (docs/trainer.md, 'The lean step')")
     g.add_argument("--cuda-graph", choices=("auto", "off", "per_microbatch"), default="auto",
                    help="capture forward+backward per microbatch, one graph per shape bucket "
                         "(auto: per_microbatch in loongforge mode on CUDA, else off)")
-    g.add_argument("--graph-warmup", type=int, default=3,
+    g.add_argument("--graph-warmup", type=_int(0), default=3,
                    help="eager microbatches of the first shape bucket before it is captured "
                         "(later buckets are captured at once, unless --compile-frozen)")
-    g.add_argument("--graph-max", type=int, default=8, help="shape buckets captured at most")
+    g.add_argument("--graph-max", type=_int(1, 1 << 16), default=8,
+                   help="shape buckets captured at most")
     g.add_argument("--graph-grads", choices=("auto", "fixed"), default="auto",
                    help="where graphed steps keep gradients. auto: made by the first capture "
                         "inside the graph pool, sharing blocks with the activations, when a step "
                         "is one microbatch at world size 1 (docs/trainer.md, Note [Gradients in "
                         "the graph pool]); fixed: allocated once before the first capture")
-    g.add_argument("--graph-pad-up", type=float, default=1.25, metavar="R",
+    g.add_argument("--graph-pad-up", type=_float(1), default=1.25, metavar="R",
                    help="with the gradients in the graph pool: a batch whose bucket has no graph "
                         "yet runs in a captured bucket's graph of at most R times its text "
                         "length instead of a new capture, which would grow the pool by the "
@@ -296,6 +365,7 @@ class Session:
     readback: Readback
     guard: TokenGuard
     profiler: Optional[ModuleProfiler]
+    stop: "StopSignal"
     startup: Dict[str, float] = dataclasses.field(default_factory=dict)  # _Clock.phases
 
     def release(self) -> None:
@@ -591,15 +661,21 @@ def build(args: argparse.Namespace) -> Session:
     if args.topk_ratio is not None and sync_kind != "nexussync":
         raise TrainError("--topk-ratio needs NexusSync (loongforge mode)")
     sync = SyncBackend(model, d, sync_kind, ep=ep, topk_ratio=args.topk_ratio)
-    ckpt_dir = args.ckpt_dir if args.ckpt_every or args.resume else None
+    # A --ckpt-dir alone is where a signal's checkpoint goes (Note [Stopping on a signal]).
+    ckpt_dir = args.ckpt_dir or None
     run_id = {"mode": args.mode, "config": args.config, "set": sorted(args.set),
               "image_size": cfg.image_size, "batch_size": args.batch_size, "world_size": d.world,
               "seed": args.seed}
     if ep is not None:  # Note [Expert-parallel checkpoints] in moe.py
         run_id["expert_parallel"] = ep.size
-    ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned" else "torch"),
-                        ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log,
-                        resume=args.resume)
+    try:
+        ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned"
+                                                          else "torch"),
+                            ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log,
+                            resume=args.resume)
+    except OSError as e:  # a read-only or foreign directory: name the flag
+        raise TrainError(f"--ckpt-dir {ckpt_dir}: cannot write checkpoints there: "
+                         f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")) from e
     status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
                                                              else "off")
 
@@ -712,7 +788,8 @@ def build(args: argparse.Namespace) -> Session:
     clock.mark("step runner")
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, start_step, counter, sync_dev, autocast, trace, stepper,
-                   sync_free, readback, guard, profiler, clock.phases)
+                   sync_free, readback, guard, profiler,
+                   StopSignal(d, readback.lag, args.mode), clock.phases)
 
 
 def _compile_blocks_wanted(args: argparse.Namespace, lf: bool, device: torch.device,
@@ -761,6 +838,12 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
         log(f"[{args.mode}] --resume: no checkpoint in {args.ckpt_dir} yet; starting at step 1")
         return 0
     step = int(st["step"])
+    if step > args.steps:
+        raise TrainError(f"--resume: the latest checkpoint in {args.ckpt_dir} is step {step}, "
+                         f"past --steps {args.steps} (a larger --steps continues that run)")
+    if step == args.steps:
+        log(f"[{args.mode}] --resume: the latest checkpoint in {args.ckpt_dir} is step {step}, "
+            f"--steps {args.steps}: nothing left to train (a larger --steps continues)")
     try:
         model.load_state_dict(st["model"])
         before = {p: dict(s) for p, s in opt.state.items()}
@@ -780,7 +863,49 @@ def resume(args: argparse.Namespace, ckpt: Checkpointer, model: Gr00tPolicy,
                          f"run: {first}") from e
     set_rng_state(st["rng"], noise_gen)
     log(f"[{args.mode}] resumed from step {step} of {args.ckpt_dir}")
+    apply_changed_flags(args, st.get("flags"), step, opt, sched, log)
     return step
+
+
+# Note [Flags on --resume]. The flags that shape the saved state (mode, config, --set,
+# --image-size, --batch-size, world size, --seed) are in the directory's run.json: a resume that
+# differs is refused before it reads anything (Checkpointer, Note [Checkpoint directory
+# identity]). The others are the new run's to choose; each checkpoint records them ("flags"),
+# and a resume applies and logs every one that changed. The optimizer's and the scheduler's
+# state carry the old learning rate and weight decay, so those are written back from the flags
+# (the schedule is recomputed at the resumed step when --lr, --lr-warmup, --min-lr-ratio or
+# --steps changed).
+RESUME_FLAGS = ("steps", "lr", "lr_warmup", "min_lr_ratio", "weight_decay", "clip", "grad_accum",
+                "max_nonfinite_steps", "crop_fraction", "augment", "token_pad")
+_SCHEDULE_FLAGS = ("steps", "lr", "lr_warmup", "min_lr_ratio")
+
+
+def saved_flags(args: argparse.Namespace) -> Dict[str, Any]:
+    return {k: getattr(args, k) for k in RESUME_FLAGS}
+
+
+def apply_changed_flags(args: argparse.Namespace, old: Any, step: int,
+                        opt: torch.optim.Optimizer, sched: Any,
+                        log: Callable[[str], None]) -> List[str]:
+    """Writes the flags that changed since the checkpoint into the restored optimizer and
+    scheduler, logs each, and returns their names (Note [Flags on --resume])."""
+    if not isinstance(old, dict):  # a checkpoint from before flags were recorded
+        return []
+    changed = [k for k in RESUME_FLAGS if k in old and old[k] != getattr(args, k)]
+    for k in changed:
+        log(f"[{args.mode}] --resume: --{k.replace('_', '-')} {getattr(args, k)} (the checkpoint's "
+            f"run had {old[k]}): applied from step {step + 1}")
+    if "weight_decay" in changed:
+        for g in opt.param_groups:
+            g["weight_decay"] = args.weight_decay
+    if any(k in changed for k in _SCHEDULE_FLAGS):
+        factor = lr_lambda(args.steps, args.lr_warmup, args.min_lr_ratio)(sched.last_epoch)
+        sched.base_lrs = [args.lr for _ in opt.param_groups]
+        for g in opt.param_groups:
+            g["initial_lr"] = args.lr
+            g["lr"] = args.lr * factor
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
+    return changed
 
 
 def expert_state(ep: Any, model: Gr00tPolicy, opt: torch.optim.Optimizer) -> Dict[str, Any]:
@@ -792,6 +917,130 @@ def expert_state(ep: Any, model: Gr00tPolicy, opt: torch.optim.Optimizer) -> Dic
     return {"experts": expert_shard(model, opt, ep)}
 
 
+def params_finite(params: List[torch.nn.Parameter], d: Dist) -> bool:
+    """Whether every parameter is finite on every rank (one host sync: at checkpoints only)."""
+    ok = torch.stack([torch.isfinite(p.detach()).all() for p in params]).all().to(torch.int32)
+    if d.world > 1 and dist.is_initialized():
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok)
+
+
+class StopSignal:
+    """SIGTERM, SIGUSR1 and a first SIGINT: stop at the next step boundary, checkpoint there when
+    there is a --ckpt-dir, wait for that checkpoint to commit, and exit 0 (a scheduler's
+    preemption notice, or Ctrl-C). A second SIGINT exits at once (130), saving nothing.
+
+    Note [Stopping on a signal]. The handler only records the signal; the loop polls at each
+    step boundary. With several ranks, every rank must stop after the same step (the next save
+    and the collectives of the next step need them all), and a signal may reach one rank only:
+    each poll all-reduces the ranks' flags (MAX). With --sync-free steps the reduced flag is
+    read back ``lag`` polls later through pinned memory, like the step's figures (Readback), so
+    that the host does not wait for the step it just queued; every rank reads the same poll's
+    result at the same step, so they still agree. Handlers go in only in the main thread (Python
+    allows no other) and the previous ones come back when the run ends."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+    def __init__(self, d: Dist, lag: int, mode: str) -> None:
+        self.d, self.lag, self.mode = d, lag, mode
+        self.name: Optional[str] = None  # the first signal received
+        self.step: Optional[int] = None  # the step the run stopped after
+        self._old: Dict[int, Any] = {}
+        self._pending: "deque[Any]" = deque()
+        self.saved: List[int] = []  # the steps whose checkpoint was not skipped
+        self._timer: Optional[threading.Timer] = None
+        grace = os.environ.get("LOONGFORGE_SIGNAL_GRACE_S", "60")
+        try:
+            self.grace_s = float(grace)
+        except ValueError:
+            self.grace_s = math.nan
+        if not (math.isfinite(self.grace_s) and self.grace_s > 0):
+            raise TrainError(f"LOONGFORGE_SIGNAL_GRACE_S must be a positive number of seconds, "
+                             f"got {grace!r}")
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            num = getattr(signal, name)
+            self._old[num] = signal.signal(num, self._on_signal)
+
+    def restore(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for num, old in self._old.items():
+            signal.signal(num, old)
+        self._old = {}
+
+    def _on_signal(self, num: int, _frame: Any) -> None:
+        name = signal.Signals(num).name
+        if self.name is not None and num == signal.SIGINT:
+            os.write(2, f"[{self.mode}] second SIGINT: exiting now, nothing more saved\n".encode())
+            self._exit(130)
+        if self.name is None:
+            self.name = name
+            if self.d.is_main:
+                os.write(2, f"[{self.mode}] signal {name}: stopping at the next step boundary "
+                            "(SIGINT again: exit now)\n".encode())
+            # A run stuck before its next step boundary (a loader that yields nothing, a hung
+            # collective) must still end: after the grace period it exits as the signal would.
+            self._timer = threading.Timer(self.grace_s, self._expire, (num, name))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def reached(self, step: int) -> None:
+        """The run stops after `step`: the boundary is reached, the grace period no longer runs
+        (writing the checkpoint may take longer than it)."""
+        self.step = step
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self, num: int, name: str) -> None:
+        os.write(2, f"[{self.mode}] signal {name}: no step boundary within {self.grace_s:g} s "
+                    "(LOONGFORGE_SIGNAL_GRACE_S): exiting without a checkpoint\n".encode())
+        self._exit(128 + num)
+
+    @staticmethod
+    def _exit(code: int) -> None:
+        """Exits now. The DataLoader's worker processes go first: left behind, they would print
+        their own tracebacks when the connection to this process breaks."""
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(Exception):
+                child.kill()
+        os._exit(code)
+
+    def poll(self) -> bool:
+        """At a step boundary: whether the run stops after this step (the same on every rank)."""
+        local = self.name is not None
+        if self.d.world == 1 or not dist.is_initialized():
+            return local
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.d.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if self.lag == 0 or self.d.device.type != "cuda":
+            return bool(flag.item())
+        host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._pending.append((host, ev))
+        if len(self._pending) <= self.lag:
+            return False
+        host, ev = self._pending.popleft()
+        ev.synchronize()  # recorded `lag` steps ago: long complete
+        return bool(host.item())
+
+    def message(self, ckpt: Checkpointer) -> str:
+        name = self.name or "on another rank"
+        if not ckpt.dir:
+            return f"[{self.mode}] signal {name}: no --ckpt-dir: nothing saved, exiting"
+        if self.step in ckpt.skipped or self.step not in self.saved:
+            return (f"[{self.mode}] signal {name}: step {self.step} not saved (see above), "
+                    "exiting")
+        return f"[{self.mode}] signal {name}: saved step {self.step}, exiting"
+
+
 def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]], float]":
     """Runs steps start_step .. end; returns the timed rows (after --warmup), every step's
     losses and the wall time."""
@@ -800,6 +1049,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     trace, readback, counter, stepper, guard = s.trace, s.readback, s.counter, s.stepper, s.guard
     model, runner, noise_gen, autocast, start_step = (s.model, s.runner, s.noise_gen, s.autocast,
                                                       s.start_step)
+    log = _log(d)
     jsonl = open(args.metrics_jsonl, "w") if args.metrics_jsonl and d.is_main else None
     img_tokens = len(s.schema["cameras"]) * cfg.tokens_per_image
     horizon = int(s.schema["action_horizon"])
@@ -809,11 +1059,18 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
         epoch = loader.state_dict()["epoch"]
         while True:
             loader.set_epoch(epoch)
+            batches_seen, samples = 0, 0
             for b in loader:
+                batches_seen += 1
                 # Every sample of the batch was skipped as corrupt (DataFusion's skip policy,
                 # batch size 1 or a bad stretch): nothing to train on, the next batch follows.
                 if b["tokens"].shape[0] > 0:
+                    samples += int(b["tokens"].shape[0])
                     yield b
+            if batches_seen and not samples:  # it would loop over empty epochs for ever
+                raise TrainError(f"--data {args.data}: epoch {epoch}: every sample was skipped "
+                                 f"as corrupt ({batches_seen} batches, none left to train on; "
+                                 "the loader's warnings above name them)")
             epoch += 1
 
     it = batches()
@@ -832,9 +1089,15 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     # Profiled steps (--profile-modules) come right after --warmup and leave the timed figures.
     timed_from = args.warmup + (args.profile_modules if prof is not None else 0)
 
+    nonfinite: List[int] = []  # the steps of the current run of skipped (non-finite) steps
+
     def finish_row(r: Dict[str, Any]) -> None:
         guard.check_row(r)
         step = r["step"] - 1
+        if r.get("skipped_nonfinite"):
+            nonfinite.append(r["step"])
+        else:
+            nonfinite.clear()
         losses.append({k: r[k] for k in ("step", "loss", "fm_loss", "aux_loss", "grad_norm",
                                          "skipped_nonfinite", "step_s") if k in r})
         if step - start_step >= timed_from:
@@ -847,11 +1110,44 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
             print(f"[{args.mode}] step {step + 1}/{args.steps} loss {r['loss']:.4f} "
                   f"lr {r['lr']:.2e} step {st * 1e3:.0f} ms "
                   f"wait {r['data_wait_s'] / st * 100:.0f}% "
-                  f"tok/s {r['tokens'] / st:.0f} samples/s {r['samples'] / st:.1f}",
+                  f"tok/s {r['tokens'] / st:.0f} samples/s {r['samples'] / st:.1f}"
+                  + (" (skipped: loss or gradient not finite)" if nonfinite else ""),
                   file=sys.stderr, flush=True)
+        if len(nonfinite) >= args.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"step {r['step']}: loss {r['loss']:.4g}, gradient norm {r['grad_norm']:.4g}: "
+                f"{len(nonfinite)} steps in a row without a finite loss and gradient (steps "
+                f"{nonfinite[0]}..{nonfinite[-1]} skipped, no update; --max-nonfinite-steps "
+                f"{args.max_nonfinite_steps}); the weights are those of step {nonfinite[0] - 1}"
+                + ((f", the newest checkpoint of this run is step {s.stop.saved[-1]}"
+                    if s.stop.saved else ", this run took no checkpoint") if ckpt.dir else "")
+                + " (a smaller --lr, or --clip)")
 
     moe = bool(cfg.moe_experts)
     no_range = contextlib.nullcontext()
+    stop = s.stop
+    saved = stop.saved
+
+    def save(n: int) -> float:
+        """Checkpoints step n unless its weights are not finite (Note [Non-finite steps]: a
+        skipped step leaves the last finite weights, which are saved; an update that overflowed
+        them is not). The state is built only when the save happens, timed in the stall."""
+        if not params_finite(s.params, d):
+            log(f"[{args.mode}] step {n}: checkpoint not taken: the weights are not finite; "
+                "the newest committed checkpoint stays the latest")
+            return 0.0
+        skipped = len(ckpt.skipped)
+        stall = ckpt.save(n, lambda: {
+            "step": n, "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "loader": loader.state_dict(), "rng": rng_state(noise_gen),
+            "config": args.config, "flags": saved_flags(args),
+            **expert_state(sync.ep, model, opt)},
+            model=model, optimizer=opt)
+        if len(ckpt.skipped) == skipped:
+            saved.append(n)
+        return stall
+    stop.install()
     try:
         for step in range(start_step, end_step):
             trace.step = step
@@ -913,13 +1209,7 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     ckpt.prepare({"model": model.state_dict(), "optimizer": opt.state_dict()})
                 if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
                     with trace.span("checkpoint"):
-                        # A function: built only when the save happens, timed in the stall.
-                        stall = ckpt.save(step + 1, lambda: {
-                            "step": step + 1, "model": model.state_dict(),
-                            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                            "loader": loader.state_dict(), "rng": rng_state(noise_gen),
-                            "config": args.config, **expert_state(sync.ep, model, opt)},
-                            model=model, optimizer=opt)
+                        stall = save(step + 1)
                 if not s.sync_free:
                     s.sync_dev()
                 if prof is not None:  # before the step's end mark: profiler shutdown in this step
@@ -929,13 +1219,19 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                     **({"data_stage": stage} if stage else {}),
                     "comm_exposed_s": sync.exposed_s, "ckpt_stall_s": stall, "samples": samples,
                     "tokens": known_tokens, "flops": flops, **moe_row, **ckpt.row_fields()},
-                    clip=bool(args.clip),
+                    clip=True,  # the norm is computed also with --clip 0 (Note [Non-finite steps])
                     moe=moe,
                     flag=guard.flag)
                 for r in readback.ready():
                     finish_row(r)
+                if stop.poll():
+                    stop.reached(step + 1)
+                    break
         for r in readback.drain():
             finish_row(r)
+        if stop.step is not None and ckpt.dir and stop.step not in saved:
+            ckpt.when_busy = "wait"  # this save is the one the signal asked for
+            save(stop.step)
     finally:
         if prof is not None:
             prof.finish()  # a run that ended inside the window: ranges off, profiler stopped
@@ -979,11 +1275,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         except RuntimeError as e:  # the snapshot of an out-of-memory is the one most wanted
             if "out of memory" in str(e).lower():
                 _memory_history(args.memory_history, None)
+            if isinstance(e, TrainError):
+                # The saves already queued hold finite weights of completed steps: let them
+                # commit (a failure here is secondary to the one being reported).
+                with contextlib.suppress(Exception):
+                    s.ckpt.close()
             raise
         _memory_history(args.memory_history, None)
         if args.trace and s.d.is_main:
             s.trace.write(args.trace)
-        s.ckpt.close()
+        s.ckpt.close()  # waits for the writer: a save a signal asked for is committed here
+        if s.stop.step is not None:
+            _log(s.d)(s.stop.message(s.ckpt))
         summary = summarize(args, s.d, rows, losses, s.status, s.model, s.loader, s.ckpt,
                             total_s)
         add_module_figures(summary, s.ckpt, s.sync, s.stepper, s.counter, s.mem)
@@ -995,6 +1298,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             with open(args.json_out, "w") as f:
                 json.dump(summary, f, indent=2)
     finally:
+        s.stop.restore()
         s.release()
     # Note [Trainer teardown]. MemSculptor closes after the run's tensors are gone (docs/memory.md,
     # "Shutdown"); whatever it still counts then is reported as a leak. The session is the only
@@ -1016,22 +1320,73 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 _WHERE = ["start-up"]
 
 
+# Exceptions that are the input's or the environment's fault, not the trainer's: the core's
+# Status errors (ValueError: InvalidArgument, FileNotFoundError: NotFound, PermissionError,
+# DataLossError, ResourceExhaustedError, TimeoutError: DeadlineExceeded) and the OS's.
+_REFUSALS = (TrainError, ValueError, OSError, MemoryError)
+
+
+def _core_status(e: BaseException) -> bool:
+    """A RuntimeError raised by the core for a Status (its text starts with the code's name)."""
+    head = str(e).split(":", 1)[0]
+    return head in ("Unavailable", "DataLoss", "FailedPrecondition", "Aborted", "Internal",
+                    "Unknown", "Cancelled", "Unimplemented")
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    head = first.split(":", 1)[0]
+    if isinstance(e, TrainError) or (":" in first and head.isalpha() and head[:1].isupper()):
+        return first  # ours, or a Status: "InvalidArgument: ..."
+    return f"{type(e).__name__}: {first}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command line: 0 when the run finished (or stopped on a signal, its checkpoint
+    saved), 2 when it was refused (a bad flag or input, a directory it may not use), 1 when it
+    stopped on non-finite steps, 3 out of memory, 130 on a second SIGINT. Each error is one line
+    ``loongforge train: error: ...``; LOONGFORGE_DEBUG=1 shows the traceback as well."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, its line already printed)
+        return int(e.code or 0)
+    debug = os.environ.get("LOONGFORGE_DEBUG", "") not in ("", "0")
     _WHERE[0] = "start-up"
     try:
         summary = run(args)
-    except TrainError as e:
-        print(f"loongforge.train: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
-        if "out of memory" not in str(e).lower():
+    except NonFiniteError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        if debug:
             raise
-        first = str(e).strip().splitlines()[0]
-        print(f"loongforge.train: error: out of memory at --batch-size {args.batch_size} "
-              f"({_WHERE[0]}): {first} "
-              "(a smaller --batch-size, --act-ckpt dit, or more memory)", file=sys.stderr)
-        return 3
+        return 1
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        if "out of memory" in str(e).lower() and not isinstance(e, TrainError):
+            first = str(e).strip().splitlines()[0]
+            print(f"{PROG}: error: out of memory at --batch-size {args.batch_size} "
+                  f"({_WHERE[0]}): {first} "
+                  "(a smaller --batch-size, --act-ckpt dit, or more memory)", file=sys.stderr)
+            if debug:
+                raise
+            return 3
+        if not (isinstance(e, TrainError) or _core_status(e)):
+            raise
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        if debug:
+            raise
+        return 2
+    except _REFUSALS as e:
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        if debug:
+            raise
+        return 2
+    except KeyboardInterrupt:  # SIGINT before the first step: the handlers are not in yet
+        print(f"{PROG}: interrupted during {_WHERE[0]}, nothing saved", file=sys.stderr)
+        if debug:
+            raise
+        return 130
     if int(os.environ.get("RANK", "0")) == 0:
         print(format_summary(summary))
     if dist.is_initialized():

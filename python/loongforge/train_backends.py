@@ -31,6 +31,11 @@ class TrainError(RuntimeError):
     """A configuration or environment problem reported to the user in one line."""
 
 
+class NonFiniteError(TrainError):
+    """The run stopped: --max-nonfinite-steps steps in a row had a non-finite loss or gradient
+    (Note [Non-finite steps])."""
+
+
 # ------------------------------------------------------------------------------------------------
 # Distributed context
 
@@ -71,29 +76,49 @@ def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], N
     return Dist(rank, world, local, device)
 
 
+def grad_norm(params: List[torch.nn.Parameter]) -> torch.Tensor:
+    """The global L2 norm of the gradients (what clip_grad_norm_ returns), without touching
+    them: --clip 0 still needs it to tell a finite step from a non-finite one."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    foreach = getattr(torch, "_foreach_norm", None)
+    norms = foreach(grads) if foreach is not None else [torch.linalg.vector_norm(g) for g in grads]
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
 def optimizer_step(opt: torch.optim.Optimizer, params: List[torch.nn.Parameter], clip: float,
                    acc: torch.Tensor, sync: Optional["SyncBackend"] = None) -> None:
-    """Clip (grad norm into acc[4]) and step, without host syncs.
+    """Clip (grad norm into acc[4]) and step, unless the step's loss (acc[0]) or gradient norm
+    is not finite: then no parameter or optimizer state changes, and acc[5] is 1.
 
-    A fused AdamW skips, on the device, a step whose gradient norm is not finite (the mechanism
-    torch's GradScaler uses: ``found_inf``), and acc[5] records it: one bf16 overflow must not
-    turn every parameter into NaN. Non-fused optimizers cannot skip without a host sync; they
-    step as before."""
+    Note [Non-finite steps]. One step of NaN or inf (an overflow, a bad batch, a far too large
+    --lr) must not turn every parameter into NaN and then into the next checkpoint. The norm is
+    computed also with --clip 0 (one pass over the gradients). A fused AdamW skips such a step
+    on the device, without a host sync (the mechanism torch's GradScaler uses: ``found_inf``,
+    a 0-dim tensor it also subtracts from its step counters); other optimizers are skipped on
+    the host, which reads the flag (one sync: those runs synchronize every step anyway). The
+    trainer counts the skipped steps and stops after --max-nonfinite-steps in a row. Loss and
+    norm are the same on every rank (averaged, and computed from reduced gradients), so every
+    rank skips the same steps."""
     fused = bool(opt.defaults.get("fused"))
-    if clip:
-        if sync is not None and sync.ep is not None:  # experts split across ranks: global norm
-            from .moe import clip_grad_norm_
+    if sync is not None and sync.ep is not None:  # experts split across ranks: global norm
+        from .moe import clip_grad_norm_
 
-            gn = clip_grad_norm_(sync.ep, params, sync.expert_params, clip)
-        else:
-            gn = torch.nn.utils.clip_grad_norm_(params, clip)
-        acc[4] = gn
-        if fused:
-            # 0-dim like GradScaler's: the optimizer also subtracts it from its step counters.
-            bad = (~torch.isfinite(gn)).to(torch.float32)
-            opt.found_inf = bad  # type: ignore[attr-defined]  # read by the fused kernel
-            acc[5] = bad
-    opt.step()
+        gn = clip_grad_norm_(sync.ep, params, sync.expert_params, clip or float("inf"))
+    elif clip:
+        gn = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        gn = grad_norm(params)
+    gn = gn.to(acc.device)
+    acc[4] = gn
+    bad = (~(torch.isfinite(gn) & torch.isfinite(acc[0]))).to(torch.float32)
+    acc[5] = bad
+    if fused:
+        opt.found_inf = bad  # type: ignore[attr-defined]  # read by the fused kernel
+        opt.step()
+    elif not bool(bad):
+        opt.step()
 
 
 def auto_buckets(longest: int) -> tuple:

@@ -337,7 +337,7 @@ def test_gpu_resume_continues_loss_curve(train_db, tmp_path):
 
 def _one_line_error(capsys, code_ok=(1, 2)):
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("loongforge.train: error: "), err
+    assert len(err) == 1 and err[0].startswith("loongforge train: error: "), err
     assert "Traceback" not in err[0]
     return err[0]
 
