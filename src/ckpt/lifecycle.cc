@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/names.h"
@@ -23,8 +24,12 @@ using internal::ChunkWhat;
 using internal::HashKey;
 using internal::Manifest;
 
-Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path,
+Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path, bool replace,
                                                 const ProgressFn& progress) const {
+  const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
+  // Checked first (and again by rename's target being a file we just made): a device or FIFO at
+  // `path` is never replaced, an existing file only when asked to.
+  LF_RETURN_IF_ERROR_CTX(loongforge::internal::CheckReplaceableOutput(path, replace), ctx);
   LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
@@ -37,7 +42,6 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   }
   std::string h = header.dump();
   while (h.size() % 8 != 0) h.push_back(' ');
-  const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
   // A new temporary file next to `path`, removed on any failure (TempFile).
   auto created = loongforge::internal::TempFile::CreateNextTo(path);
   if (!created.ok()) return created.status().WithContext(ctx);
@@ -139,7 +143,13 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   Status s;
   for (size_t i = 0; s.ok() && i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
-    data.resize(static_cast<size_t>(t.nbytes));
+    try {  // nbytes was checked against shape and dtype, not against this machine's memory
+      data.resize(static_cast<size_t>(t.nbytes));
+    } catch (const std::bad_alloc&) {
+      s = ResourceExhaustedError("tensor '" + t.name + "' needs " + std::to_string(t.nbytes) +
+                                 " bytes of host memory, which could not be allocated");
+      break;
+    }
     int64_t off = 0;
     for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
       const ChunkRec& c = t.chunks[ci];
