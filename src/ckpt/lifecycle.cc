@@ -85,9 +85,15 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
   bool created = false;
   struct stat sb;
-  if (::stat(out_dir.c_str(), &sb) == 0) {
+  // lstat: a symlink at OUT is refused, so restore never writes into a directory it points at.
+  if (::lstat(out_dir.c_str(), &sb) == 0) {
+    if (S_ISLNK(sb.st_mode))
+      return InvalidArgumentError(ctx + ": " + out_dir +
+                                  " is a symlink; give the directory itself");
     if (!S_ISDIR(sb.st_mode))
-      return AlreadyExistsError(ctx + ": " + out_dir + " exists and is not a directory");
+      return AlreadyExistsError(ctx + ": " + out_dir + " exists and is a " +
+                                loongforge::internal::FileKindName(sb.st_mode) +
+                                ", not a directory");
     auto entries = internal::ListDirectory(out_dir);
     if (!entries.ok()) return entries.status().WithContext(ctx);
     if (!entries->empty() && !replace)

@@ -271,6 +271,23 @@ TEST(CkptHostile, ExportReplacesOnlyARegularFileWhenAsked) {
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
+// Guards restore's output: a symlink at OUT (to a directory) is refused and the directory it
+// points at stays empty; a FIFO at OUT is refused naming its kind.
+TEST(CkptHostile, RestoreRefusesSymlinkAndFifoOut) {
+  const std::string dir = MakeVault("restore_out");
+  auto v = OpenRo(dir);
+  const std::string target = TempDir("restore_out_target");
+  fs::create_symlink(target, dir + "/link");
+  Status s = v->RestoreToDirectory(3, dir + "/link", /*replace=*/true);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("symlink"), std::string::npos) << s;
+  EXPECT_TRUE(fs::is_empty(target));
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  s = v->RestoreToDirectory(3, dir + "/fifo", true);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("FIFO"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace ckpt
 }  // namespace loongforge
