@@ -3,6 +3,7 @@
 // into place (Note [Outputs are created, never followed] in common/file_util.h); gc and
 // retention delete only the vault's own files (names.h).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,12 +72,52 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   return Status::Ok();
 }
 
+namespace {
+constexpr char kRestorePrefix[] = ".restore.";
+
+std::string HostName() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof(h) - 1) != 0) return "unknown";
+  return h;
+}
+
+// If `name` in `out_dir` is the private directory of a restore (".restore.<pid>@<host>.XXXXXX")
+// whose owner ran on this host and is gone, removes it (its regular files, then itself) and
+// returns true. A live owner's directory, another host's, or anything else is left alone.
+bool RemoveStaleRestoreDir(const std::string& out_dir, const std::string& name) {
+  const size_t plen = sizeof(kRestorePrefix) - 1;
+  if (name.compare(0, plen, kRestorePrefix) != 0) return false;
+  const size_t at = name.find('@', plen);
+  const size_t dot = name.rfind('.');
+  if (at == std::string::npos || dot == std::string::npos || dot < at || at == plen) return false;
+  const std::string pid_s = name.substr(plen, at - plen);
+  if (pid_s.find_first_not_of("0123456789") != std::string::npos || pid_s.size() > 9) return false;
+  if (name.substr(at + 1, dot - at - 1) != HostName()) return false;
+  const pid_t pid = static_cast<pid_t>(std::stol(pid_s));
+  if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return false;  // alive (or unknown)
+  const std::string path = out_dir + "/" + name;
+  struct stat sb;
+  if (::lstat(path.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+  auto files = internal::ListDirectory(path);
+  if (!files.ok()) return false;
+  for (const auto& f : *files) {
+    const std::string fp = path + "/" + f;
+    if (::lstat(fp.c_str(), &sb) == 0 && S_ISREG(sb.st_mode)) ::unlink(fp.c_str());
+  }
+  if (::rmdir(path.c_str()) != 0) return false;
+  LF_LOG(WARNING) << "removed " << path << ", left by restore process " << pid
+                  << " which is no longer running";
+  return true;
+}
+}  // namespace
+
 // Note [Restore into a directory]
 // `ckpt restore` writes OUT/<i>.bin per tensor and OUT/tensors.json (the index, written last).
 // OUT must be new or empty unless `replace` is given, and then only the files restore itself
 // writes are replaced; nothing else in OUT is touched. All files are first written and fsync()ed
-// in a new private directory OUT/.restore.XXXXXX (mkdtemp: nobody can have planted anything in
-// it), then renamed into OUT: rename() replaces a planted symlink, it never writes through one.
+// in a new private directory OUT/.restore.<pid>@<host>.XXXXXX (mkdtemp: nobody can have planted
+// anything in it; a later restore removes one whose owner is dead on this host), then renamed
+// into OUT: rename() replaces a planted symlink, it never writes through one.
 // Any failure before the renames (a full disk, an unreadable chunk) removes the private directory
 // and, when restore created OUT, OUT itself: nothing partial is left behind.
 Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string& out_dir,
@@ -96,6 +137,12 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
                                 ", not a directory");
     auto entries = internal::ListDirectory(out_dir);
     if (!entries.ok()) return entries.status().WithContext(ctx);
+    // A restore killed before its renames leaves its private directory; one whose owner is dead
+    // on this host is removed so the retry does not see OUT as non-empty.
+    std::vector<std::string> kept;
+    for (const auto& e : *entries)
+      if (!RemoveStaleRestoreDir(out_dir, e)) kept.push_back(e);
+    *entries = std::move(kept);
     if (!entries->empty() && !replace)
       return AlreadyExistsError(ctx + ": " + out_dir + " is not empty (" +
                                 std::to_string(entries->size()) +
@@ -108,7 +155,8 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   } else {
     return ErrnoToStatus(errno, "stat " + out_dir).WithContext(ctx);
   }
-  std::string tmpl = out_dir + "/.restore.XXXXXX";
+  std::string tmpl =
+      out_dir + "/" + kRestorePrefix + std::to_string(::getpid()) + "@" + HostName() + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {

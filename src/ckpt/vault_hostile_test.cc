@@ -2,7 +2,9 @@
 // shapes, dtypes, names, steps, non-integer numbers), manifests and segments that are not regular
 // files, and export / restore outputs that must not be replaced.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -286,6 +288,53 @@ TEST(CkptHostile, RestoreRefusesSymlinkAndFifoOut) {
   s = v->RestoreToDirectory(3, dir + "/fifo", true);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("FIFO"), std::string::npos) << s;
+}
+
+// Guards the retry after a restore killed with SIGKILL: its private directory (owner dead on this
+// host) is cleared and the retry succeeds without --force; a live owner's directory is kept.
+TEST(CkptHostile, RestoreAfterKillNineClearsStaleStagingOnly) {
+  const std::string dir = MakeVault("restore_kill");
+  const std::string out = dir + "/out";
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipefd[0]);
+    auto v = OpenRo(dir);
+    // Stop inside the restore (after its private directory exists) until killed.
+    v->RestoreToDirectory(3, out, false, [&](int64_t) {
+       char c = 1;
+       if (::write(pipefd[1], &c, 1) == 1) {
+       }
+       for (;;) ::pause();
+     }).IgnoreError();
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  char c;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
+  ::close(pipefd[0]);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int st;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  int stale = 0;
+  for (auto& e : fs::directory_iterator(out))
+    stale += e.path().filename().string().rfind(".restore.", 0) == 0;
+  ASSERT_EQ(stale, 1);
+  // A live owner's directory (this process) is not touched, so OUT stays non-empty.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string live =
+      dir + "/out2/.restore." + std::to_string(::getpid()) + "@" + host + ".abcdef";
+  fs::create_directories(live);
+  auto v = OpenRo(dir);
+  EXPECT_EQ(v->RestoreToDirectory(3, dir + "/out2").code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(fs::exists(live));
+  ASSERT_TRUE(v->RestoreToDirectory(3, out).ok());
+  for (auto& e : fs::directory_iterator(out))
+    EXPECT_NE(e.path().filename().string().rfind(".restore.", 0), 0u) << e.path();
+  EXPECT_TRUE(fs::exists(out + "/tensors.json"));
 }
 
 }  // namespace
