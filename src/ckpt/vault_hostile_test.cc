@@ -337,6 +337,19 @@ TEST(CkptHostile, RestoreAfterKillNineClearsStaleStagingOnly) {
   EXPECT_TRUE(fs::exists(out + "/tensors.json"));
 }
 
+// Guards export to output names of 241-255 characters: the temporary name next to the output
+// must still fit NAME_MAX.
+TEST(CkptHostile, ExportToLongestLegalNames) {
+  const std::string dir = MakeVault("export_long");
+  auto v = OpenRo(dir);
+  for (size_t n : {241u, 250u, 255u}) {
+    const std::string out = dir + "/" + std::string(n - 12, 'n') + ".safetensors";
+    Status s = v->ExportSafetensors(3, out);
+    EXPECT_TRUE(s.ok()) << n << ": " << s;
+    EXPECT_TRUE(fs::is_regular_file(out)) << n;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt
 }  // namespace loongforge
