@@ -1,5 +1,6 @@
 // `loongforge ckpt ls|show|verify|restore|merge|gc|export DIR ...`: inspect and maintain a
 // CheckpointVault directory.
+#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -19,11 +20,11 @@ using ckpt::CheckpointVault;
 
 // The options of every ckpt subcommand; each subcommand declares the ones it reads.
 struct Args {
-  std::optional<int64_t> step;  // --step (default: latest)
-  std::string out;              // --out
-  bool all = false;             // verify --all
-  bool dry_run = false;         // gc --dry-run
-  bool force = false;           // restore --force
+  std::optional<std::string> step;  // --step (default: latest), parsed by PickStep
+  std::string out;                  // --out
+  bool all = false;                 // verify --all
+  bool dry_run = false;             // gc --dry-run
+  bool force = false;               // restore / export --force
 };
 
 std::string Human(int64_t b) {
@@ -45,8 +46,16 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// --step must be a whole non-negative number ("", "1.5", "-1", "7x" are refused, not read as 0).
 StatusOr<int64_t> PickStep(const Args& a, const CheckpointVault& v) {
-  if (a.step) return *a.step;
+  if (a.step) {
+    const std::string& t = *a.step;
+    int64_t step = -1;
+    const auto r = std::from_chars(t.data(), t.data() + t.size(), step);
+    if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || step < 0)
+      return InvalidArgumentError("--step must be a non-negative integer, got '" + t + "'");
+    return step;
+  }
   auto l = v.Latest();
   if (!l) return NotFoundError("no checkpoint in " + v.dir());
   return *l;
@@ -125,7 +134,7 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     ProgressBar bar(sub + " " + std::to_string(step), total);
     const ckpt::ProgressFn progress = AdvanceBar(bar);
     if (sub == "export") {
-      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, progress));
+      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, a.force, progress));
       bar.Finish();
       std::printf("wrote %s\n", a.out.c_str());
       return Status::Ok();
@@ -187,7 +196,10 @@ void AddCkpt(CLI::App& root) {
       app->add_option("--out", a->out, "output directory (new or empty)")->required();
       app->add_flag("--force", a->force, "replace the files restore writes in a non-empty --out");
     }
-    if (name == "export") app->add_option("--out", a->out, "output .safetensors file")->required();
+    if (name == "export") {
+      app->add_option("--out", a->out, "output .safetensors file (new)")->required();
+      app->add_flag("--force", a->force, "replace an existing regular file at --out");
+    }
     if (name == "verify") app->add_flag("--all", a->all, "verify every checkpoint");
     if (name == "gc") app->add_flag("--dry-run", a->dry_run, "only report");
   }

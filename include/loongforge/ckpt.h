@@ -288,8 +288,10 @@ class CheckpointVault {
   // Reads every chunk of `step` and recomputes its checksum.
   Status Verify(int64_t step, const ProgressFn& progress = {}) const;
   // Writes `step` as a safetensors file (atomically: a new temporary file next to `path`,
-  // fsync, rename; a symlink at `path` is replaced, never written through).
-  Status ExportSafetensors(int64_t step, const std::string& path,
+  // fsync, rename). An existing `path` is replaced only if it is a regular file and `replace`
+  // is given (AlreadyExists otherwise); a directory, device, FIFO or symlink at `path` is
+  // refused (InvalidArgument), never written through.
+  Status ExportSafetensors(int64_t step, const std::string& path, bool replace = false,
                            const ProgressFn& progress = {}) const;
   // Writes every tensor of `step` as OUT/<i>.bin (raw bytes) plus OUT/tensors.json (name, dtype,
   // shape, file of each). OUT is created if missing; an existing non-empty OUT is AlreadyExists

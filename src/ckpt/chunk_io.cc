@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <thread>
 
 #include "ckpt/device.h"
+#include "common/file_util.h"
 #include "loongforge/logging.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -37,21 +39,39 @@ namespace internal {
 // ---------------- SegmentReader ----------------
 
 SegmentReader::~SegmentReader() {
-  for (auto& [_, fd] : fds_) ::close(fd);
+  for (auto& [_, f] : fds_) ::close(f.fd);
 }
 
 StatusOr<int> SegmentReader::Fd(const std::string& seg) {
   auto it = fds_.find(seg);
-  if (it != fds_.end()) return it->second;
+  if (it != fds_.end()) return it->second.fd;
   const std::string path = seg_dir_ + "/" + seg;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return DataLossError("segment file " + path + " is missing");
-    return ErrnoToStatus(errno, "open " + path);
+  // A regular file only: a FIFO planted as a segment would block the read forever.
+  auto fd = loongforge::internal::OpenRegularFile(path);
+  if (!fd.ok()) {
+    if (fd.status().code() == StatusCode::kNotFound)
+      return DataLossError("segment file " + path + " is missing");
+    return fd.status();
   }
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  fds_.emplace(seg, fd);
-  return fd;
+  struct stat st;
+  if (::fstat(*fd, &st) != 0) {
+    const int err = errno;
+    ::close(*fd);
+    return ErrnoToStatus(err, "stat " + path);
+  }
+  ::posix_fadvise(*fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  fds_.emplace(seg, Open{*fd, static_cast<int64_t>(st.st_size)});
+  return *fd;
+}
+
+Status SegmentReader::CheckRange(const ChunkLoc& loc) {
+  LF_RETURN_IF_ERROR(Fd(loc.seg));
+  const int64_t size = fds_.at(loc.seg).size;
+  if (loc.off < 0 || loc.len < 0 || loc.off > size || loc.len > size - loc.off)
+    return DataLossError("segment " + seg_dir_ + "/" + loc.seg + " has " + std::to_string(size) +
+                         " bytes, the manifest says a chunk is at offset " +
+                         std::to_string(loc.off) + " length " + std::to_string(loc.len));
+  return Status::Ok();
 }
 
 namespace {
@@ -93,6 +113,7 @@ Status PreadvAll(int fd, std::vector<iovec>& iov, int64_t off, const std::string
 
 Status SegmentReader::Read(const ChunkLoc& loc, void* dst) {
   LF_ASSIGN_OR_RETURN(int fd, Fd(loc.seg));
+  LF_RETURN_IF_ERROR(CheckRange(loc));
   std::vector<iovec> iov{{dst, static_cast<size_t>(loc.len)}};
   if (loc.len == 0) return Status::Ok();
   return PreadvAll(fd, iov, loc.off, loc.seg, loc.len);
@@ -160,6 +181,16 @@ std::string ChunkWhat(int64_t step, const std::string& tensor, size_t idx, const
 
 Status ChunkDecoder::Decompress(const uint8_t* src, size_t src_len, uint8_t* dst, int64_t raw,
                                 const std::string& what) {
+  // The frame must say it decodes to exactly the manifest's size; the output is bounded by it.
+  const unsigned long long fcs = ZSTD_getFrameContentSize(src, src_len);
+  if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN ||
+      fcs != static_cast<unsigned long long>(raw))
+    return DataLossError(what + ": compressed frame " +
+                         (fcs == ZSTD_CONTENTSIZE_ERROR ? std::string("is not a zstd frame")
+                          : fcs == ZSTD_CONTENTSIZE_UNKNOWN
+                              ? std::string("has no content size")
+                              : "holds " + std::to_string(fcs) + " bytes") +
+                         ", the manifest says " + std::to_string(raw));
   if (!dctx_) dctx_ = ZSTD_createDCtx();
   size_t n = ZSTD_decompressDCtx(dctx_, dst, static_cast<size_t>(raw), src, src_len);
   if (ZSTD_isError(n) || static_cast<int64_t>(n) != raw)
@@ -358,6 +389,7 @@ Status ReadRun(const std::vector<ReadItem>& items, const Run& run, const ReadPas
     const std::string what = ChunkWhat(opts.step, first.t->name, first.ci, loc0);
     auto fd = w.dec.reader().Fd(loc0.seg);
     if (!fd.ok()) return fd.status().WithContext(what);
+    LF_RETURN_IF_ERROR_CTX(w.dec.reader().CheckRange({loc0.seg, loc0.off, run.stored_bytes}), what);
     LF_RETURN_IF_ERROR_CTX(PreadvAll(*fd, w.iov, loc0.off, loc0.seg, run.stored_bytes), what);
   }
   for (size_t k = 0; k < n; ++k) {

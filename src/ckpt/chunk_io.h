@@ -27,12 +27,19 @@ class SegmentReader {
   SegmentReader& operator=(const SegmentReader&) = delete;
   // The file descriptor of segment `seg` (opened on first use). DataLoss if it is missing.
   StatusOr<int> Fd(const std::string& seg);
-  // Reads loc.len bytes at loc.off into `dst`. DataLoss if the segment is short.
+  // Reads loc.len bytes at loc.off into `dst`. DataLoss if the range is not inside the segment
+  // (its size when first opened; segments are complete before a manifest names them).
   Status Read(const ChunkLoc& loc, void* dst);
+  // DataLoss naming the segment, its size and the range unless `loc` lies inside the segment.
+  Status CheckRange(const ChunkLoc& loc);
 
  private:
+  struct Open {
+    int fd;
+    int64_t size;
+  };
   std::string seg_dir_;
-  std::unordered_map<std::string, int> fds_;
+  std::unordered_map<std::string, Open> fds_;
 };
 
 // Decodes stored chunks into raw bytes and verifies their XXH3-128. One per thread.

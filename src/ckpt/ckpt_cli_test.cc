@@ -1,5 +1,6 @@
 // Tests of `loongforge ckpt`: the subcommands, exit codes and damaged vaults.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,38 @@ TEST(CkptCli, DamagedVaultsAndUserFiles) {
   EXPECT_NE(out.find("notes.txt"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(dir + "/segments/notes.txt"));
   EXPECT_EQ(RunCli("ckpt verify " + dir + " --all", &out), 0) << out;
+}
+
+// Guards --step parsing and export's output: an empty or non-integer --step is refused (it was
+// read as step 0), export over an existing file needs --force, a FIFO at --out is refused.
+TEST(CkptCli, StrictStepAndExportOutput) {
+  std::string dir = TempDir("cli3");
+  State s;
+  s.Add("w", "f32", {4096}, 1);
+  {
+    auto v = CheckpointVault::Open(dir, SmallOpts());
+    ASSERT_TRUE((*v)->Save(0, s.Refs()).ok());
+    ASSERT_TRUE((*v)->Wait().ok());
+  }
+  std::string out;
+  for (const char* bad : {"''", "1.5", "-1", "0x", "' 0'"}) {
+    const int rc = RunCli("ckpt show " + dir + " --step " + bad, &out);
+    EXPECT_NE(rc, 0) << bad << ": " << out;
+    EXPECT_LT(rc, 128) << bad << ": " << out;
+    EXPECT_NE(out.find("--step"), std::string::npos) << bad << ": " << out;
+  }
+  EXPECT_EQ(RunCli("ckpt show " + dir + " --step 0", &out), 0) << out;
+  const std::string x = dir + "/x.safetensors";
+  std::ofstream(x) << "old";
+  EXPECT_NE(RunCli("ckpt export " + dir + " --out " + x, &out), 0) << out;
+  EXPECT_NE(out.find("--force"), std::string::npos) << out;
+  EXPECT_EQ(ReadFile(x), "old");
+  EXPECT_EQ(RunCli("ckpt export " + dir + " --out " + x + " --force", &out), 0) << out;
+  EXPECT_NE(ReadFile(x), "old");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_NE(RunCli("ckpt export " + dir + " --out " + fifo + " --force", &out), 0) << out;
+  EXPECT_NE(out.find("FIFO"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 // into place (Note [Outputs are created, never followed] in common/file_util.h); gc and
 // retention delete only the vault's own files (names.h).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/names.h"
@@ -23,8 +25,12 @@ using internal::ChunkWhat;
 using internal::HashKey;
 using internal::Manifest;
 
-Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path,
+Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path, bool replace,
                                                 const ProgressFn& progress) const {
+  const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
+  // Checked first (and again by rename's target being a file we just made): a device or FIFO at
+  // `path` is never replaced, an existing file only when asked to.
+  LF_RETURN_IF_ERROR_CTX(loongforge::internal::CheckReplaceableOutput(path, replace), ctx);
   LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
@@ -37,7 +43,6 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   }
   std::string h = header.dump();
   while (h.size() % 8 != 0) h.push_back(' ');
-  const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
   // A new temporary file next to `path`, removed on any failure (TempFile).
   auto created = loongforge::internal::TempFile::CreateNextTo(path);
   if (!created.ok()) return created.status().WithContext(ctx);
@@ -67,12 +72,52 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   return Status::Ok();
 }
 
+namespace {
+constexpr char kRestorePrefix[] = ".restore.";
+
+std::string HostName() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof(h) - 1) != 0) return "unknown";
+  return h;
+}
+
+// If `name` in `out_dir` is the private directory of a restore (".restore.<pid>@<host>.XXXXXX")
+// whose owner ran on this host and is gone, removes it (its regular files, then itself) and
+// returns true. A live owner's directory, another host's, or anything else is left alone.
+bool RemoveStaleRestoreDir(const std::string& out_dir, const std::string& name) {
+  const size_t plen = sizeof(kRestorePrefix) - 1;
+  if (name.compare(0, plen, kRestorePrefix) != 0) return false;
+  const size_t at = name.find('@', plen);
+  const size_t dot = name.rfind('.');
+  if (at == std::string::npos || dot == std::string::npos || dot < at || at == plen) return false;
+  const std::string pid_s = name.substr(plen, at - plen);
+  if (pid_s.find_first_not_of("0123456789") != std::string::npos || pid_s.size() > 9) return false;
+  if (name.substr(at + 1, dot - at - 1) != HostName()) return false;
+  const pid_t pid = static_cast<pid_t>(std::stol(pid_s));
+  if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return false;  // alive (or unknown)
+  const std::string path = out_dir + "/" + name;
+  struct stat sb;
+  if (::lstat(path.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+  auto files = internal::ListDirectory(path);
+  if (!files.ok()) return false;
+  for (const auto& f : *files) {
+    const std::string fp = path + "/" + f;
+    if (::lstat(fp.c_str(), &sb) == 0 && S_ISREG(sb.st_mode)) ::unlink(fp.c_str());
+  }
+  if (::rmdir(path.c_str()) != 0) return false;
+  LF_LOG(WARNING) << "removed " << path << ", left by restore process " << pid
+                  << " which is no longer running";
+  return true;
+}
+}  // namespace
+
 // Note [Restore into a directory]
 // `ckpt restore` writes OUT/<i>.bin per tensor and OUT/tensors.json (the index, written last).
 // OUT must be new or empty unless `replace` is given, and then only the files restore itself
 // writes are replaced; nothing else in OUT is touched. All files are first written and fsync()ed
-// in a new private directory OUT/.restore.XXXXXX (mkdtemp: nobody can have planted anything in
-// it), then renamed into OUT: rename() replaces a planted symlink, it never writes through one.
+// in a new private directory OUT/.restore.<pid>@<host>.XXXXXX (mkdtemp: nobody can have planted
+// anything in it; a later restore removes one whose owner is dead on this host), then renamed
+// into OUT: rename() replaces a planted symlink, it never writes through one.
 // Any failure before the renames (a full disk, an unreadable chunk) removes the private directory
 // and, when restore created OUT, OUT itself: nothing partial is left behind.
 Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string& out_dir,
@@ -81,11 +126,23 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
   bool created = false;
   struct stat sb;
-  if (::stat(out_dir.c_str(), &sb) == 0) {
+  // lstat: a symlink at OUT is refused, so restore never writes into a directory it points at.
+  if (::lstat(out_dir.c_str(), &sb) == 0) {
+    if (S_ISLNK(sb.st_mode))
+      return InvalidArgumentError(ctx + ": " + out_dir +
+                                  " is a symlink; give the directory itself");
     if (!S_ISDIR(sb.st_mode))
-      return AlreadyExistsError(ctx + ": " + out_dir + " exists and is not a directory");
+      return AlreadyExistsError(ctx + ": " + out_dir + " exists and is a " +
+                                loongforge::internal::FileKindName(sb.st_mode) +
+                                ", not a directory");
     auto entries = internal::ListDirectory(out_dir);
     if (!entries.ok()) return entries.status().WithContext(ctx);
+    // A restore killed before its renames leaves its private directory; one whose owner is dead
+    // on this host is removed so the retry does not see OUT as non-empty.
+    std::vector<std::string> kept;
+    for (const auto& e : *entries)
+      if (!RemoveStaleRestoreDir(out_dir, e)) kept.push_back(e);
+    *entries = std::move(kept);
     if (!entries->empty() && !replace)
       return AlreadyExistsError(ctx + ": " + out_dir + " is not empty (" +
                                 std::to_string(entries->size()) +
@@ -98,7 +155,8 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   } else {
     return ErrnoToStatus(errno, "stat " + out_dir).WithContext(ctx);
   }
-  std::string tmpl = out_dir + "/.restore.XXXXXX";
+  std::string tmpl =
+      out_dir + "/" + kRestorePrefix + std::to_string(::getpid()) + "@" + HostName() + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
@@ -139,7 +197,13 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   Status s;
   for (size_t i = 0; s.ok() && i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
-    data.resize(static_cast<size_t>(t.nbytes));
+    try {  // nbytes was checked against shape and dtype, not against this machine's memory
+      data.resize(static_cast<size_t>(t.nbytes));
+    } catch (const std::bad_alloc&) {
+      s = ResourceExhaustedError("tensor '" + t.name + "' needs " + std::to_string(t.nbytes) +
+                                 " bytes of host memory, which could not be allocated");
+      break;
+    }
     int64_t off = 0;
     for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
       const ChunkRec& c = t.chunks[ci];

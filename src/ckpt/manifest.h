@@ -11,6 +11,12 @@ namespace loongforge {
 namespace ckpt {
 namespace internal {
 
+// Bounds on what a manifest (and VaultOptions) may say: chunk_bytes in [4 KiB, 1 GiB] (a read
+// buffer is sized by it), at most kMaxDims dimensions per tensor.
+constexpr int64_t kMinChunkBytes = 4096;
+constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
+constexpr int kMaxDims = 16;
+
 enum class Codec : int { kRaw = 0, kZstd = 1, kXorZstd = 2 };
 
 // Where a stored chunk lives.
@@ -52,7 +58,9 @@ struct Manifest {
 
 // File format: "LFCKPT1 <xxh3-128 of body, 32 hex> <body length>\n" + JSON body.
 std::string SerializeManifest(const Manifest& m);
-// `path` is used in error messages only. Truncation, a bad checksum or bad JSON -> DataLoss.
+// `path` is used in error messages only. Truncation, a bad checksum, bad JSON or any field that
+// is out of range or inconsistent (nbytes vs shape and dtype, chunk count and sizes vs nbytes
+// and chunk_bytes, duplicate tensor names, non-integer numbers) -> DataLoss naming the field.
 StatusOr<Manifest> ParseManifest(const std::string& bytes, const std::string& path);
 
 }  // namespace internal

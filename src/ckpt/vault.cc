@@ -11,9 +11,11 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <new>
 
 #include "ckpt/names.h"
 #include "ckpt/vault_impl.h"
+#include "common/file_util.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 
@@ -26,23 +28,7 @@ using internal::TensorRec;
 namespace internal {
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open " + path);
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoToStatus(err, "read " + path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  return loongforge::internal::ReadRegularFile(path, static_cast<size_t>(kMaxManifestBytes));
 }
 
 StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir) {
@@ -81,9 +67,11 @@ CheckpointVault::Impl::~Impl() {
 }
 
 Status CheckpointVault::Impl::Init() {
-  if (opts_.chunk_bytes < 4096 || opts_.chunk_bytes % 64 != 0)
-    return InvalidArgumentError("chunk_bytes must be >= 4096 and a multiple of 64, got " +
-                                std::to_string(opts_.chunk_bytes));
+  if (opts_.chunk_bytes < internal::kMinChunkBytes ||
+      opts_.chunk_bytes > internal::kMaxChunkBytes || opts_.chunk_bytes % 64 != 0)
+    return InvalidArgumentError(
+        "chunk_bytes must be in [4096, 1073741824] and a multiple of 64, got " +
+        std::to_string(opts_.chunk_bytes));
   if (opts_.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
   if (opts_.io_threads < 0) return InvalidArgumentError("io_threads must be >= 0");
   if (opts_.device_staging_max_bytes < 0)
@@ -257,7 +245,11 @@ StatusOr<Manifest> CheckpointVault::Impl::LoadManifest(int64_t step) const {
       return NotFoundError("checkpoint " + std::to_string(step) + " not found in " + dir_);
     return bytes.status();
   }
-  return internal::ParseManifest(*bytes, path);
+  LF_ASSIGN_OR_RETURN(Manifest m, internal::ParseManifest(*bytes, path));
+  if (m.step != step)
+    return DataLossError("manifest " + path + ": step is " + std::to_string(m.step) +
+                         " but the file name says " + std::to_string(step));
+  return m;
 }
 
 // Decodes every chunk of `m` (or of the tensors in `only`) in one parallel pass (Note [Parallel
@@ -298,7 +290,15 @@ StatusOr<std::vector<HostTensor>> CheckpointVault::Impl::Restore(int64_t step,
   std::unordered_map<const TensorRec*, HostTensor*> by;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     out[i].info = Info(m.tensors[i]);
-    out[i].data.resize(static_cast<size_t>(m.tensors[i].nbytes));
+    // nbytes was checked against shape and dtype, not against this machine's memory.
+    try {
+      out[i].data.resize(static_cast<size_t>(m.tensors[i].nbytes));
+    } catch (const std::bad_alloc&) {
+      return ResourceExhaustedError("restore checkpoint " + std::to_string(step) + ": tensor '" +
+                                    m.tensors[i].name + "' needs " +
+                                    std::to_string(m.tensors[i].nbytes) +
+                                    " bytes of host memory, which could not be allocated");
+    }
     by[&m.tensors[i]] = &out[i];
   }
   LF_RETURN_IF_ERROR(ReadAll(
@@ -454,9 +454,9 @@ Status CheckpointVault::RestoreInto(int64_t step,
 Status CheckpointVault::Verify(int64_t step, const ProgressFn& p) const {
   return impl_->Verify(step, p);
 }
-Status CheckpointVault::ExportSafetensors(int64_t step, const std::string& path,
+Status CheckpointVault::ExportSafetensors(int64_t step, const std::string& path, bool replace,
                                           const ProgressFn& p) const {
-  return impl_->ExportSafetensors(step, path, p);
+  return impl_->ExportSafetensors(step, path, replace, p);
 }
 Status CheckpointVault::RestoreToDirectory(int64_t step, const std::string& out_dir, bool replace,
                                            const ProgressFn& p) const {

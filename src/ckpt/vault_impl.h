@@ -98,7 +98,10 @@ struct Slot {
 
 struct SnapshotPlan;  // snapshot.cc
 
-// Reads a whole file (manifests). Errors name the file.
+// The largest manifest file read (a bound on the allocation a hostile file can cause).
+constexpr int64_t kMaxManifestBytes = int64_t{1} << 30;
+// Reads a whole manifest file; anything but a regular file (a FIFO, a device) is refused at once,
+// never blocked on. Errors name the file.
 StatusOr<std::string> ReadWholeFile(const std::string& path);
 // Names in `dir`, except "." and "..". Errors name the directory (EACCES -> PermissionDenied).
 StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
@@ -134,7 +137,8 @@ class CheckpointVault::Impl {
   static TensorInfo Info(const internal::TensorRec& t);
 
   // lifecycle.cc
-  Status ExportSafetensors(int64_t step, const std::string& path, const ProgressFn& progress) const;
+  Status ExportSafetensors(int64_t step, const std::string& path, bool replace,
+                           const ProgressFn& progress) const;
   Status RestoreToDirectory(int64_t step, const std::string& out_dir, bool replace,
                             const ProgressFn& progress) const;
   Status Merge(int64_t step, const ProgressFn& progress);

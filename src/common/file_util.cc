@@ -130,6 +130,9 @@ StatusOr<TempFile> TempFile::CreateNextTo(const std::string& target) {
   std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
   std::string prefix = slash == std::string::npos ? "" : target.substr(0, slash + 1);
   if (base.empty()) return InvalidArgumentError("no file name in output path '" + target + "'");
+  // The temporary name must fit NAME_MAX (255) for any legal target name: a long base is cut
+  // (mkostemp's random suffix keeps it unique).
+  if (base.size() > 200) base.resize(200);
   std::string templ = prefix + "." + base + ".tmp.XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
