@@ -110,6 +110,10 @@ struct LoaderOptions {
   bool static_shapes = false;
   bool truncate_tokens = false;
   CorruptPolicy on_corrupt = CorruptPolicy::kSkip;
+  // A record whose JPEG header claims more than this many pixels (width x height) is corrupt:
+  // DataLoss naming the DB, record, size and bound, checked before any pixel buffer is allocated
+  // (skipped under on_corrupt = kSkip). >= 1; the default is 64 Mi pixels (8192 x 8192).
+  int64_t max_frame_pixels = int64_t{64} << 20;
   bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
   int64_t timeout_ms = 60000;  // every wait inside the pipeline
   // GPU loader (device = kCuda). layout/dtype/antialias other than the defaults need kCuda.

@@ -583,6 +583,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     return InvalidArgumentError("crop_fraction must be in (0, 1]");
   if (o.threads <= 0) return InvalidArgumentError("threads must be > 0");
   if (o.prefetch <= 0) return InvalidArgumentError("prefetch must be > 0");
+  if (o.max_frame_pixels < 1)
+    return InvalidArgumentError("max_frame_pixels must be >= 1 (got " +
+                                std::to_string(o.max_frame_pixels) + ")");
   for (int c = 0; c < 3; ++c)
     if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
   if (!(o.hw_decode_ratio <= 1.f)) return InvalidArgumentError("hw_decode_ratio must be <= 1");

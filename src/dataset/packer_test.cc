@@ -378,6 +378,41 @@ TEST(PackRejects, FrameSizeMismatch) {
                     "frame is 32x24, expected 16x8");
 }
 
+// `jpg` with its baseline SOF0 header rewritten to claim `w` x `h` (the scan data is unchanged).
+std::string WithClaimedSize(std::string jpg, int w, int h) {
+  const size_t i = jpg.find("\xFF\xC0");
+  EXPECT_NE(i, std::string::npos);
+  jpg[i + 5] = static_cast<char>(h >> 8), jpg[i + 6] = static_cast<char>(h & 0xFF);
+  jpg[i + 7] = static_cast<char>(w >> 8), jpg[i + 8] = static_cast<char>(w & 0xFF);
+  return jpg;
+}
+
+// Guards: a frame whose header claims more pixels than max_frame_pixels is refused from its
+// header, naming the file, the claimed size and the bound (the loader would refuse every record
+// of it, after a 12 GiB allocation per 65500x65500 frame without the bound).
+TEST(PackRejects, FrameOverPixelBound) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "10") / "cam_a" / "1.jpg";
+  WriteFile(bad, WithClaimedSize(ReadFile(bad), 65500, 65500));
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string(),
+                    "JPEG header claims 65500x65500 = 4290250000 pixels",
+                    "over max_frame_pixels 67108864");
+  // The bound is the option's, inclusive: 16x8 frames pass 128 and fail 127, at the first frame.
+  TempDir tmp2;
+  MakeTinySet(tmp2 / "src");
+  PackOptions o = Opts(tmp2 / "src", tmp2 / "db");
+  o.max_frame_pixels = 127;
+  auto r = PackEpisodes(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("16x8 = 128 pixels, over max_frame_pixels 127"),
+            std::string::npos)
+      << r.status();
+  EXPECT_FALSE(fs::exists(tmp2 / "db"));
+  o.max_frame_pixels = 128;
+  EXPECT_TRUE(PackEpisodes(o).ok());
+}
+
 // Guards: a step with no frame in one camera is named (file and step).
 TEST(PackRejects, MissingStepFrame) {
   TempDir tmp;
@@ -591,7 +626,7 @@ TEST(PackRejects, BadOptions) {
   for (auto set : std::vector<std::function<void(PackOptions*)>>{
            [](PackOptions* o) { o->threads = -3; }, [](PackOptions* o) { o->horizon = 0; },
            [](PackOptions* o) { o->max_instruction_bytes = 0; },
-           [](PackOptions* o) { o->out = "."; }}) {
+           [](PackOptions* o) { o->max_frame_pixels = 0; }, [](PackOptions* o) { o->out = "."; }}) {
     PackOptions o = Opts(tmp / "src", tmp / "db");
     set(&o);
     auto r = PackEpisodes(o);
