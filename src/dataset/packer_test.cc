@@ -875,5 +875,72 @@ TEST(PackCli, BadValuesAreRefused) {
   EXPECT_FALSE(fs::exists(tmp / "d" / "episodes"));
 }
 
+// Guards: any legal output name (up to NAME_MAX = 255 bytes) can be packed; its lock file and
+// staging directory get a short hashed name when "<name>.partial.XXXXXX" would not fit, and
+// nothing but the DB is left afterwards.
+TEST(Pack, LongestOutputNamesFit) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  for (size_t len : {240, 241, 250, 255}) {
+    const fs::path out = tmp / std::string(len, 'a' + static_cast<char>(len % 26));
+    auto r = PackEpisodes(Opts(tmp / "src", out));
+    ASSERT_TRUE(r.ok()) << len << ": " << r.status();
+    EXPECT_EQ(DbSchema(out).num_samples, 5);
+  }
+  size_t entries = 0;
+  for (auto& e : fs::directory_iterator(tmp.path())) {
+    ++entries;
+    EXPECT_EQ(e.path().filename().string().find(".lf-"), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().extension(), "") << "left behind: " << e.path();
+  }
+  EXPECT_EQ(entries, 5u);  // src and the four DBs
+}
+
+// Guards: the lock file names its writer (pid and host), a stale lock of a dead writer on this
+// host is taken over, and one written on another host (whose flock this host may not see on a
+// network filesystem) is refused, naming that host.
+TEST(Pack, LockRecordsOwnerAndStaleLockIsCleared) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  const fs::path lock = tmp / "db.lock";
+  // A pack killed on this host: its pid is gone and its flock went with it.
+  WriteFile(lock, std::string("loongforge record-store lock\npid 999999999 host ") + host + "\n");
+  auto r = PackEpisodes(Opts(tmp / "src", tmp / "db"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(fs::exists(lock));
+  // While a writer holds it, the lock file says who it is.
+  {
+    auto w = RecordWriter::Create((tmp / "db2").string(), false);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string text = ReadFile(tmp / "db2.lock");
+    EXPECT_NE(text.find("pid " + std::to_string(::getpid()) + " host " + host), std::string::npos)
+        << text;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "db2.lock"));
+  WriteFile(tmp / "db3.lock", "loongforge record-store lock\npid 12 host another-host\n");
+  auto r3 = PackEpisodes(Opts(tmp / "src", tmp / "db3"));
+  EXPECT_EQ(r3.status().code(), StatusCode::kUnavailable) << r3.status();
+  EXPECT_NE(r3.status().message().find("another-host"), std::string::npos) << r3.status();
+  EXPECT_TRUE(fs::exists(tmp / "db3.lock")) << "another host's lock must be left alone";
+  EXPECT_FALSE(fs::exists(tmp / "db3"));
+}
+
+// Guards: a pack that fails after taking the lock (a LeRobot dataset whose meta/info.json is a
+// directory) leaves neither the lock file nor a staging directory behind, and the CLI says so in
+// one line instead of aborting.
+TEST(PackCli, FailedLeRobotPackLeavesNothing) {
+  TempDir tmp;
+  fs::create_directories(tmp / "lr" / "meta" / "info.json");
+  CliResult r = RunCli("pack --quiet --from-lerobot " + (tmp / "lr").string() + " --out " +
+                       (tmp / "out.db").string());
+  EXPECT_GT(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.err.find("loongforge pack: error: "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  for (auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename(), "lr") << "left behind: " << e.path();
+}
+
 }  // namespace
 }  // namespace loongforge::data
