@@ -54,6 +54,28 @@ int Fail(const std::string& cmd, const Status& s);
 // Parses "640x480" into width and height.
 Status ParseSize(const std::string& s, int* w, int* h);
 
+// Note [Strict numbers]
+// ---------------------
+// CLI11 converts numbers with strtoull/strtoll in base 0: "-1" wraps to 2^64 - 1 for an unsigned
+// flag, a value past 64 bits saturates, "010" is octal and " 9" or "0x9" pass. Every numeric
+// option of every command therefore gets StrictNumber (main.cc adds it by the option's type
+// before parsing): the whole string is a decimal integer ("INT": optional sign; "UINT": no
+// minus) that fits 64 bits, or a finite decimal number ("FLOAT"). CLI11's own conversion then
+// refuses a value past a narrower type (int). A flag with a meaningful range adds
+// CLI::Range(lo, hi) as well. Either failure is a usage error (exit 2) whose line names the
+// flag and the value.
+//
+// The check of Note [Strict numbers] for CLI11 type name `type_name` ("INT", "UINT" or
+// "FLOAT"); an empty validator (no check) for any other type.
+CLI::Validator StrictNumber(const std::string& type_name);
+// Adds StrictNumber to every numeric option of `app` and of all its subcommands.
+void AddStrictNumbers(CLI::App& app);
+
+// Flushes stdout and reports a write error of it (a full disk, a closed pipe): Ok, or the errno
+// Status of the failed write ("write stdout: No space left on device"). Called once a command
+// has printed everything, so that a lost output is never exit 0.
+Status FlushStdout();
+
 }  // namespace cli
 }  // namespace loongforge
 

@@ -3,6 +3,8 @@
 // latency, CPU time per image and resident memory per epoch (flatness).
 #include <sys/resource.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -36,6 +38,10 @@ int64_t RssKb() {
     if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
   return 0;
 }
+
+// Decode threads `bench loader` accepts: well past any core count that helps, well short of a
+// thread count that exhausts the process's limits.
+constexpr int kMaxBenchThreads = 256;
 
 // Flags of `bench loader` that are not LoaderOptions fields.
 struct BenchFlags {
@@ -129,15 +135,28 @@ void AddBench(CLI::App& root) {
                              "latency, CPU per image and RSS per epoch of the loader on a DB",
                              [o, f] { return BenchLoader(*o, *f); });
   app->add_option("--db", o->db_path, "packed dataset (loongforge pack)")->required();
-  app->add_option("--batch", o->batch_size, "batch size")->capture_default_str();
-  app->add_option("--threads", o->threads, "decode threads")->capture_default_str();
-  app->add_option("--prefetch", o->prefetch, "batches in flight")->capture_default_str();
-  app->add_option("--image-size", o->image_size, "output side")->capture_default_str();
-  app->add_option("--epochs", f->epochs, "epochs to run")->capture_default_str();
+  app->add_option("--batch", o->batch_size, "batch size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app->add_option("--threads", o->threads, "decode threads")
+      ->check(CLI::Range(1, kMaxBenchThreads))
+      ->capture_default_str();
+  app->add_option("--prefetch", o->prefetch, "batches in flight")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_option("--image-size", o->image_size, "output side")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--epochs", f->epochs, "epochs to run")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app->add_option("--max-batches", f->max_batches,
                   "stop each epoch after this many batches (0 = all)")
+      ->check(CLI::Range(0, INT_MAX))
       ->capture_default_str();
-  app->add_option("--warmup", f->warmup, "batches excluded from the timing")->capture_default_str();
+  app->add_option("--warmup", f->warmup, "batches excluded from the timing")
+      ->check(CLI::Range(0, INT_MAX))
+      ->capture_default_str();
   app->add_option("--device", f->device,
                   "cpu | cuda (nvJPEG + fused kernel; needs a build with nvJPEG)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -146,6 +165,10 @@ void AddBench(CLI::App& root) {
                   "static batches: token lengths, e.g. 32,64,128")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--max-frame-pixels", o->max_frame_pixels,
+                  "a record whose JPEG header claims more pixels is corrupt")
+      ->check(CLI::Range(int64_t{1}, INT64_MAX))
+      ->capture_default_str();
   app->add_flag("--static-shapes", o->static_shapes,
                 "static batches (one bucket unless --token-buckets)");
   app->add_flag("--truncate-tokens", o->truncate_tokens,

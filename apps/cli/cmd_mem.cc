@@ -1,5 +1,6 @@
 // `loongforge mem plan|replay TRACE`: MemSculptor's planner and allocator over a recorded trace
 // (the text format of mem::Trace::ToText, e.g. written by MemSculptor.record(trace_path=...)).
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -222,12 +223,16 @@ void AddMem(CLI::App& root) {
                     "pool, planned, first_sight, caching (a model of torch's caching allocator, "
                     "the baseline) or all, side by side")
         ->capture_default_str();
+    // Bounded so that the byte sizes (MiB << 20, GiB << 30) cannot overflow.
     app->add_option("--segment-mb", a->segment_mb, "pool segment size in MiB")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
         ->capture_default_str();
     app->add_option("--capacity-gb", a->capacity_gb,
                     "host range standing in for device memory, GiB")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
         ->capture_default_str();
     app->add_option("--max-plans", a->max_plans, "bound on cached plans (0 = none)")
+        ->check(CLI::Range(int64_t{0}, INT64_MAX))
         ->capture_default_str();
   }
 }

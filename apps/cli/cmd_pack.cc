@@ -1,4 +1,5 @@
 // `loongforge demo-data`, `loongforge pack` and `loongforge inspect`: build and examine datasets.
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 
@@ -117,6 +118,10 @@ void AddPack(CLI::App& root) {
   app->add_option("--max-instruction-bytes", o->max_instruction_bytes,
                   "longest instruction accepted (bytes); longer ones are refused")
       ->capture_default_str();
+  app->add_option("--max-frame-pixels", o->max_frame_pixels,
+                  "--src: refuse a frame whose JPEG header claims more pixels (width x height)")
+      ->check(CLI::Range(int64_t{1}, INT64_MAX))
+      ->capture_default_str();
   app->add_flag("--overwrite", o->overwrite,
                 "replace an existing DB (atomically, when the new one is complete)");
   app->add_flag("--quiet", *quiet, "no progress bar");
@@ -129,6 +134,7 @@ void AddPack(CLI::App& root) {
   app->add_option("--size", *size, "LeRobot: frame size WxH (default: by --shortest-edge)");
   app->add_option("--shortest-edge", lr->shortest_edge,
                   "LeRobot: resize so the shortest edge is this (0 = keep the video's size)")
+      ->check(CLI::Range(0, 8192))
       ->capture_default_str();
   app->add_option("--quality", lr->quality, "LeRobot: JPEG quality (4:2:0)")->capture_default_str();
   app->add_option("--modality", lr->modality,

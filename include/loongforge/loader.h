@@ -118,6 +118,10 @@ struct LoaderOptions {
   // loader with DataLoss naming the last one, so a DB that is unreadable throughout ends the run
   // instead of being skipped forever. 0: no limit.
   int max_consecutive_corrupt = 64;
+  // A record whose JPEG header claims more than this many pixels (width x height) is corrupt:
+  // DataLoss naming the DB, record, size and bound, checked before any pixel buffer is allocated
+  // (skipped under on_corrupt = kSkip). >= 1; the default is 64 Mi pixels (8192 x 8192).
+  int64_t max_frame_pixels = int64_t{64} << 20;
   bool pin_memory = false;     // page-locked batch buffers (needs CUDA at run time)
   int64_t timeout_ms = 60000;  // every wait inside the pipeline; must be > 0
   // GPU loader (device = kCuda). layout/dtype/antialias other than the defaults need kCuda.

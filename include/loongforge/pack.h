@@ -69,6 +69,7 @@ std::vector<uint8_t> RenderDemoFrame(int width, int height, uint64_t seed, int e
 constexpr int kDefaultMaxInstructionBytes = 4096;
 constexpr int kMaxInstructionBytesLimit = 1 << 20;
 constexpr int kMaxPackThreads = 1024;
+constexpr int64_t kDefaultPackMaxFramePixels = int64_t{64} << 20;
 
 struct PackOptions {
   std::string src;                    // the folder holding episodes/
@@ -83,6 +84,10 @@ struct PackOptions {
   // Instructions longer than this (bytes) are refused, naming the file and line;
   // 1..kMaxInstructionBytesLimit.
   int max_instruction_bytes = kDefaultMaxInstructionBytes;
+  // A frame whose JPEG header claims more pixels (width x height) than this is refused, naming
+  // the file, its size and the bound: the loader would refuse every record of it (its
+  // max_frame_pixels has the same default, 64 Mi pixels). >= 1.
+  int64_t max_frame_pixels = kDefaultPackMaxFramePixels;
 };
 
 struct PackResult {

@@ -124,6 +124,7 @@ const std::vector<OptionField>& OptionFields() {
       Plain("mean", &LoaderOptions::mean),
       Plain("std", &LoaderOptions::std),
       Plain("dct_scaling", &LoaderOptions::dct_scaling),
+      Plain("max_frame_pixels", &LoaderOptions::max_frame_pixels),
       Plain("normalize_state", &LoaderOptions::normalize_state),
       Choice("normalize", &LoaderOptions::normalize,
              {{"mean_std", StateNormalization::kMeanStd},

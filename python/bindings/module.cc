@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
 
 #include "bindings.h"
 #include "loongforge/build_info.h"
@@ -118,6 +120,16 @@ PYBIND11_MODULE(_C, m) {
   }
   m.attr("DataLossError") = py::reinterpret_borrow<py::object>(g_data_loss_error);
   m.attr("ResourceExhaustedError") = py::reinterpret_borrow<py::object>(g_resource_exhausted_error);
+  // An allocation that fails inside any binding is the same error as a ResourceExhausted Status
+  // (a MemoryError subclass), whichever binding threw it.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(g_resource_exhausted_error,
+                      "ResourceExhausted: out of memory (std::bad_alloc)");
+    }
+  });
 
   m.def(
       "build_info",

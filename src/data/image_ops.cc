@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "loongforge/logging.h"
@@ -43,22 +44,33 @@ Status JpegDecoder::ReadHeader(std::string_view jpeg, int* width, int* height,
   return Status::Ok();
 }
 
+Status CheckFramePixels(int64_t width, int64_t height, int64_t max_pixels,
+                        const std::string& what) {
+  if (width * height <= max_pixels) return Status::Ok();
+  return DataLossError(what + ": JPEG header claims " + std::to_string(width) + "x" +
+                       std::to_string(height) + " = " + std::to_string(width * height) +
+                       " pixels, over max_frame_pixels " + std::to_string(max_pixels));
+}
+
 Status JpegDecoder::Decode(std::string_view jpeg, int min_w, int min_h, RgbImage* out,
-                           const std::string& what) {
+                           const std::string& what, int64_t max_pixels) {
   int w = 0, h = 0;
   LF_RETURN_IF_ERROR(ReadHeader(jpeg, &w, &h, what));
+  // Bounded on the header's size, not the scaled one: libjpeg-turbo's working memory follows the
+  // full frame whatever the output scale.
+  LF_RETURN_IF_ERROR(CheckFramePixels(w, h, max_pixels, what));
   tjscalingfactor best{1, 1};
   if (min_w > 0 && min_h > 0) {
     int n = 0;
     tjscalingfactor* factors = tjGetScalingFactors(&n);
-    int best_area = w * h;
+    int64_t best_area = static_cast<int64_t>(w) * h;  // up to 65535^2: past int
     for (int i = 0; i < n; ++i) {
       const tjscalingfactor f = factors[i];
       if (f.num > f.denom) continue;  // never upscale in the decoder
       int sw = TJSCALED(w, f), sh = TJSCALED(h, f);
-      if (sw >= min_w && sh >= min_h && sw * sh < best_area) {
+      if (sw >= min_w && sh >= min_h && static_cast<int64_t>(sw) * sh < best_area) {
         best = f;
-        best_area = sw * sh;
+        best_area = static_cast<int64_t>(sw) * sh;
       }
     }
   }

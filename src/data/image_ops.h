@@ -152,6 +152,15 @@ struct RgbImage {
   int scale_num = 1, scale_denom = 1;  // DCT scaling applied relative to the JPEG's size
 };
 
+// The default bound on a frame's pixel count (width x height from its JPEG header): 64 Mi pixels
+// (e.g. 8192 x 8192), far above any camera frame, far below what a hostile header can claim.
+// LoaderOptions::max_frame_pixels and PackOptions::max_frame_pixels default to it.
+constexpr int64_t kDefaultMaxFramePixels = int64_t{64} << 20;
+
+// DataLoss naming `what`, the frame's `width` x `height` and `max_pixels` when the frame has more
+// pixels than `max_pixels`; Ok otherwise. The one check of every decode path (CPU, GPU, pack).
+Status CheckFramePixels(int64_t width, int64_t height, int64_t max_pixels, const std::string& what);
+
 // Owns one libjpeg-turbo handle; one per thread (not thread-safe).
 class JpegDecoder {
  public:
@@ -165,9 +174,11 @@ class JpegDecoder {
   // Decodes `jpeg` to RGB8. With `min_w`/`min_h` > 0, picks the smallest libjpeg-turbo scaling
   // factor whose output is still at least min_w x min_h (DCT-domain downscaling: the IDCT produces
   // the smaller image directly, a large saving for 640x480 -> 224x224). Any libjpeg warning (e.g.
-  // a truncated stream) is an error: DataLoss naming `what`.
-  Status Decode(std::string_view jpeg, int min_w, int min_h, RgbImage* out,
-                const std::string& what);
+  // a truncated stream) is an error: DataLoss naming `what`. A header whose width x height exceeds
+  // `max_pixels` (>= 1) is DataLoss naming `what`, both sides and the bound, before any pixel
+  // buffer is allocated: a few bytes of header may claim 65500 x 65500 (12 GiB of RGB).
+  Status Decode(std::string_view jpeg, int min_w, int min_h, RgbImage* out, const std::string& what,
+                int64_t max_pixels = kDefaultMaxFramePixels);
 
  private:
   void Reset();

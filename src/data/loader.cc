@@ -609,6 +609,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
         "loader option 'max_consecutive_corrupt' must be >= 0 (0: no "
         "limit), got " +
         std::to_string(o.max_consecutive_corrupt));
+  if (o.max_frame_pixels < 1)
+    return InvalidArgumentError("max_frame_pixels must be >= 1 (got " +
+                                std::to_string(o.max_frame_pixels) + ")");
   for (int c = 0; c < 3; ++c)
     if (!(o.std[c] > 0)) return InvalidArgumentError("normalize std must be > 0");
   if (!(o.hw_decode_ratio <= 1.f)) return InvalidArgumentError("hw_decode_ratio must be <= 1");

@@ -124,7 +124,8 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
     }
     Status s = decoder.Decode(
         jpeg, min_w, min_h, &rgb,
-        p_.reader->path() + ": record '" + SampleKey(id, p_.camera_modality[camera]) + "'");
+        p_.reader->path() + ": record '" + SampleKey(id, p_.camera_modality[camera]) + "'",
+        p_.opts.max_frame_pixels);
     if (s.ok()) {
       SampleRng rng(p_.opts.seed, w->epoch, id, camera);
       CropBox box;

@@ -229,6 +229,7 @@ Status GpuStage::Init() {
   dopt.hw_ratio = o.hw_decode_ratio;
   dopt.cpu_pool = p_.decode_pool.get();
   dopt.timeout_ms = o.timeout_ms;
+  dopt.max_frame_pixels = o.max_frame_pixels;
   dopt.async = o.async_decode;
   dopt.lanes = o.async_decode ? o.decode_lanes : 2;
   dopt.reuse_state = o.decode_reuse;

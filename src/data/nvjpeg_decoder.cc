@@ -391,7 +391,8 @@ Status NvJpegBatchDecoder::Impl::RunCpu(NvJpegLane& L, const std::vector<size_t>
     thread_local JpegDecoder decoder;
     const size_t i = idx[k];
     // Full-size decode: the GPU path never uses DCT scaling, so both paths see the same pixels.
-    results[k] = decoder.Decode(jpegs[i], 0, 0, &L.cpu_images[i], L.name_of(i));
+    results[k] =
+        decoder.Decode(jpegs[i], 0, 0, &L.cpu_images[i], L.name_of(i), opts.max_frame_pixels);
   };
   if (opts.cpu_pool && idx.size() > 1) {
     std::mutex mu;
@@ -492,7 +493,8 @@ Status NvJpegBatchDecoder::Impl::RunJob(NvJpegLane& L) {
           nvjpegJpegStreamGetComponentsNum(L.parser, &comps) == NVJPEG_STATUS_SUCCESS &&
           (comps == 1 || comps == 3) &&
           nvjpegJpegStreamGetFrameDimensions(L.parser, &w, &h) == NVJPEG_STATUS_SUCCESS && w > 0 &&
-          h > 0 && w <= static_cast<unsigned>(kMaxSide) && h <= static_cast<unsigned>(kMaxSide)) {
+          h > 0 && w <= static_cast<unsigned>(kMaxSide) && h <= static_cast<unsigned>(kMaxSide) &&
+          static_cast<int64_t>(w) * h <= opts.max_frame_pixels) {
         L.width[i] = w;
         L.height[i] = h;
         p = Path::kCuda;

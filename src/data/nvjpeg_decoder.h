@@ -86,6 +86,10 @@ struct NvJpegDecoderOptions {
   bool allow_hardware = true;
   ThreadPool* cpu_pool = nullptr;  // CPU fallbacks run here in parallel; nullptr: inline
   int64_t timeout_ms = 60000;
+  // An image whose header claims more pixels than this goes to the CPU path, which refuses it
+  // with DataLoss (CheckFramePixels in image_ops.h) before allocating: no device buffer is sized
+  // from an unchecked header.
+  int64_t max_frame_pixels = int64_t{64} << 20;
   // Note [Decode lanes]: lane threads and `lanes` batches in flight (off: decode in the caller's
   // thread on two alternating lanes, the behaviour before lanes existed).
   bool async = false;

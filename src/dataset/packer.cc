@@ -266,7 +266,7 @@ struct JpegInfo {
 
 // Validates that `data` is a JPEG we can decode to RGB: a parsable header (tjDecompressHeader3),
 // a colour space other than CMYK/YCCK, and an end-of-image marker (catches truncated files).
-StatusOr<JpegInfo> CheckJpeg(const std::string& data, const std::string& path) {
+StatusOr<JpegInfo> CheckJpeg(const std::string& data, const std::string& path, int64_t max_pixels) {
   thread_local TjDecompressor tj;
   if (!tj.h) return InternalError(std::string("tjInitDecompress: ") + tjGetErrorStr());
   int w = 0, h = 0, subsamp = 0, cs = 0;
@@ -277,6 +277,11 @@ StatusOr<JpegInfo> CheckJpeg(const std::string& data, const std::string& path) {
     return InvalidArgumentError(
         path + ": not a JPEG" +
         (data.size() >= 4 ? std::string(" (") + tjGetErrorStr2(tj.h) + ")" : " (too short)"));
+  if (static_cast<int64_t>(w) * h > max_pixels)
+    return InvalidArgumentError(path + ": JPEG header claims " + std::to_string(w) + "x" +
+                                std::to_string(h) + " = " +
+                                std::to_string(static_cast<int64_t>(w) * h) +
+                                " pixels, over max_frame_pixels " + std::to_string(max_pixels));
   if (cs == TJCS_CMYK || cs == TJCS_YCCK)
     return InvalidArgumentError(path + ": CMYK JPEG is not supported");
   // The EOI marker is normally the last two bytes; allow a little trailing padding.
@@ -312,6 +317,9 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   static_assert(sizeof(float) == 4, "float32 records");
   if (o.src.empty() || o.out.empty()) return InvalidArgumentError("pack: src and out are required");
   LF_RETURN_IF_ERROR(CheckSharedPackOptions(o.horizon, o.threads, o.max_instruction_bytes));
+  if (o.max_frame_pixels < 1)
+    return InvalidArgumentError("pack: max_frame_pixels must be >= 1, got " +
+                                std::to_string(o.max_frame_pixels));
   const double start = NowSeconds();
   std::error_code ec;
   LF_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.tokenizer));
@@ -388,7 +396,7 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
   {
     std::string data;
     LF_RETURN_IF_ERROR(ReadWholeFile(first_frame, &data));
-    LF_ASSIGN_OR_RETURN(JpegInfo info, CheckJpeg(data, first_frame.string()));
+    LF_ASSIGN_OR_RETURN(JpegInfo info, CheckJpeg(data, first_frame.string(), o.max_frame_pixels));
     schema.image_width = info.width;
     schema.image_height = info.height;
   }
@@ -420,7 +428,7 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
       const fs::path& p = s.ep->frames.at(cams[c]).at(s.step);
       out.status = ReadWholeFile(p, &out.jpegs[c]);
       if (!out.status.ok()) return out;
-      auto info = CheckJpeg(out.jpegs[c], p.string());
+      auto info = CheckJpeg(out.jpegs[c], p.string(), o.max_frame_pixels);
       if (!info.ok()) {
         out.status = info.status();
         return out;

@@ -378,6 +378,41 @@ TEST(PackRejects, FrameSizeMismatch) {
                     "frame is 32x24, expected 16x8");
 }
 
+// `jpg` with its baseline SOF0 header rewritten to claim `w` x `h` (the scan data is unchanged).
+std::string WithClaimedSize(std::string jpg, int w, int h) {
+  const size_t i = jpg.find("\xFF\xC0");
+  EXPECT_NE(i, std::string::npos);
+  jpg[i + 5] = static_cast<char>(h >> 8), jpg[i + 6] = static_cast<char>(h & 0xFF);
+  jpg[i + 7] = static_cast<char>(w >> 8), jpg[i + 8] = static_cast<char>(w & 0xFF);
+  return jpg;
+}
+
+// Guards: a frame whose header claims more pixels than max_frame_pixels is refused from its
+// header, naming the file, the claimed size and the bound (the loader would refuse every record
+// of it, after a 12 GiB allocation per 65500x65500 frame without the bound).
+TEST(PackRejects, FrameOverPixelBound) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  fs::path bad = Ep(tmp, "10") / "cam_a" / "1.jpg";
+  WriteFile(bad, WithClaimedSize(ReadFile(bad), 65500, 65500));
+  EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string(),
+                    "JPEG header claims 65500x65500 = 4290250000 pixels",
+                    "over max_frame_pixels 67108864");
+  // The bound is the option's, inclusive: 16x8 frames pass 128 and fail 127, at the first frame.
+  TempDir tmp2;
+  MakeTinySet(tmp2 / "src");
+  PackOptions o = Opts(tmp2 / "src", tmp2 / "db");
+  o.max_frame_pixels = 127;
+  auto r = PackEpisodes(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("16x8 = 128 pixels, over max_frame_pixels 127"),
+            std::string::npos)
+      << r.status();
+  EXPECT_FALSE(fs::exists(tmp2 / "db"));
+  o.max_frame_pixels = 128;
+  EXPECT_TRUE(PackEpisodes(o).ok());
+}
+
 // Guards: a step with no frame in one camera is named (file and step).
 TEST(PackRejects, MissingStepFrame) {
   TempDir tmp;
@@ -591,7 +626,7 @@ TEST(PackRejects, BadOptions) {
   for (auto set : std::vector<std::function<void(PackOptions*)>>{
            [](PackOptions* o) { o->threads = -3; }, [](PackOptions* o) { o->horizon = 0; },
            [](PackOptions* o) { o->max_instruction_bytes = 0; },
-           [](PackOptions* o) { o->out = "."; }}) {
+           [](PackOptions* o) { o->max_frame_pixels = 0; }, [](PackOptions* o) { o->out = "."; }}) {
     PackOptions o = Opts(tmp / "src", tmp / "db");
     set(&o);
     auto r = PackEpisodes(o);
@@ -838,6 +873,73 @@ TEST(PackCli, BadValuesAreRefused) {
   EXPECT_NE(r.output.find("camera name 'a' is given twice"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "db"));
   EXPECT_FALSE(fs::exists(tmp / "d" / "episodes"));
+}
+
+// Guards: any legal output name (up to NAME_MAX = 255 bytes) can be packed; its lock file and
+// staging directory get a short hashed name when "<name>.partial.XXXXXX" would not fit, and
+// nothing but the DB is left afterwards.
+TEST(Pack, LongestOutputNamesFit) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  for (size_t len : {240, 241, 250, 255}) {
+    const fs::path out = tmp / std::string(len, 'a' + static_cast<char>(len % 26));
+    auto r = PackEpisodes(Opts(tmp / "src", out));
+    ASSERT_TRUE(r.ok()) << len << ": " << r.status();
+    EXPECT_EQ(DbSchema(out).num_samples, 5);
+  }
+  size_t entries = 0;
+  for (auto& e : fs::directory_iterator(tmp.path())) {
+    ++entries;
+    EXPECT_EQ(e.path().filename().string().find(".lf-"), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().extension(), "") << "left behind: " << e.path();
+  }
+  EXPECT_EQ(entries, 5u);  // src and the four DBs
+}
+
+// Guards: the lock file names its writer (pid and host), a stale lock of a dead writer on this
+// host is taken over, and one written on another host (whose flock this host may not see on a
+// network filesystem) is refused, naming that host.
+TEST(Pack, LockRecordsOwnerAndStaleLockIsCleared) {
+  TempDir tmp;
+  MakeTinySet(tmp / "src");
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  const fs::path lock = tmp / "db.lock";
+  // A pack killed on this host: its pid is gone and its flock went with it.
+  WriteFile(lock, std::string("loongforge record-store lock\npid 999999999 host ") + host + "\n");
+  auto r = PackEpisodes(Opts(tmp / "src", tmp / "db"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(fs::exists(lock));
+  // While a writer holds it, the lock file says who it is.
+  {
+    auto w = RecordWriter::Create((tmp / "db2").string(), false);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string text = ReadFile(tmp / "db2.lock");
+    EXPECT_NE(text.find("pid " + std::to_string(::getpid()) + " host " + host), std::string::npos)
+        << text;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "db2.lock"));
+  WriteFile(tmp / "db3.lock", "loongforge record-store lock\npid 12 host another-host\n");
+  auto r3 = PackEpisodes(Opts(tmp / "src", tmp / "db3"));
+  EXPECT_EQ(r3.status().code(), StatusCode::kUnavailable) << r3.status();
+  EXPECT_NE(r3.status().message().find("another-host"), std::string::npos) << r3.status();
+  EXPECT_TRUE(fs::exists(tmp / "db3.lock")) << "another host's lock must be left alone";
+  EXPECT_FALSE(fs::exists(tmp / "db3"));
+}
+
+// Guards: a pack that fails after taking the lock (a LeRobot dataset whose meta/info.json is a
+// directory) leaves neither the lock file nor a staging directory behind, and the CLI says so in
+// one line instead of aborting.
+TEST(PackCli, FailedLeRobotPackLeavesNothing) {
+  TempDir tmp;
+  fs::create_directories(tmp / "lr" / "meta" / "info.json");
+  CliResult r = RunCli("pack --quiet --from-lerobot " + (tmp / "lr").string() + " --out " +
+                       (tmp / "out.db").string());
+  EXPECT_GT(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.err.find("loongforge pack: error: "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  for (auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename(), "lr") << "left behind: " << e.path();
 }
 
 }  // namespace

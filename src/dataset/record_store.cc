@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,9 +108,29 @@ StatusOr<std::string> OutputPath(const std::string& path) {
   return p;
 }
 
-// Names a staging directory of `path` would have: "<base>.partial." + 6 mkdtemp characters.
+// The name a writer's lock file and staging directories beside output `base` start with: `base`
+// itself, or, when "<base>.partial.XXXXXX" would not fit NAME_MAX, ".lf-" and the 16 hex digits
+// of base's 64-bit FNV-1a hash (deterministic, so every writer of one output finds one lock).
+std::string SidecarBase(const std::string& base) {
+  if (base.size() + std::strlen(".partial.XXXXXX") <= NAME_MAX) return base;
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : base) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(".lf-") + hex;
+}
+
+// `out`'s sidecar path: its folder, SidecarBase of its name, then `suffix`.
+std::string SidecarPath(const std::string& out, const std::string& suffix) {
+  const size_t slash = out.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "" : out.substr(0, slash + 1);
+  return dir + SidecarBase(BaseName(out)) + suffix;
+}
+
+// Names a staging directory of `path` would have: SidecarBase + ".partial." + 6 mkdtemp
+// characters.
 bool IsStagingName(const std::string& name, const std::string& base) {
-  const std::string prefix = base + ".partial.";
+  const std::string prefix = SidecarBase(base) + ".partial.";
   return name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0;
 }
 
@@ -216,6 +238,18 @@ mode_t DirModeFromUmask() {
   return 0755;
 }
 
+// This host's name, as the writer lock records it.
+std::string LockHost() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "unknown";
+  return host;
+}
+
+// The line after the marker of a writer lock: "pid <pid> host <hostname>\n".
+std::string LockOwnerLine() {
+  return "pid " + std::to_string(::getpid()) + " host " + LockHost() + "\n";
+}
+
 // Takes the writer lock of `out`: flock on "<out>.lock" (see RecordWriter). Returns the locked
 // descriptor. The lock file is created with a marker line; an existing one is reused only if it
 // is empty or carries the marker (a lock left by a killed writer), never a user's file.
@@ -244,10 +278,17 @@ StatusOr<int> LockOutput(const std::string& out, const std::string& lock) {
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int err = errno;
+      char buf[512] = {};
+      const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      const size_t m = std::strlen(kWriterLockMarker);
+      holder = holder.compare(0, m, kWriterLockMarker) == 0 ? holder.substr(m) : "";
+      if (!holder.empty() && holder.back() == '\n') holder.pop_back();
       ::close(fd);
       if (err == EWOULDBLOCK)
         return UnavailableError(out + " is being written by another pack or writer (its lock " +
-                                lock + " is held): wait for it to finish or choose another output");
+                                lock + " is held" + (holder.empty() ? "" : " by " + holder) +
+                                "): wait for it to finish or choose another output");
       return ErrnoToStatus(err, "lock " + lock);
     }
     // The previous holder removes the file before releasing it: hold the lock only if the name
@@ -257,16 +298,40 @@ StatusOr<int> LockOutput(const std::string& out, const std::string& lock) {
       ::close(fd);
       continue;
     }
+    const std::string owner = LockOwnerLine();
     if (!created && st.st_size > 0) {
-      char buf[64] = {};
+      char buf[512] = {};
       ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
-      if (n < 0 || std::string(buf, static_cast<size_t>(n)) != kWriterLockMarker) {
+      const std::string text = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      if (text.compare(0, std::strlen(kWriterLockMarker), kWriterLockMarker) != 0) {
         ::close(fd);
         return AlreadyExistsError(lock +
                                   " exists and is not a LoongForge lock file: remove or "
                                   "rename it");
       }
-    } else if (::pwrite(fd, kWriterLockMarker, std::strlen(kWriterLockMarker), 0) < 0) {
+      // We hold the flock, so its writer on this host is gone (a killed pack): the lock is
+      // stale and is taken over. One written on another host may belong to a live writer whose
+      // flock this host does not see (NFS): refused, naming it.
+      const std::string prev = text.substr(std::strlen(kWriterLockMarker));
+      const size_t host_at = prev.find(" host ");
+      const std::string prev_host = host_at == std::string::npos
+                                        ? ""
+                                        : prev.substr(host_at + 6, prev.find('\n') - host_at - 6);
+      if (!prev_host.empty() && prev_host != LockHost()) {
+        ::close(fd);
+        return UnavailableError(out + " may be being written on host " + prev_host + " (its lock " +
+                                lock + " says '" + prev.substr(0, prev.find('\n')) +
+                                "'): remove the lock if no pack runs there");
+      }
+      if (::ftruncate(fd, 0) != 0 ||
+          ::pwrite(fd, (kWriterLockMarker + owner).data(),
+                   std::strlen(kWriterLockMarker) + owner.size(), 0) < 0) {
+        Status s = ErrnoToStatus(errno, "write lock file " + lock);
+        ::close(fd);
+        return s;
+      }
+    } else if (::pwrite(fd, (kWriterLockMarker + owner).data(),
+                        std::strlen(kWriterLockMarker) + owner.size(), 0) < 0) {
       Status s = ErrnoToStatus(errno, "write lock file " + lock);
       ::unlink(lock.c_str());
       ::close(fd);
@@ -641,7 +706,7 @@ StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Create(const std::string& 
   std::unique_ptr<RecordWriter> w(new RecordWriter());
   w->path_ = out;
   w->overwrite_ = overwrite;
-  w->lock_path_ = out + ".lock";
+  w->lock_path_ = SidecarPath(out, ".lock");
   LF_ASSIGN_OR_RETURN(w->lock_fd_, LockOutput(out, w->lock_path_));
   // From here the destructor releases the lock and removes the staging directory.
   struct stat st;
@@ -655,7 +720,7 @@ StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Create(const std::string& 
     return ErrnoToStatus(errno, "stat " + out);
   }
   RemoveStaleStaging(out);
-  std::string templ = out + ".partial.XXXXXX";
+  std::string templ = SidecarPath(out, ".partial.XXXXXX");
   if (!::mkdtemp(templ.data()))
     return ErrnoToStatus(errno, "create a staging directory for " + out);
   w->staging_ = templ;
