@@ -191,9 +191,14 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
   for (size_t i = 0; i < ts.size(); ++i) {
     if (!std::isfinite(ts[i]))
       return InvalidArgumentError(desc(i) + ": the timestamp is not finite");
-    if (info_.duration_s > 0 && !(ts[i] <= info_.duration_s + frame_s))
-      return DataLossError(desc(i) + ": past the end of the video, whose stream lasts " +
-                           FormatSeconds(info_.duration_s));
+    if (info_.duration_s > 0 && !(ts[i] <= info_.duration_s + frame_s)) {
+      // Name the first wanted time at or past the end: the first row without a frame.
+      size_t k = i;
+      while (k > 0 && ts[k - 1] >= info_.duration_s - o.tolerance_s) --k;
+      return DataLossError(desc(k) + ": past the end of the video, whose stream lasts " +
+                           FormatSeconds(info_.duration_s) + " (up to " + FormatSeconds(ts[i]) +
+                           " is wanted): fewer frames than rows, or wrong timestamps");
+    }
   }
   int out_w = o.out_width > 0 ? o.out_width : info_.width;
   int out_h = o.out_height > 0 ? o.out_height : info_.height;
