@@ -235,6 +235,10 @@ StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const I
                            ": no episode parquet files (a v3 dataset lists its episodes there)");
     std::sort(files.begin(), files.end());
     for (const auto& file : files) {
+      // A listed file may be a symlink out of the dataset.
+      LF_RETURN_IF_ERROR(PathInRoot(root, fs::path(file).lexically_relative(root).string(),
+                                    dir.string() + ": episode file")
+                             .status());
       std::vector<std::string> names = {"episode_index",      "length",
                                         "dataset_from_index", "dataset_to_index",
                                         "data/chunk_index",   "data/file_index"};

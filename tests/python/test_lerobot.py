@@ -438,3 +438,14 @@ def test_non_regular_metadata_or_media_named(tmp_path, rel, kind):
     else:
         os.mkfifo(path)
     cli_fails(src, tmp_path, path, kind)
+
+
+# v3.0: an episode table file that is a symlink out of the dataset is refused as well.
+def test_v30_episode_file_symlink_outside_refused(tmp_path):
+    src = copy_fixture("v3.0", tmp_path)
+    path = os.path.join(src, "meta", "episodes", "chunk-000", "file-000.parquet")
+    outside = str(tmp_path / "outside.parquet")
+    shutil.move(path, outside)
+    os.symlink(outside, path)
+    expect_failure(src, tmp_path, ValueError, "meta/episodes/chunk-000/file-000.parquet",
+                   "outside", "stay inside the dataset")
