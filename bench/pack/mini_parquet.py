@@ -5,7 +5,7 @@ machine without pyarrow cannot write their parquet files. This writes what pyarr
 LeRobot v2.1 episode table and nothing more:
 
 - columns: float32 / float64 / int64 scalars (OPTIONAL, as pyarrow marks every nullable field,
-  never null here), and fixed_size_list<float32>[N] as the three-level LIST pyarrow writes
+  null where a value is None), and fixed_size_list<float32>[N] as the three-level LIST pyarrow writes
   (`optional group f (LIST) { repeated group list { optional float element; } }`, max definition
   level 3, max repetition level 1);
 - pages: DATA_PAGE (v1), PLAIN values, levels in the RLE / bit-packed hybrid (bit-packed groups
@@ -15,7 +15,7 @@ LeRobot v2.1 episode table and nothing more:
   point is the container, not the size);
 - footer: FileMetaData in the thrift compact protocol, its length and "PAR1".
 
-It is not a general Parquet writer: no nulls, no dictionaries, no statistics, no nested types
+It is not a general Parquet writer: no null lists, no dictionaries, no statistics, no nested types
 other than the one list shape. tests/python/test_parquet.py checks it against the project's
 reader (and against pyarrow where pyarrow is importable).
 """
@@ -185,7 +185,7 @@ class Column:
         if self.list_size:
             flat = [float(x) for row in self.values[lo:hi] for x in row]
         else:
-            flat = list(self.values[lo:hi])
+            flat = [v for v in self.values[lo:hi] if v is not None]  # None: a null
             flat = [int(x) for x in flat] if self.physical == _INT64 else [float(x) for x in flat]
         return struct.pack(f"<{len(flat)}{fmt}", *flat)
 
@@ -212,7 +212,7 @@ class Column:
             levels = struct.pack("<I", len(rep)) + rep + struct.pack("<I", len(dfn)) + dfn
         else:
             n = rows
-            dfn = _hybrid([1] * n, 1)
+            dfn = _hybrid([0 if v is None else 1 for v in self.values[lo:hi]], 1)
             levels = struct.pack("<I", len(dfn)) + dfn
         body = levels + self.plain(lo, hi)
         stored = _snappy_literals(body) if codec == _SNAPPY else body

@@ -204,8 +204,10 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
   {
     std::string mpath = o.modality;
     std::error_code ec;
-    if (mpath.empty() && fs::exists(root + "/meta/modality.json", ec))
-      mpath = root + "/meta/modality.json";
+    if (mpath.empty() &&
+        fs::symlink_status(root + "/meta/modality.json", ec).type() != fs::file_type::not_found) {
+      LF_ASSIGN_OR_RETURN(mpath, PathInRoot(root, "meta/modality.json", "the dataset's modality"));
+    }
     if (!mpath.empty() && mpath != "none") {
       LF_ASSIGN_OR_RETURN(Modality m, ParseModality(mpath, state_dim, action_dim));
       modality = std::make_unique<Modality>(std::move(m));
@@ -321,7 +323,12 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       out.status = rel.status();
       return out;
     }
-    const std::string file = root + "/" + *rel;
+    auto in_root = PathInRoot(root, *rel, info.path + ": data_path \"" + info.data_path + "\"");
+    if (!in_root.ok()) {
+      out.status = in_root.status();
+      return out;
+    }
+    const std::string file = *in_root;
     auto table = cache.Get(file, data_cols);
     if (!table->ok()) {
       out.status = table->status();
@@ -367,9 +374,17 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
         return fail(InvalidArgumentError(where + ": frame_index " + std::to_string(c[3]->i64[r]) +
                                          ", expected " + std::to_string(k) +
                                          " (rows of an episode are frames 0..T-1 in order)"));
-      if (!std::isfinite(t) || (k > 0 && t < out.timestamp.back()))
+      // A null reads as 0.0 and would pick frame 0; a repeated or decreasing time would give two
+      // rows one frame.
+      if (!c[2]->valid.empty() && !c[2]->valid[r])
+        return fail(InvalidArgumentError(where + ": timestamp is null"));
+      if (!std::isfinite(t) || t < 0)
+        return fail(
+            InvalidArgumentError(where + ": timestamp " + Ts(t) + " is not a finite time >= 0"));
+      if (k > 0 && !(t > out.timestamp.back()))
         return fail(InvalidArgumentError(where + ": timestamp " + Ts(t) +
-                                         " is not finite or goes backwards"));
+                                         " does not increase (the row before has " +
+                                         Ts(out.timestamp.back()) + ")"));
       if (em.from_index >= 0 && c[5]->i64[r] != em.from_index + static_cast<int64_t>(k))
         return fail(InvalidArgumentError(where + ": index " + std::to_string(c[5]->i64[r]) +
                                          " disagrees with dataset_from_index " +
@@ -401,7 +416,10 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       }
       auto vrel = FormatTemplate(info.video_path, vints, {{"video_key", cam.key}});
       if (!vrel.ok()) return fail(vrel.status());
-      const std::string vpath = root + "/" + *vrel;
+      auto vin_root =
+          PathInRoot(root, *vrel, info.path + ": video_path \"" + info.video_path + "\"");
+      if (!vin_root.ok()) return fail(vin_root.status());
+      const std::string vpath = *vin_root;
       auto reader = VideoReader::Open(vpath);
       if (!reader.ok()) return fail(reader.status());
       const VideoInfo& vi = (*reader)->info();

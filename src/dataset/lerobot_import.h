@@ -83,6 +83,13 @@ StatusOr<std::string> FormatTemplate(const std::string& tmpl,
                                      const std::map<std::string, int64_t>& ints,
                                      const std::map<std::string, std::string>& strings);
 
+// root + "/" + rel for a path the metadata forms (a template filled in, modality.json), after
+// checking that it stays inside `root`: `rel` must be relative, and the path with every symlink
+// of its existing part and every ".." resolved must lie under realpath(root). InvalidArgument
+// naming `what` (the template or the file), `rel` and where it leads otherwise.
+StatusOr<std::string> PathInRoot(const std::string& root, const std::string& rel,
+                                 const std::string& what);
+
 struct Slice {
   std::string name;
   int start = 0, end = 0;  // [start, end)
@@ -97,7 +104,8 @@ struct Modality {
 };
 
 // Parses GR00T's modality.json and checks every slice against the dims: InvalidArgument naming
-// the file, the slice and the dims when one is out of range (start < 0, end <= start, end > dim).
+// the file, the slice and the dims when one is out of range (start < 0, end <= start, end > dim),
+// or naming both slices when two of a group overlap.
 StatusOr<Modality> ParseModality(const std::string& path, int state_dim, int action_dim);
 
 // Per-dimension quantile q (0..1) of `rows` (n x dims, row-major), as numpy.quantile's default

@@ -117,6 +117,92 @@ TEST(LeRobotModality, SlicesCheckedAgainstDims) {
   EXPECT_FALSE(ParseModality(empty, 6, 7).ok());
 }
 
+// Guards: two slices of a group covering the same dimensions are refused naming both.
+TEST(LeRobotModality, OverlappingSlicesRefused) {
+  TempDir d;
+  const std::string path = d.Write("modality.json", R"({
+    "state": {"arm": {"start": 0, "end": 5}, "wrist": {"start": 4, "end": 6}}})");
+  auto m = ParseModality(path, 6, 7);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  for (const char* needle : {"state.arm [0, 5)", "state.wrist [4, 6)", "overlap"})
+    EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().ToString();
+  EXPECT_NE(m.status().message().find(path), std::string::npos);
+}
+
+// Guards: a task_index listed twice with different texts is refused naming the line and both
+// texts (before, the later text won silently); listed twice with the same text is accepted.
+TEST(LeRobotTasks, DuplicateTaskIndexWithOtherTextRefused) {
+  TempDir d;
+  d.Write("meta/info.json", kInfoV21);
+  auto info = ParseInfo((d.path() / "meta/info.json").string());
+  ASSERT_TRUE(info.ok());
+  d.Write("meta/tasks.jsonl",
+          "{\"task_index\": 0, \"task\": \"pick\"}\n{\"task_index\": 0, \"task\": \"pick\"}\n");
+  auto same = ReadTasks(d.path().string(), *info);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(same->at(0), "pick");
+  d.Write("meta/tasks.jsonl",
+          "{\"task_index\": 0, \"task\": \"pick\"}\n{\"task_index\": 0, \"task\": \"place\"}\n");
+  auto t = ReadTasks(d.path().string(), *info);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  for (const char* needle : {"tasks.jsonl:2", "\"pick\"", "\"place\""})
+    EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().ToString();
+}
+
+// Guards: metadata files that are directories are errors naming the path and its kind (before,
+// std::ifstream threw basic_filebuf::underflow and the CLI aborted).
+TEST(LeRobotInfo, DirectoryInsteadOfFileRefused) {
+  TempDir d;
+  fs::create_directories(d.path() / "meta/info.json");
+  fs::create_directories(d.path() / "meta/modality.json");
+  for (const char* rel : {"meta/info.json", "meta/modality.json"}) {
+    const std::string path = (d.path() / rel).string();
+    Status s = std::string(rel) == "meta/info.json" ? ParseInfo(path).status()
+                                                    : ParseModality(path, 6, 7).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("directory"), std::string::npos) << s.ToString();
+  }
+  d.Write("meta/info.json.real", kInfoV21);
+  auto info = ParseInfo((d.path() / "meta/info.json.real").string());
+  ASSERT_TRUE(info.ok());
+  fs::create_directories(d.path() / "meta/episodes.jsonl");
+  auto e = ReadEpisodes(d.path().string(), *info, {});
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
+  EXPECT_NE(e.status().message().find("episodes.jsonl is a directory"), std::string::npos)
+      << e.status().ToString();
+}
+
+// Guards: paths formed from metadata stay inside the dataset root: "..", absolute paths and
+// symlinks out of the root are refused naming the template and the value; paths inside (also
+// through a symlink that stays inside, or a ".." that comes back) are accepted.
+TEST(LeRobotPaths, StayInsideTheRoot) {
+  TempDir d;
+  const std::string root = (d.path() / "ds").string();
+  fs::create_directories(root + "/data/chunk-000");
+  fs::create_directories(d.path() / "outside");
+  fs::create_symlink(d.path() / "outside", root + "/data/escape");
+  fs::create_symlink("chunk-000", root + "/data/alias");
+  const std::string what = "info.json: data_path \"T\"";
+  for (const char* bad : {"../outside/x.parquet", "data/../../outside/x.parquet",
+                          "data/escape/x.parquet", "/etc/passwd", ""}) {
+    auto p = PathInRoot(root, bad, what);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find(what), std::string::npos) << p.status().ToString();
+    EXPECT_NE(p.status().message().find("\"" + std::string(bad) + "\""), std::string::npos)
+        << p.status().ToString();
+  }
+  for (const char* good : {"data/chunk-000/episode_000000.parquet", "data/alias/e.parquet",
+                           "data/x/../chunk-000/e.parquet"}) {
+    auto p = PathInRoot(root, good, what);
+    ASSERT_TRUE(p.ok()) << good << ": " << p.status().ToString();
+    EXPECT_EQ(*p, root + "/" + good);
+  }
+}
+
 // Guards q01/q99: numpy.quantile's linear interpolation, per dimension.
 TEST(LeRobotStats, QuantileMatchesNumpyLinear) {
   // Column 0: 0..100 (q01 = 1, q99 = 99); column 1: 0, 10 (q01 = 0.1, q99 = 9.9 for n = 2).

@@ -11,8 +11,15 @@
 
 namespace loongforge::data::lerobot::internal {
 
-// The JSON document in `path`: NotFound when the file is missing, InvalidArgument naming the file
-// when it does not parse.
+// The most a metadata file (info.json, episodes, tasks, stats, modality.json) may hold.
+constexpr size_t kMaxMetaFileBytes = size_t{1} << 30;
+
+// All of the metadata file `path` (ReadRegularFile: a directory, FIFO or device is refused naming
+// the path and its kind); NotFound "<path>: not found" when it is missing.
+StatusOr<std::string> ReadMetaFile(const std::string& path);
+
+// The JSON document in `path` (read by ReadMetaFile): NotFound when the file is missing,
+// InvalidArgument naming the file when it does not parse.
 StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 
 // The column `name` of `cols` (as ReadParquet returned them from `file`); InvalidArgument naming

@@ -10,6 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
+
+#include "common/file_util.h"
 
 #include "dataset/lerobot_import.h"
 #include "dataset/lerobot_internal.h"
@@ -22,14 +25,15 @@ using parquet::Column;
 
 namespace internal {
 
+StatusOr<std::string> ReadMetaFile(const std::string& path) {
+  auto text = loongforge::internal::ReadRegularFile(path, kMaxMetaFileBytes);
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound)
+    return NotFoundError(path + ": not found");
+  return text;
+}
+
 StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) return NotFoundError(path + ": not found");
-    return ErrnoToStatus(errno, "open " + path);
-  }
-  std::string text((std::istreambuf_iterator<char>(in)), {});
+  LF_ASSIGN_OR_RETURN(std::string text, ReadMetaFile(path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError(path + ": not valid JSON");
   return j;
@@ -109,8 +113,11 @@ int64_t JsonInt(const json& j, const char* key, int64_t dflt) {
 // line when one is not a JSON object; else the first error of `fn`.
 Status ForEachJsonLine(const std::string& path, const std::string& missing_hint,
                        const std::function<Status(const json&, const std::string&)>& fn) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError(path + ": not found" + missing_hint);
+  auto text = internal::ReadMetaFile(path);
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound)
+    return NotFoundError(path + ": not found" + missing_hint);
+  if (!text.ok()) return text.status();
+  std::istringstream in(*text);
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -122,6 +129,17 @@ Status ForEachJsonLine(const std::string& path, const std::string& missing_hint,
       return InvalidArgumentError(where + ": not a JSON object");
     LF_RETURN_IF_ERROR(fn(j, where));
   }
+  return Status::Ok();
+}
+
+// Records task `index` -> `text`; a task_index listed again with another text is refused naming
+// both texts (rows would get whichever came last).
+Status AddTask(std::map<int64_t, std::string>* tasks, int64_t index, const std::string& text,
+               const std::string& where) {
+  auto [it, added] = tasks->emplace(index, text);
+  if (!added && it->second != text)
+    return InvalidArgumentError(where + ": task_index " + std::to_string(index) + " is \"" + text +
+                                "\", but it was already listed as \"" + it->second + "\"");
   return Status::Ok();
 }
 
@@ -217,6 +235,10 @@ StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const I
                            ": no episode parquet files (a v3 dataset lists its episodes there)");
     std::sort(files.begin(), files.end());
     for (const auto& file : files) {
+      // A listed file may be a symlink out of the dataset.
+      LF_RETURN_IF_ERROR(PathInRoot(root, fs::path(file).lexically_relative(root).string(),
+                                    dir.string() + ": episode file")
+                             .status());
       std::vector<std::string> names = {"episode_index",      "length",
                                         "dataset_from_index", "dataset_to_index",
                                         "data/chunk_index",   "data/file_index"};
@@ -246,6 +268,15 @@ StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const I
         e.to_index = c[3]->i64[r];
         e.data_chunk = c[4]->i64[r];
         e.data_file = c[5]->i64[r];
+        const std::string row = file + ": row " + std::to_string(r) + " (episode " +
+                                std::to_string(e.episode_index) + ")";
+        if (e.episode_index < 0 || e.from_index < 0 || e.to_index < 0 || e.data_chunk < 0 ||
+            e.data_file < 0)
+          return InvalidArgumentError(
+              row + ": episode_index " + std::to_string(e.episode_index) + ", dataset_from_index " +
+              std::to_string(e.from_index) + ", dataset_to_index " + std::to_string(e.to_index) +
+              ", data/chunk_index " + std::to_string(e.data_chunk) + ", data/file_index " +
+              std::to_string(e.data_file) + ": none may be negative");
         if (e.to_index - e.from_index != e.length || e.length < 1)
           return InvalidArgumentError(
               file + ": episode " + std::to_string(e.episode_index) + ": length " +
@@ -256,6 +287,16 @@ StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const I
           v.chunk_index = c[6 + 3 * k]->i64[r];
           v.file_index = c[7 + 3 * k]->i64[r];
           v.from_timestamp = c[8 + 3 * k]->f64[r];
+          const Column& fc = *c[8 + 3 * k];
+          if ((!fc.valid.empty() && !fc.valid[r]) || !std::isfinite(v.from_timestamp) ||
+              v.from_timestamp < 0 || v.chunk_index < 0 || v.file_index < 0)
+            return InvalidArgumentError(
+                row + ": videos/" + video_keys[k] + ": chunk_index " +
+                std::to_string(v.chunk_index) + ", file_index " + std::to_string(v.file_index) +
+                ", from_timestamp " +
+                ((!fc.valid.empty() && !fc.valid[r]) ? std::string("null")
+                                                     : std::to_string(v.from_timestamp)) +
+                ": the indexes must be >= 0 and from_timestamp a finite time >= 0");
           e.videos[video_keys[k]] = v;
         }
         if (!task_cols.empty() && task_cols[0].is_list &&
@@ -285,8 +326,7 @@ StatusOr<std::map<int64_t, std::string>> ReadTasks(const std::string& root, cons
           const int64_t index = JsonInt(j, "task_index", -1);
           if (!j.contains("task") || !j["task"].is_string() || index < 0)
             return InvalidArgumentError(where + ": needs \"task_index\" and \"task\"");
-          tasks[index] = j["task"].get<std::string>();
-          return Status::Ok();
+          return AddTask(&tasks, index, j["task"].get<std::string>(), where);
         }));
     return tasks;
   }
@@ -307,7 +347,15 @@ StatusOr<std::map<int64_t, std::string>> ReadTasks(const std::string& root, cons
   LF_RETURN_IF_ERROR(CheckIntColumn(*ti, path));
   if (tx->kind != Column::Kind::kString || tx->is_list)
     return InvalidArgumentError(path + ": column \"" + text_col + "\" is not a string column");
-  for (size_t i = 0; i < ti->i64.size(); ++i) tasks[ti->i64[i]] = tx->str[i];
+  for (size_t i = 0; i < ti->i64.size(); ++i) {
+    const std::string where = path + ": row " + std::to_string(i);
+    if (ti->i64[i] < 0)
+      return InvalidArgumentError(where + ": task_index " + std::to_string(ti->i64[i]) +
+                                  " is negative");
+    if (!tx->valid.empty() && !tx->valid[i])
+      return InvalidArgumentError(where + ": column \"" + text_col + "\" is null");
+    LF_RETURN_IF_ERROR(AddTask(&tasks, ti->i64[i], tx->str[i], where));
+  }
   return tasks;
 }
 
@@ -375,6 +423,26 @@ StatusOr<std::string> FormatTemplate(const std::string& tmpl,
   return out;
 }
 
+StatusOr<std::string> PathInRoot(const std::string& root, const std::string& rel,
+                                 const std::string& what) {
+  const std::string path = root + "/" + rel;
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgumentError(what + " gives \"" + rel + "\", " + why + " " + root +
+                                " (paths the metadata forms must stay inside the dataset)");
+  };
+  if (rel.empty() || rel[0] == '/') return refuse("which is not a path relative to");
+  std::error_code ec;
+  const fs::path real_root = fs::canonical(root, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "resolve dataset root " + root);
+  // weakly_canonical resolves every symlink of the part that exists and ".." in the rest.
+  const fs::path real = fs::weakly_canonical(path, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "resolve " + path);
+  const std::string r = real_root.string(), p = real.string();
+  if (p.size() <= r.size() || p.compare(0, r.size(), r) != 0 || (r != "/" && p[r.size()] != '/'))
+    return refuse("which resolves to " + p + ", outside");
+  return path;
+}
+
 StatusOr<Modality> ParseModality(const std::string& path, int state_dim, int action_dim) {
   LF_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
   Modality m;
@@ -399,6 +467,15 @@ StatusOr<Modality> ParseModality(const std::string& path, int state_dim, int act
     }
     std::sort(out->begin(), out->end(),
               [](const Slice& a, const Slice& b) { return a.start < b.start; });
+    // Two names for the same dimensions would each get the values of both.
+    for (size_t k = 1; k < out->size(); ++k) {
+      const Slice &a = (*out)[k - 1], &b = (*out)[k];
+      if (b.start < a.end)
+        return InvalidArgumentError(
+            path + ": " + group + "." + a.name + " [" + std::to_string(a.start) + ", " +
+            std::to_string(a.end) + ") and " + group + "." + b.name + " [" +
+            std::to_string(b.start) + ", " + std::to_string(b.end) + ") overlap");
+    }
     return Status::Ok();
   };
   LF_RETURN_IF_ERROR(slices("state", state_dim, &m.state));

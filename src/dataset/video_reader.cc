@@ -1,12 +1,16 @@
 // Frame-accurate mp4 reading on FFmpeg (video_reader.h, Note [Frame selection]).
 #include "dataset/video_reader.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+
+#include "common/file_util.h"
 
 #ifdef LF_HAVE_FFMPEG
 extern "C" {
@@ -116,6 +120,13 @@ VideoReader::~VideoReader() = default;
 StatusOr<std::unique_ptr<VideoReader>> VideoReader::Open(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return NotFoundError(path + ": video file not found");
+  // libavformat opens by name and would block on a FIFO or read a device forever: the path must
+  // be a regular file (Note [Only regular files are opened as files] in common/file_util.h).
+  {
+    auto fd = loongforge::internal::OpenRegularFile(path);
+    if (!fd.ok()) return fd.status();
+    ::close(*fd);
+  }
   std::unique_ptr<VideoReader> r(new VideoReader());
   r->path_ = path;
   r->impl_ = std::make_unique<Impl>();
@@ -174,6 +185,21 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
       return InvalidArgumentError(desc(i) + ": timestamps must be sorted, but " +
                                   FormatSeconds(ts[i]) + " follows " + FormatSeconds(ts[i - 1]));
   if (ts.empty()) return Status::Ok();
+  // A wanted time past the end of the stream (by more than a frame) has no frame; refusing it here
+  // names the duration instead of decoding to the end of the file.
+  const double frame_s = info_.fps > 0 ? 1.0 / info_.fps : 0.1;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!std::isfinite(ts[i]))
+      return InvalidArgumentError(desc(i) + ": the timestamp is not finite");
+    if (info_.duration_s > 0 && !(ts[i] <= info_.duration_s + frame_s)) {
+      // Name the first wanted time at or past the end: the first row without a frame.
+      size_t k = i;
+      while (k > 0 && ts[k - 1] >= info_.duration_s - o.tolerance_s) --k;
+      return DataLossError(desc(k) + ": past the end of the video, whose stream lasts " +
+                           FormatSeconds(info_.duration_s) + " (up to " + FormatSeconds(ts[i]) +
+                           " is wanted): fewer frames than rows, or wrong timestamps");
+    }
+  }
   int out_w = o.out_width > 0 ? o.out_width : info_.width;
   int out_h = o.out_height > 0 ? o.out_height : info_.height;
   if (out_w > 16384 || out_h > 16384 || (o.out_width > 0) != (o.out_height > 0))
@@ -289,21 +315,39 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
     return Status::Ok();
   };
 
+  // Every walk is bounded: each wanted time seeks at most once (a seek that lands far before it,
+  // a long GOP or a sparse index, is followed by decoding forward, never by the same seek again),
+  // and the frames decoded between two handed-out frames are capped by the stream's frame count
+  // (twice, for one restart from the start) plus a margin, so no file can keep the loop going.
+  const double stream_frames =
+      info_.num_frames > 0 ? static_cast<double>(info_.num_frames) : info_.duration_s / frame_s;
+  const int64_t max_walk =
+      stream_frames > 0 ? 2 * static_cast<int64_t>(std::ceil(stream_frames)) + 64 : -1;
+  int64_t walked = 0;
   size_t i = 0;
+  size_t seeked_for = ts.size();  // the wanted index the last seek was for
   bool reseeked_from_start = false;
   bool fresh_seek = false;
   // The frame at last_pts was consumed by an earlier call: asking for it (or earlier) seeks.
   if (ts[0] <= m.last_pts + tol || ts[0] > m.last_pts + kReseekGapSeconds) {
     LF_RETURN_IF_ERROR(seek_to(ts[0]));
     fresh_seek = true;
+    seeked_for = 0;
   }
   while (i < ts.size()) {
-    if (ts[i] > m.last_pts + kReseekGapSeconds && !fresh_seek) {
+    if (ts[i] > m.last_pts + kReseekGapSeconds && !fresh_seek && seeked_for != i) {
       LF_RETURN_IF_ERROR(seek_to(ts[i]));
       fresh_seek = true;
+      seeked_for = i;
     }
+    if (max_walk >= 0 && walked > max_walk)
+      return DataLossError(desc(i) + ": " + std::to_string(walked) +
+                           " frames decoded without reaching it (the stream declares " +
+                           std::to_string(static_cast<int64_t>(std::ceil(stream_frames))) +
+                           " frames): a broken index or timestamps");
     bool got = false;
     LF_RETURN_IF_ERROR(next_frame(&got));
+    ++walked;
     if (!got) {
       int64_t n = frames_decoded_;
       std::string last = std::isfinite(m.last_pts) ? FormatSeconds(m.last_pts) : "no frame";
@@ -337,6 +381,7 @@ Status VideoReader::ReadFrames(const std::vector<double>& ts, const VideoReadOpt
       LF_RETURN_IF_ERROR(sink(i, m.rgb.data(), out_w, out_h));
       ++i;
     }
+    walked = 0;
   }
   return Status::Ok();
 }

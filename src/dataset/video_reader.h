@@ -67,9 +67,10 @@ using FrameSink = std::function<Status(size_t i, const uint8_t* rgb, int width, 
 
 class VideoReader {
  public:
-  // Opens `path` and its best video stream. NotFound if the file is missing; DataLoss naming the
-  // file if it is not a readable video (truncated, no moov atom, no video stream) or its codec has
-  // no decoder in this FFmpeg; FailedPrecondition if the build lacks FFmpeg.
+  // Opens `path` and its best video stream. NotFound if the file is missing; InvalidArgument
+  // naming the path and its kind if it is not a regular file (a FIFO, a directory); DataLoss naming
+  // the file if it is not a readable video (truncated, no moov atom, no video stream) or its codec
+  // has no decoder in this FFmpeg; FailedPrecondition if the build lacks FFmpeg.
   static StatusOr<std::unique_ptr<VideoReader>> Open(const std::string& path);
   ~VideoReader();
   VideoReader(const VideoReader&) = delete;
@@ -82,10 +83,13 @@ class VideoReader {
   // hands each to `sink` in order (Note [Frame selection]). `what(i)` (optional) describes the
   // wanted timestamp i for error messages (e.g. "episode 3 row 17"). Errors name the file, the
   // timestamp and what(i):
-  //   InvalidArgument: timestamps not sorted, a bad output size.
+  //   InvalidArgument: timestamps not sorted or not finite, a bad output size.
   //   NotFound: no frame within tolerance of a timestamp (frames exist before and after it).
   //   DataLoss: the video ends (or breaks off: truncated file, decode error) before a timestamp;
   //     the message gives the time of the last decoded frame and the number of frames decoded.
+  //     A timestamp more than a frame past the stream's duration is DataLoss before anything is
+  //     decoded (the message gives the duration); a decode walk that passes twice the stream's
+  //     frame count without reaching its frame is DataLoss too, so no input decodes forever.
   Status ReadFrames(const std::vector<double>& timestamps, const VideoReadOptions& options,
                     const FrameSink& sink,
                     const std::function<std::string(size_t)>& what = nullptr);

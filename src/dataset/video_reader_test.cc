@@ -5,6 +5,8 @@
 #include "dataset/video_reader.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "dataset/video_test_util.h"
 
@@ -280,6 +284,115 @@ TEST(VideoReader, TimestampWithoutFrameIsNamed) {
   // Within tolerance (5e-5 s off) is accepted.
   ASSERT_TRUE(ReadAll(r->get(), {3 / kFps + 5e-5}, &d).ok());
   EXPECT_EQ(DecodeFrameCode(d.frames[0].data(), d.w, d.h).position, 3);
+}
+
+// Runs `body` in a child process that SIGALRM ends after `seconds`: a read that never returns
+// fails the test instead of hanging it. The child exits 0 when `body` returns true.
+::testing::AssertionResult ReturnsInTime(const std::function<bool()>& body, unsigned seconds) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(seconds);
+    ::_exit(body() ? 0 : 1);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid)
+    return ::testing::AssertionFailure() << "fork/waitpid failed";
+  if (WIFSIGNALED(status))
+    return ::testing::AssertionFailure() << "killed by signal " << WTERMSIG(status)
+                                         << " (still reading after " << seconds << " s)";
+  if (WEXITSTATUS(status) != 0) return ::testing::AssertionFailure() << "wrong result";
+  return ::testing::AssertionSuccess();
+}
+
+// Guards: a timestamp far past the end of the video (2 s and more past it, inf, 1e9) is DataLoss
+// naming the file, the row, the timestamp and the stream's duration, at once: before, each one
+// re-seeked to the last keyframe forever.
+TEST(VideoReader, TimestampPastTheEndIsNamedNotLooped) {
+  const std::string path = V21("front", 0);  // 12 frames: 0.4 s
+  for (double t : {0.4 + 2.5, 100.0, 1e9, std::numeric_limits<double>::infinity()}) {
+    EXPECT_TRUE(ReturnsInTime(
+        [&] {
+          auto r = VideoReader::Open(path);
+          if (!r.ok()) return false;
+          Status s = (*r)->ReadFrames(
+              {0.0, t}, {}, [](size_t, const uint8_t*, int, int) { return Status::Ok(); },
+              [](size_t i) { return "row " + std::to_string(i); });
+          std::fprintf(stderr, "%s\n", s.ToString().c_str());
+          const std::string& m = s.message();
+          return (s.code() == StatusCode::kDataLoss ||
+                  (!std::isfinite(t) && s.code() == StatusCode::kInvalidArgument)) &&
+                 m.find("episode_000000.mp4") != std::string::npos &&
+                 m.find("row 1") != std::string::npos &&
+                 (!std::isfinite(t) || m.find("0.400000 s") != std::string::npos);
+        },
+        20))
+        << "timestamp " << t;
+  }
+  // A NaN is refused as well (as unsorted or not finite).
+  auto r = VideoReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  Decoded d;
+  EXPECT_EQ(ReadAll(r->get(), {0.0, std::nan("")}, &d).code(), StatusCode::kInvalidArgument);
+  // Within a frame of the end the read goes on and reports the missing frame as before.
+  Status s = ReadAll(r->get(), {0.4}, &d);
+  EXPECT_NE(s.message().find("the video ends before this frame"), std::string::npos)
+      << s.ToString();
+}
+
+// Guards: a wanted frame more than kReseekGapSeconds past the only keyframe (one GOP of 5 s) is
+// reached by decoding forward after one seek; before, every decoded frame re-seeked to the same
+// keyframe and the read never ended.
+TEST(VideoReader, LongGopFarFrameIsReachedWithOneSeek) {
+  if (!HaveFfmpegCli()) GTEST_SKIP() << "no ffmpeg CLI to write a long-GOP video";
+  const std::string path =
+      (fs::temp_directory_path() / ("lf_gop_" + std::to_string(::getpid()) + ".mp4")).string();
+  const std::string cmd =
+      "ffmpeg -hide_banner -loglevel error -y -f lavfi -i testsrc=size=64x48:rate=30 "
+      "-frames:v 150 -c:v libx264 -g 300 -bf 0 -pix_fmt yuv420p -threads 1 " +
+      path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_TRUE(ReturnsInTime(
+      [&] {
+        auto r = VideoReader::Open(path);
+        if (!r.ok()) return false;
+        std::vector<size_t> got;
+        Status s = (*r)->ReadFrames({4.0, 4.5}, {}, [&](size_t i, const uint8_t*, int, int) {
+          got.push_back(i);
+          return Status::Ok();
+        });
+        std::fprintf(stderr, "%s, %lld seeks, %lld frames\n", s.ToString().c_str(),
+                     static_cast<long long>((*r)->seeks()),
+                     static_cast<long long>((*r)->frames_decoded()));
+        return s.ok() && got == std::vector<size_t>{0, 1} && (*r)->seeks() <= 2 &&
+               (*r)->frames_decoded() <= 140;
+      },
+      30));
+  fs::remove(path);
+}
+
+// Guards: a video path that is a FIFO (libavformat would block in open) or a directory is refused
+// naming the path and its kind.
+TEST(VideoReader, NonRegularFileIsRefused) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("lf_vr_kind_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir + "/dir.mp4");
+  const std::string fifo = dir + "/fifo.mp4";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, kind] :
+       {std::pair<std::string, std::string>{fifo, "FIFO"}, {dir + "/dir.mp4", "directory"}}) {
+    EXPECT_TRUE(ReturnsInTime(
+        [&] {
+          auto r = VideoReader::Open(path);
+          if (r.ok()) return false;
+          std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+          return r.status().code() == StatusCode::kInvalidArgument &&
+                 r.status().message().find(path) != std::string::npos &&
+                 r.status().message().find(kind) != std::string::npos;
+        },
+        20))
+        << path;
+  }
+  fs::remove_all(dir);
 }
 
 // Guards: unsorted timestamps are refused rather than decoded in a wrong order.

@@ -273,3 +273,179 @@ def test_cli_bad_input_exit_code(tmp_path):
     assert r.returncode not in (0,) and r.returncode < 128
     assert path in r.stderr
     assert no_db_left(out)
+
+
+# ---- hostile metadata: every check names the file and the row, nothing hangs ----
+
+def _mini_parquet():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "pack", "mini_parquet.py")
+    spec = importlib.util.spec_from_file_location("mini_parquet", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rewrite_v21_episode(src: str, ep: int, timestamps) -> str:
+    """Rewrites episode `ep`'s parquet of a v2.1 copy with other timestamps (None: null)."""
+    mp = _mini_parquet()
+    rows = expected_rows("v2.1", ep)
+    path = os.path.join(src, "data", "chunk-000", f"episode_{ep:06d}.parquet")
+    cols = [mp.Column("observation.state", ("list_float32", len(rows["observation.state"][0])),
+                      rows["observation.state"]),
+            mp.Column("action", ("list_float32", len(rows["action"][0])), rows["action"]),
+            mp.Column("timestamp", "float32", timestamps),
+            mp.Column("frame_index", "int64", rows["frame_index"]),
+            mp.Column("episode_index", "int64", rows["episode_index"]),
+            mp.Column("index", "int64", rows["index"]),
+            mp.Column("task_index", "int64", rows["task_index"])]
+    mp.write_table(path, cols)
+    return path
+
+
+def rewrite_v30_episodes(src: str, over: dict) -> str:
+    """Rewrites the v3.0 copy's episode table with columns replaced by `over` (name -> values)."""
+    mp = _mini_parquet()
+    path = os.path.join(src, "meta", "episodes", "chunk-000", "file-000.parquet")
+    with open(os.path.join(ROOT, "v3.0", "meta", "episodes", "chunk-000",
+                           "file-000.parquet.expected.json")) as fh:
+        cols = json.load(fh)["columns"]
+    cols.update(over)
+    out = []
+    for name, values in cols.items():
+        if name.endswith("from_timestamp") or name.endswith("to_timestamp"):
+            out.append(mp.Column(name, "float64", values))
+        elif name in ("episode_index", "length", "dataset_from_index", "dataset_to_index") or \
+                name.endswith("chunk_index") or name.endswith("file_index"):
+            out.append(mp.Column(name, "int64", values))
+    mp.write_table(path, out)
+    return path
+
+
+def cli_fails(src: str, tmp_path, *needles, timeout=60):
+    """Runs the CLI on `src` with a time limit: it must fail (1..127) naming `needles`, with no DB
+    or staging left behind."""
+    if not os.path.exists(CLI):
+        pytest.skip("no CLI binary at " + CLI)
+    out = str(tmp_path / "cli_db")
+    try:
+        r = subprocess.run([CLI, "pack", "--quiet", "--from-lerobot", src, "--out", out],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pack --from-lerobot {src} still running after {timeout} s")
+    assert 0 < r.returncode < 128, (r.returncode, r.stderr)
+    for n in needles:
+        assert n in r.stderr, r.stderr
+    assert no_db_left(out) and not os.path.exists(out + ".lock"), os.listdir(tmp_path)
+    return r.stderr
+
+
+# A null timestamp read as 0.0 gave row 1 frame 0; a repeated one gave two rows one frame;
+# negative and NaN times have no frame.
+@pytest.mark.parametrize("bad,needle", [(None, "timestamp is null"),
+                                        ("dup", "does not increase"),
+                                        (-1.0, "not a finite time >= 0"),
+                                        (float("nan"), "not a finite time >= 0")])
+def test_bad_timestamp_named(tmp_path, bad, needle):
+    src = copy_fixture("v2.1", tmp_path)
+    ts = list(expected_rows("v2.1", 0)["timestamp"])
+    ts[1] = ts[0] if bad == "dup" else bad
+    path = rewrite_v21_episode(src, 0, ts)
+    expect_failure(src, tmp_path, ValueError, path, "row 1", needle)
+
+
+# A timestamp past the video's end (by 2 s and more, or 1e9) is an error naming the video, the
+# row and the duration: before, the reader re-seeked to the last keyframe forever.
+@pytest.mark.parametrize("last", [0.4 + 2.5, 1e9])
+def test_timestamp_past_video_end_named(tmp_path, last):
+    src = copy_fixture("v2.1", tmp_path)
+    ts = list(expected_rows("v2.1", 0)["timestamp"])
+    ts[-1] = last
+    rewrite_v21_episode(src, 0, ts)
+    cli_fails(src, tmp_path, video_path(src, "v2.1", "front", 0), "past the end of the video",
+              "frame_index 11")
+
+
+# v3.0 from_timestamp inf / past the end of the file: named, never an endless decode.
+@pytest.mark.parametrize("offset,needle", [(float("inf"), "from_timestamp inf"),
+                                           (100.0, "past the end of the video")])
+def test_v30_from_timestamp_bad_named(tmp_path, offset, needle):
+    src = copy_fixture("v3.0", tmp_path)
+    with open(os.path.join(ROOT, "v3.0", "meta", "episodes", "chunk-000",
+                           "file-000.parquet.expected.json")) as fh:
+        ft = json.load(fh)["columns"]["videos/observation.images.front/from_timestamp"]
+    ft[1] = offset
+    rewrite_v30_episodes(src, {"videos/observation.images.front/from_timestamp": ft})
+    cli_fails(src, tmp_path, "file-000.parquet" if offset != 100.0 else "file-000.mp4", needle)
+
+
+# A negative dataset_from_index turned off the index continuity check.
+def test_v30_negative_from_index_named(tmp_path):
+    src = copy_fixture("v3.0", tmp_path)
+    path = rewrite_v30_episodes(src, {"dataset_from_index": [-12, 12, 28],
+                                      "dataset_to_index": [0, 28, 48]})
+    expect_failure(src, tmp_path, ValueError, path, "row 0", "dataset_from_index -12",
+                   "none may be negative")
+
+
+# tasks.jsonl listing a task_index twice with different texts.
+def test_duplicate_task_index_named(tmp_path):
+    src = copy_fixture("v2.1", tmp_path)
+    path = os.path.join(src, "meta", "tasks.jsonl")
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"task_index": 0, "task": "something else"}) + "\n")
+    expect_failure(src, tmp_path, ValueError, path + ":3", "something else",
+                   "pick up the red cube")
+
+
+# Paths formed from templates stay in the dataset root: "..", absolute, a symlink out.
+@pytest.mark.parametrize("key", ["data_path", "video_path"])
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_template_path_outside_root_refused(tmp_path, key, how):
+    src = copy_fixture("v2.1", tmp_path)
+    info_path = os.path.join(src, "meta", "info.json")
+    with open(info_path) as fh:
+        info = json.load(fh)
+    outside = str(tmp_path / "outside")
+    top = info[key].split("/")[0]  # "data" or "videos"
+    shutil.copytree(os.path.join(src, top), os.path.join(outside, top))
+    if how == "dotdot":
+        info[key] = "../outside/" + info[key]
+    elif how == "absolute":
+        info[key] = outside + "/" + info[key]
+    else:
+        shutil.rmtree(os.path.join(src, top))
+        os.symlink(os.path.join(outside, top), os.path.join(src, top))
+    with open(info_path, "w") as fh:
+        json.dump(info, fh)
+    expect_failure(src, tmp_path, ValueError, key, info[key], "stay inside the dataset")
+
+
+# Metadata that is a directory aborted the CLI (basic_filebuf::underflow) leaving OUT.lock and a
+# staging directory; a FIFO video or parquet blocked it forever.
+@pytest.mark.parametrize("rel,kind", [
+    ("meta/info.json", "directory"), ("meta/modality.json", "directory"),
+    ("meta/tasks.jsonl", "directory"), ("meta/episodes.jsonl", "directory"),
+    ("videos/chunk-000/observation.images.front/episode_000001.mp4", "FIFO"),
+    ("data/chunk-000/episode_000001.parquet", "FIFO")])
+def test_non_regular_metadata_or_media_named(tmp_path, rel, kind):
+    src = copy_fixture("v2.1", tmp_path)
+    path = os.path.join(src, rel)
+    if os.path.exists(path):
+        os.remove(path)
+    if kind == "directory":
+        os.makedirs(path)
+    else:
+        os.mkfifo(path)
+    cli_fails(src, tmp_path, path, kind)
+
+
+# v3.0: an episode table file that is a symlink out of the dataset is refused as well.
+def test_v30_episode_file_symlink_outside_refused(tmp_path):
+    src = copy_fixture("v3.0", tmp_path)
+    path = os.path.join(src, "meta", "episodes", "chunk-000", "file-000.parquet")
+    outside = str(tmp_path / "outside.parquet")
+    shutil.move(path, outside)
+    os.symlink(outside, path)
+    expect_failure(src, tmp_path, ValueError, "meta/episodes/chunk-000/file-000.parquet",
+                   "outside", "stay inside the dataset")

@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <variant>
 
+#include "common/file_util.h"
+
 namespace loongforge::data::parquet {
 namespace {
 
@@ -367,8 +369,9 @@ File::~File() {
 
 Status File::Open(const std::string& path) {
   path_ = path;
-  fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) return ErrnoToStatus(errno, path);
+  // A FIFO would block open() and read(), a directory fail deep in the footer parser
+  // (Note [Only regular files are opened as files] in common/file_util.h).
+  LF_ASSIGN_OR_RETURN(fd_, ::loongforge::internal::OpenRegularFile(path));
   struct stat st;
   if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, path);
   size_ = st.st_size;
