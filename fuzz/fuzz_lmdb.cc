@@ -10,7 +10,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string dir = lf_fuzz::ScratchDir("lmdb") + "/db";
-  lf_fuzz::WriteFile(dir + "/data.mdb", std::string_view(reinterpret_cast<const char*>(data), size));
+  lf_fuzz::WriteFile(dir + "/data.mdb",
+                     std::string_view(reinterpret_cast<const char*>(data), size));
   auto reader = loongforge::data::RecordReader::Open(dir, 8);
   if (!reader.ok()) return 0;
   auto keys = (*reader)->Keys();
