@@ -29,3 +29,7 @@ if(LOONGFORGE_SANITIZE)
   add_compile_options(${lf_san_flags})  # host code only: CUDA is off in these builds
   add_link_options(-fsanitize=${LOONGFORGE_SANITIZE})
 endif()
+
+if(LOONGFORGE_FUZZ)
+  enable_testing()  # fuzz/: the <target>.replay tests, also when LOONGFORGE_TESTS is OFF
+endif()

@@ -40,7 +40,7 @@ for t in "${TARGETS[@]}"; do
   # New inputs go to a scratch corpus; the committed seeds stay as they are.
   "$BUILD/fuzz/$t" "$work/$t" "$ROOT/fuzz/corpus/$t" -max_total_time="$SECONDS_EACH" \
     -max_len="$(max_len "$t")" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$pending/" >"$work/$t.log" 2>&1
+    -artifact_prefix="$pending/" >"$work/$t.log" 2>&1 </dev/null
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$' | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$work/$t.log" | tail -1 | grep -o '[0-9]*')
@@ -53,7 +53,11 @@ for t in "${TARGETS[@]}"; do
   fi
   printf '%-20s %10s %8s %8s  %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$result"
   if [ $rc -ne 0 ]; then
-    grep -E 'ERROR: |runtime error|#[0-9]+ 0x' "$work/$t.log" | grep -v 'libFuzzer\|fuzzer::' | head -8 | sed 's/^/    /'
+    # The sanitizer's verdict and the project's top frames (file:line); the full log is above it.
+    grep -E -m1 'ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error|terminate called|ERROR: libFuzzer' \
+      "$work/$t.log" | cut -c1-200 | sed 's/^/    /'
+    grep -E '^ *#[0-9]+ ' "$work/$t.log" | grep -oE '(src|fuzz)/[A-Za-z0-9_./]+\.(cc|h):[0-9]+' | head -4 |
+      sed 's/^/      at /'
   fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
