@@ -57,12 +57,12 @@ printf 'videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}
 mseed() { { printf '\x00'; cat; } > "$C/fuzz_manifest/$1"; }
 h=0123456789abcdef0123456789abcdef
 mseed empty <<JSON
-{"step":0,"parent":-1,"chunk_bytes":1048576,"created_unix":1.5,"segments":[],"tensors":[]}
+{"format":1,"step":0,"parent":-1,"chunk_bytes":1048576,"created_unix":1.5,"segments":[],"tensors":[]}
 JSON
 mseed raw_zstd <<JSON
-{"step":3,"parent":2,"chunk_bytes":16,"created_unix":1700000000.25,"segments":["seg-000001.bin"],"tensors":[{"name":"w","dtype":"float32","shape":[2,4],"nbytes":32,"chunks":[["$h",16,0,0,0,16],["$h",16,1,0,16,9]]}]}
+{"format":1,"step":3,"parent":2,"chunk_bytes":16,"created_unix":1700000000.25,"segments":["seg-000001.bin"],"tensors":[{"name":"w","dtype":"float32","shape":[2,4],"nbytes":32,"chunks":[["$h",16,0,0,0,16],["$h",16,1,0,16,9]]}]}
 JSON
 mseed xor_delta <<JSON
-{"step":4,"parent":3,"chunk_bytes":8,"created_unix":2.0,"segments":["a.bin","b.bin"],"tensors":[{"name":"b","dtype":"bfloat16","shape":[4],"nbytes":8,"chunks":[["$h",8,2,1,0,5,0,"$h",0,0,8]]}]}
+{"format":1,"step":4,"parent":3,"chunk_bytes":8,"created_unix":2.0,"segments":["a.bin","b.bin"],"tensors":[{"name":"b","dtype":"bfloat16","shape":[4],"nbytes":8,"chunks":[["$h",8,2,1,0,5,0,"$h",0,0,8]]}]}
 JSON
 echo "make_fuzz_corpus: $(find "$C" -type f | wc -l) files, $(du -sk "$C" | cut -f1) KiB"
