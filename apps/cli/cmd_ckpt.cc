@@ -191,7 +191,16 @@ void AddCkpt(CLI::App& root) {
         AddCommand(*ckpt, name, sub.help, [name, a, dir] { return Run(name, *a, *dir); });
     app->add_option("DIR", *dir, "checkpoint directory")->required();
     if (name != "ls" && name != "gc")
-      app->add_option("--step", a->step, "checkpoint step (default: latest)");
+      app->add_option("--step", a->step, "checkpoint step (default: latest)")
+          ->check(CLI::Validator(
+              [](std::string& t) {  // a usage error, refused before the vault is opened
+                int64_t step = -1;
+                const auto r = std::from_chars(t.data(), t.data() + t.size(), step);
+                return t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || step < 0
+                           ? "--step must be a non-negative integer, got '" + t + "'"
+                           : std::string();
+              },
+              "STEP"));
     if (name == "restore") {
       app->add_option("--out", a->out, "output directory (new or empty)")->required();
       app->add_flag("--force", a->force, "replace the files restore writes in a non-empty --out");

@@ -192,7 +192,10 @@ Status CheckpointVault::Impl::WriteJob(Job* job) {
   }
   // Device-staged chunks to write: device -> host through the reader's pinned buffers, each
   // batch written while the next one transfers.
-  for (auto& [dev, writes] : dev_writes) {
+  for (auto& dev_and_writes : dev_writes) {
+    // Named, not a structured binding: C++17 lambdas cannot capture structured bindings.
+    const int dev = dev_and_writes.first;
+    auto& writes = dev_and_writes.second;
     internal::DeviceArena* arena = DeviceArenaOf(job, dev);
     if (cufile_direct) {
       Status s =
