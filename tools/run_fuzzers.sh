@@ -38,7 +38,7 @@ for t in "${TARGETS[@]}"; do
   pending=$ROOT/fuzz/regressions/pending/$t
   mkdir -p "$work/$t" "$pending"
   # New inputs go to a scratch corpus; the committed seeds stay as they are.
-  "$BUILD/fuzz/$t" "$work/$t" "$ROOT/fuzz/corpus/$t" -max_total_time="$SECONDS_EACH" \
+  "$BUILD/fuzz/$t" "$work/$t" "$ROOT/fuzz/corpus/$t" -max_total_time="$SECONDS_EACH" -seed="${FUZZ_SEED:-1}" \
     -max_len="$(max_len "$t")" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$pending/" >"$work/$t.log" 2>&1 </dev/null
   rc=$?

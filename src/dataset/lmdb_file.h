@@ -57,7 +57,7 @@ StatusOr<LmdbFileInfo> CheckLmdbDataFile(const std::string& data_mdb);
 // above leaf pages, no cycles, depth as the meta says), hold its node offsets and keys inside
 // the page, and every child and overflow page must lie in 2..mm_last_pg. DataLoss naming the
 // file and the page otherwise. It reads every branch and leaf page once (not the overflow pages
-// holding images), so it is for inspect-style scans, not for every loader open.
+// holding images): about one 4 KiB read per hundred records, done once when a reader opens.
 Status CheckLmdbTree(const std::string& data_mdb, const LmdbFileInfo& info);
 
 // The Status of an LMDB return code `rc` from the write path of the environment whose data file

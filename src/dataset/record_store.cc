@@ -519,6 +519,9 @@ StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& pa
   }
   // Note [Validating data.mdb before mapping]: a truncated file would raise SIGBUS later.
   LF_ASSIGN_OR_RETURN(internal::LmdbFileInfo file, internal::CheckLmdbDataFile(data));
+  // Note [Walking the tree before a cursor does]: every lookup below follows page numbers LMDB
+  // does not check, so the tree is walked once here; Begin() then refuses a file that changed.
+  LF_RETURN_IF_ERROR(internal::CheckLmdbTree(data, file));
   std::unique_ptr<RecordReader> r(new RecordReader());
   r->path_ = path;
   r->data_file_ = data;
