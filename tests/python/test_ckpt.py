@@ -574,7 +574,7 @@ def test_new_run_into_finished_runs_dir_is_refused(train_db, tmp_path, capsys, m
     assert not any(p.startswith("rank_state") for p, _ in before)
     assert train.main(_train_args(train_db, ck, mode, 4)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"loongforge.train: error: --ckpt-dir {ck} already holds checkpoints of a run: "
+    assert err == [f"loongforge train: error: --ckpt-dir {ck} already holds checkpoints of a run: "
                    "pass --resume to continue it, or pick another --ckpt-dir"], err
     assert _tree(ck) == before
     assert train.main(_train_args(train_db, ck, mode, 6) + ["--resume"]) == 0

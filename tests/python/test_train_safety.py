@@ -370,8 +370,10 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
     saved = [ln for ln in err0.splitlines() if "signal on another rank: saved step" in ln]
     assert len(saved) == 1, err0[-2000:]
     step = int(saved[0].split("saved step ")[1].split(",")[0])
-    names = sorted(os.listdir(os.path.join(ck, "rank_state")))
-    assert names == [f"rank{r:05d}_step_{step:08d}.pt" for r in range(2)], names
+    # Both ranks' own states are inside that step's one checkpoint file.
+    saved_state = torch.load(os.path.join(ck, f"step_{step:08d}.pt"), map_location="cpu",
+                             pickle_module=_TensorsOnly)
+    assert sorted(saved_state["__rank_state__"]) == [f"rank{r:05d}" for r in range(2)]
 
 
 # Guards: --resume from a checkpoint past --steps trained nothing and exited 0, saying only
