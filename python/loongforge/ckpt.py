@@ -166,9 +166,11 @@ class _Encoder:
             self.tensors.append((name, flat))
             base = self.bases[key] = (name, t.dtype, path)
         elif base[1] != t.dtype:
-            raise TypeError(f"checkpoint state {_path_str(path)}: shares its storage with "
-                            f"{_path_str(base[2])} but is {t.dtype} and that one {base[1]}; "
-                            "aliased tensors must have one dtype")
+            # Views of one storage in several dtypes (parameters packed into one arena) are
+            # saved as tensors of their own: a view is rebuilt in its storage's dtype only.
+            name = self._name(path)
+            self.tensors.append((name, t))
+            return dict(tensor=name, **info)
         return dict(view=base[0], shape=list(t.shape), stride=list(t.stride()),
                     offset=int(t.storage_offset()), **info)
 
