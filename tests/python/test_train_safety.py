@@ -288,8 +288,10 @@ def _interrupt(cmd, after_step, signals, gap=0.0):
 def test_sigterm_checkpoints_and_resume_continues(train_db, tmp_path, mode):
     _need(mode)
     if mode == "tuned":
-        import torch.distributed.checkpoint as dcp
-
+        try:
+            import torch.distributed.checkpoint as dcp
+        except ImportError:  # torch 1.13: tuned mode writes torch.save checkpoints
+            dcp = None
         if hasattr(dcp, "async_save"):
             pytest.skip("tuned mode saves DCP checkpoints with this torch, which --resume does not "
                         "read (it says so and exits 2)")
