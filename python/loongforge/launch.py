@@ -1,4 +1,4 @@
-"""``loongforge launch``: run N processes of one program on this host, as torchrun would.
+"""``loongforge launch``: start N processes of one program on this host, as torchrun would.
 
     loongforge launch --nproc N [--master-port P] [--master-addr A] -- SCRIPT ARGS...
     loongforge launch --nproc N [...] -- -m MODULE ARGS...
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, usage=f"{PROG} --nproc N [options] (-- SCRIPT ARGS | -- -m MODULE ARGS | "
         "train ARGS)",
-        description="Run N processes of a Python program on this host with the environment "
+        description="Start N processes of a Python program on this host with the environment "
         "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, "
         "MASTER_PORT). `train ARGS` runs the trainer (python -m loongforge.train ARGS).")
     p.add_argument("--nproc", type=int, required=True, help="number of processes (>= 1)")
