@@ -45,7 +45,7 @@ fi
 # C++: image and stage-3 kernels vs CPU references, nvJPEG decoder (incl. 100k-decode leak check),
 # GPU loader vs CPU loader (static buckets, device stage 3), plus the CPU loader suites.
 [ -n "${LF_SUITE:-}" ] || step gtest_gpu 180 "./$BUILD/loongforge_tests" \
-  --gtest_filter='ImageKernels.*:Stage3*:NvJpegDecoder.*:GpuLoaderTest.*:ImageOps.*:LoaderTest.*:Sampler.*' \
+  --gtest_filter='ImageKernels.*:Collate*:NvJpegDecoder.*:GpuLoaderTest.*:ImageOps.*:LoaderTest.*:Sampler.*' \
   --gtest_output=json:"$OUT/gtest_gpu.json"
 
 # Python: DLPack CUDA tensors, side-stream consumer, fallback report, static buckets on the GPU.

@@ -302,7 +302,7 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
         get("meta", 2 * sizeof(int32_t), &meta);
       }
       c_bytes->fetch_add(bytes);
-      PackStage3(*w);
+      PackCollate(*w);
       stage->Fetched(*w);  // GPU: prefaults the JPEG pages
       timer.reset();
       // CPU: one decode task per image; GPU: none (stage 2 decodes the batch on lf-collate).
@@ -336,9 +336,9 @@ bool Pipeline::WaitDecoded(Work& w) {
   return false;
 }
 
-// Note [Stage 3 staging]: the batch's raw non-image records into the slot's staging buffer.
-void Pipeline::PackStage3(Work& w) {
-  const Stage3Layout& L = s3;
+// Note [Collate staging]: the batch's raw non-image records into the slot's staging buffer.
+void Pipeline::PackCollate(Work& w) {
+  const CollateLayout& L = s3;
   uint8_t* raw = w.slot->raw;
   auto* off = reinterpret_cast<int32_t*>(raw + L.off_token_offset);
   auto* sidx = reinterpret_cast<int64_t*>(raw + L.off_sample_index);
@@ -373,8 +373,8 @@ void Pipeline::PackStage3(Work& w) {
 // ---------------------------------------------------------------------------------------------
 // Stage 3
 
-// Which samples a batch keeps, its shape, and stage 3's src_row (Note [Stage 3 staging]).
-Status Pipeline::PlanStage3(Work& w, Stage3Plan* p) {
+// Which samples a batch keeps, its shape, and stage 3's src_row (Note [Collate staging]).
+Status Pipeline::PlanCollate(Work& w, CollatePlan* p) {
   if (!w.fatal.ok()) return w.fatal;
   // Compact away corrupt samples (skip policy) or stop on the first (error policy).
   p->keep.clear();
@@ -425,8 +425,8 @@ Status Pipeline::PlanStage3(Work& w, Stage3Plan* p) {
   return Status::Ok();
 }
 
-Stage3Dims Pipeline::Dims(const Stage3Plan& p) const {
-  Stage3Dims d;
+CollateDims Pipeline::Dims(const CollatePlan& p) const {
+  CollateDims d;
   d.n = p.n;
   d.rows = p.rows;
   d.len = p.len;
@@ -435,7 +435,7 @@ Stage3Dims Pipeline::Dims(const Stage3Plan& p) const {
   return d;
 }
 
-void Pipeline::Publish(Work& w, const Stage3Plan& p, std::shared_ptr<Batch>* out) {
+void Pipeline::Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* out) {
   seq_published.fetch_add(1);  // Note [Held by]
   const Schema& sc = reader->schema();
   Batch& b = w.slot->batch;
@@ -512,7 +512,7 @@ bool DataLoader::GpuSupport(int device_id, std::string* reason) {
 // Note [State normalization]
 // ---------------------------
 // Stage 3 computes y = (x - centre) / scale per dimension, clamped to [-1, 1] for q01_q99
-// (Stage3Dims). The modes follow Isaac-GR00T's Normalizer (gr00t/data/transform/state_action.py)
+// (CollateDims). The modes follow Isaac-GR00T's Normalizer (gr00t/data/transform/state_action.py)
 // through that one formula:
 //   mean_std: centre = mean, scale = std; a std <= 1e-6 becomes 1 (the dimension is only centred;
 //     GR00T keeps it raw: LoongForge kept its own rule, which batches already depend on).
@@ -659,8 +659,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
         " tokens): add a longer bucket or set truncate_tokens");
   LF_RETURN_IF_ERROR(
       StageNormalization(o, sc, &impl->normalize, &impl->clip_norm, &impl->norm_stats));
-  impl->s3 = internal::Stage3Layout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
-                                          sc.action_dim, sc.action_horizon);
+  impl->s3 = internal::CollateLayout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
+                                           sc.action_dim, sc.action_horizon);
   for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));
   bool pin = o.pin_memory;
   if (pin && !internal::PinnedAvailable()) {

@@ -1,6 +1,6 @@
 // The CPU stage of the loader (loader_pipeline.h): stage 2 as one libjpeg-turbo decode task per
 // image on the lf-decode pool (DCT-domain downscaling, then the fused crop/resize/jitter/normalize
-// of image_ops.h straight into the batch buffer), and stage 3 by its CPU twin (stage3.h), on
+// of image_ops.h straight into the batch buffer), and stage 3 by its CPU twin (collate.h), on
 // lf-collate. Batches live in host memory, pinned with pin_memory where the build has CUDA.
 #include <cmath>
 #include <cstdlib>
@@ -159,8 +159,8 @@ Status CpuStage::Collate(Work& w, std::shared_ptr<Batch>* out) {
   const int cams = static_cast<int>(sc.cameras.size());
   const size_t img_elems = static_cast<size_t>(3) * p_.opts.image_size * p_.opts.image_size;
   Batch& b = w.slot->batch;
-  Stage3Plan p;
-  LF_RETURN_IF_ERROR(p_.PlanStage3(w, &p));
+  CollatePlan p;
+  LF_RETURN_IF_ERROR(p_.PlanCollate(w, &p));
   for (int o = 0; o < p.n; ++o) {
     const size_t i = static_cast<size_t>(p.keep[o]);
     // Move decoded images down over a skipped sample.
@@ -171,14 +171,14 @@ Status CpuStage::Collate(Work& w, std::shared_ptr<Batch>* out) {
   if (p.rows > p.n)  // static shapes: padding rows are zero
     std::memset(b.images + static_cast<size_t>(p.n) * cams * img_elems, 0,
                 sizeof(float) * (p.rows - p.n) * cams * img_elems);
-  internal::Stage3Out o3;
+  internal::CollateOut o3;
   o3.tokens = b.tokens;
   o3.attention_mask = b.attention_mask;
   o3.state = b.state;
   o3.action = b.action;
   o3.action_mask = b.action_mask;
   o3.sample_index = b.sample_index;
-  internal::Stage3Reference(p_.s3, w.slot->raw, p_.Dims(p), o3);
+  internal::CollateReference(p_.s3, w.slot->raw, p_.Dims(p), o3);
   p_.Publish(w, p, out);
   return Status::Ok();
 }

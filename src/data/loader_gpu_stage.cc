@@ -1,6 +1,6 @@
 // The GPU stage of the loader (loader_pipeline.h), in builds with CUDA and nvJPEG (the twin
 // without nvJPEG is loader_gpu_stage_stub.cc): nvJPEG decode lanes (nvjpeg_decoder.h), the fused
-// image kernel (image_kernels.h) and the stage-3 kernel (stage3.h) on a transform stream, batches
+// image kernel (image_kernels.h) and the stage-3 kernel (collate.h) on a transform stream, batches
 // in device memory.
 //
 // Note [GPU loader]
@@ -18,7 +18,7 @@
 //       into the slot's device image buffer, at its compacted index; the decoder's buffer set is
 //       released after that kernel (event).
 //   3.  stage 3 on the transform stream: lf-fetch already packed the batch's raw records into the
-//       slot's pinned staging (Note [Stage 3 staging] in stage3.h); lf-collate adds which samples
+//       slot's pinned staging (Note [Collate staging] in collate.h); lf-collate adds which samples
 //       survived, one async copy moves the raw ids/lengths/records to the device, and one kernel
 //       pads tokens, builds the masks and normalizes state/action into the slot's device arrays
 //       (static shapes: padding rows zeroed too); the slot's `ready` event is recorded after it.
@@ -442,8 +442,8 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     if (!dstatus[k].ok()) w.SetError(static_cast<size_t>(who[k].first), std::move(dstatus[k]));
   // Which samples stay (corrupt policy), the batch's shape, and the compacted output index of
   // each kept sample.
-  Stage3Plan plan;
-  LF_RETURN_IF_ERROR(p_.PlanStage3(w, &plan));
+  CollatePlan plan;
+  LF_RETURN_IF_ERROR(p_.PlanCollate(w, &plan));
   std::vector<int> rank(n, -1);
   for (int o = 0; o < plan.n; ++o) rank[plan.keep[o]] = o;
   auto* slot = static_cast<GpuSlot*>(w.slot);
@@ -502,22 +502,22 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
         cudaMemsetAsync(reinterpret_cast<uint8_t*>(slot->dev_batch.images) + plan.n * img_bytes, 0,
                         (plan.rows - plan.n) * img_bytes, xform));
   }
-  // Stage 3 (Note [Stage 3 staging]), ordered after the slot's `released` wait above.
+  // Stage 3 (Note [Collate staging]), ordered after the slot's `released` wait above.
   if (p_.opts.stage3_on_device) {
     // Raw ids, lengths and records only; the kernel pads, masks and normalizes on the device.
     LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         slot->dev_raw, slot->raw, p_.s3.Bytes(plan.total_tokens), cudaMemcpyHostToDevice, xform));
-    internal::Stage3Out o3;
+    internal::CollateOut o3;
     o3.tokens = slot->dev_batch.tokens;
     o3.attention_mask = slot->dev_batch.attention_mask;
     o3.state = slot->dev_batch.state;
     o3.action = slot->dev_batch.action;
     o3.action_mask = slot->dev_batch.action_mask;
     o3.sample_index = slot->dev_batch.sample_index;
-    LF_RETURN_IF_ERROR(internal::LaunchStage3(p_.s3, slot->dev_raw, p_.Dims(plan), o3, xform));
+    LF_RETURN_IF_ERROR(internal::LaunchCollate(p_.s3, slot->dev_raw, p_.Dims(plan), o3, xform));
   } else {
     // A/B switch off: the CPU twin into the pinned staging of the arrays, then one copy.
-    internal::Stage3Out o3;
+    internal::CollateOut o3;
     const Batch& hb = slot->batch;
     o3.tokens = hb.tokens;
     o3.attention_mask = hb.attention_mask;
@@ -525,7 +525,7 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     o3.action = hb.action;
     o3.action_mask = hb.action_mask;
     o3.sample_index = hb.sample_index;
-    internal::Stage3Reference(p_.s3, slot->raw, p_.Dims(plan), o3);
+    internal::CollateReference(p_.s3, slot->raw, p_.Dims(plan), o3);
     LF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot->dev_tail, slot->host_tail, slot->tail_bytes,
                                             cudaMemcpyHostToDevice, xform));
   }

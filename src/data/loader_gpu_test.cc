@@ -226,7 +226,7 @@ TEST_F(GpuLoaderTest, CorruptPolicySameAsCpu) {
 // samples (zero images too) and masks equal the CPU loader's, with the stage-3 kernel and with
 // the host twin (stage3_on_device = false), and the two GPU variants agree bit
 // for bit on everything but decode noise.
-TEST_F(GpuLoaderTest, StaticBucketsDeviceStage3MatchCpu) {
+TEST_F(GpuLoaderTest, StaticBucketsDeviceCollateMatchCpu) {
   std::string why;
   if (Skip(&why)) GTEST_SKIP() << why;
   testing::TestDbOptions to;

@@ -24,13 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "collate.h"
 #include "loongforge/dataset.h"
 #include "loongforge/loader.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/queue.h"
 #include "loongforge/thread_pool.h"
-#include "stage3.h"
 
 namespace loongforge {
 namespace data {
@@ -65,7 +65,7 @@ struct Slot {
   uint8_t* base = nullptr;
   bool pinned = false;
   Batch batch;                 // pointers into base
-  uint8_t* raw = nullptr;      // stage 3 staging (Note [Stage 3 staging]); pinned on the GPU path
+  uint8_t* raw = nullptr;      // stage 3 staging (Note [Collate staging]); pinned on the GPU path
   Batch* published = nullptr;  // what the consumer gets: &batch, or the stage's device copy
 };
 
@@ -156,7 +156,7 @@ using WorkPtr = std::shared_ptr<Work>;
 using Output = StatusOr<std::shared_ptr<Batch>>;
 
 // What stage 3 does with one batch.
-struct Stage3Plan {
+struct CollatePlan {
   std::vector<int> keep;  // raw rows kept, in order (output row o <- keep[o])
   int dropped = 0, n = 0, rows = 0, len = 1, bucket = -1;
   int64_t total_tokens = 0;  // staged token ids of the whole batch
@@ -217,7 +217,7 @@ struct Pipeline {
   bool normalize = false;         // state/action normalized (Note [State normalization])
   bool clip_norm = false;         // ... and clamped to [-1, 1] (q01_q99)
   std::vector<float> norm_stats;  // staged with every batch: centre_s, scale_s, centre_a, scale_a
-  Stage3Layout s3;
+  CollateLayout s3;
   std::vector<std::string> camera_modality;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
@@ -255,10 +255,10 @@ struct Pipeline {
   // Waits (with the timeout) until w's decode tasks finished or the loader stops; false after a
   // DeadlineExceeded naming the batch was delivered to the consumer.
   bool WaitDecoded(Work& w);
-  void PackStage3(Work& w);
-  Status PlanStage3(Work& w, Stage3Plan* p);
-  Stage3Dims Dims(const Stage3Plan& p) const;
-  void Publish(Work& w, const Stage3Plan& p, std::shared_ptr<Batch>* out);
+  void PackCollate(Work& w);
+  Status PlanCollate(Work& w, CollatePlan* p);
+  CollateDims Dims(const CollatePlan& p) const;
+  void Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* out);
   void StopThreads();
 };
 

@@ -1,11 +1,11 @@
-// Stage 3 of DataFusion (Note [Stage 3 staging]): token padding, attention mask, state/action
+// Stage 3 of DataFusion (Note [Collate staging]): token padding, attention mask, state/action
 // normalization, action mask and sample index of one batch, from its raw records packed into one
-// staging buffer. CPU twin: Stage3Reference (stage3.cc), which the CPU loader runs; CUDA kernel:
-// LaunchStage3 (stage3_kernels.cu), which the GPU loader runs after copying the staging buffer to
-// the device. Both run Stage3Row, so they produce the same bytes (the normalization is an IEEE
+// staging buffer. CPU twin: CollateReference (collate.cc), which the CPU loader runs; CUDA kernel:
+// LaunchCollate (collate_kernels.cu), which the GPU loader runs after copying the staging buffer to
+// the device. Both run CollateRow, so they produce the same bytes (the normalization is an IEEE
 // float subtract and divide; no fast-math).
 //
-// Note [Stage 3 staging]
+// Note [Collate staging]
 // ----------------------
 // Stage 1 (lf-fetch) packs every sample of a batch, in sampler order ("raw rows"), into the
 // slot's staging buffer as soon as its records are looked up: token ids (int32, already cut to
@@ -31,7 +31,7 @@ namespace data {
 namespace internal {
 
 // Offsets (bytes, 256-aligned) of each part of a staging buffer for `capacity_rows` raw rows.
-struct Stage3Layout {
+struct CollateLayout {
   int capacity_rows = 0, max_tokens = 0;  // max_tokens: ids kept per row (token capacity)
   int state_dim = 0, action_dim = 0, horizon = 0;
   size_t off_src_row = 0;       // int32 [capacity_rows]: output row -> raw row
@@ -40,13 +40,13 @@ struct Stage3Layout {
   size_t off_state = 0;         // float [capacity_rows, state_dim], raw
   size_t off_action = 0;        // float [capacity_rows, horizon, action_dim], raw
   size_t off_amask = 0;         // uint8 [capacity_rows, horizon]
-  // float [2 * state_dim + 2 * action_dim]: centre_s, scale_s, centre_a, scale_a (Stage3Dims)
+  // float [2 * state_dim + 2 * action_dim]: centre_s, scale_s, centre_a, scale_a (CollateDims)
   size_t off_norm = 0;
   size_t off_tokens = 0;  // int32 [capacity_rows * max_tokens]
   size_t capacity_bytes = 0;
 
-  static Stage3Layout Make(int capacity_rows, int max_tokens, int state_dim, int action_dim,
-                           int horizon);
+  static CollateLayout Make(int capacity_rows, int max_tokens, int state_dim, int action_dim,
+                            int horizon);
   // Bytes holding everything up to `total_tokens` ids: what a copy of the staging must move.
   size_t Bytes(int64_t total_tokens) const {
     return off_tokens + sizeof(int32_t) * static_cast<size_t>(total_tokens);
@@ -59,7 +59,7 @@ struct Stage3Layout {
 // then, with clip, are clamped to [-1, 1] (fmin/fmax). The loader stages the parameters of its
 // mode (Note [State normalization] in src/data/loader.cc): mean_std (mean, std), min_max and
 // q01_q99 ((lo + hi) / 2, (hi - lo) / 2; q01_q99 clips, as GR00T's "q99" mode does).
-struct Stage3Dims {
+struct CollateDims {
   int n = 0, rows = 0, len = 1;
   bool normalize = false;
   bool clip = false;  // only with normalize
@@ -68,7 +68,7 @@ struct Stage3Dims {
 // Output arrays (host for the twin, device for the kernel), dense with `rows` rows:
 // tokens int64 [rows, len], attention_mask uint8 [rows, len], state [rows, state_dim],
 // action [rows, horizon, action_dim], action_mask [rows, horizon], sample_index [rows].
-struct Stage3Out {
+struct CollateOut {
   int64_t* tokens = nullptr;
   uint8_t* attention_mask = nullptr;
   float* state = nullptr;
@@ -78,10 +78,10 @@ struct Stage3Out {
 };
 
 // InvalidArgument unless 0 <= n <= rows <= capacity_rows and 1 <= len.
-Status ValidateStage3(const Stage3Layout& layout, const Stage3Dims& dims);
+Status ValidateCollate(const CollateLayout& layout, const CollateDims& dims);
 
 // Typed pointers to the parts of one staging buffer (host or device memory), and its dims.
-struct Stage3Parts {
+struct CollateParts {
   const int32_t* src_row;
   const int32_t* tok_off;
   const int64_t* sample;
@@ -94,11 +94,11 @@ struct Stage3Parts {
 };
 
 // The parts of `raw`, a staging buffer laid out by `layout`.
-Stage3Parts Stage3PartsOf(const Stage3Layout& layout, const uint8_t* raw);
+CollateParts CollatePartsOf(const CollateLayout& layout, const uint8_t* raw);
 
 // (x - centre) / scale as two IEEE float operations, then with `clip` the clamp to [-1, 1]
 // (fminf/fmaxf: IEEE minNum/maxNum on both sides).
-LF_HOST_DEVICE float Stage3Normalize(float x, float centre, float scale, bool clip) {
+LF_HOST_DEVICE float CollateNormalize(float x, float centre, float scale, bool clip) {
   const float y = hd::DivRn(hd::SubRn(x, centre), scale);
   return clip ? fminf(fmaxf(y, -1.f), 1.f) : y;
 }
@@ -107,8 +107,8 @@ LF_HOST_DEVICE float Stage3Normalize(float x, float centre, float scale, bool cl
 // twins]). Writes the elements lane, lane + lanes, ... of each of the row's arrays: the twin runs
 // it with (0, 1), a CUDA block with (threadIdx.x, blockDim.x). For o < n, src_row[o] must be a raw
 // row of the buffer.
-LF_HOST_DEVICE void Stage3Row(const Stage3Parts& p, const Stage3Dims& d, const Stage3Out& out,
-                              int o, int lane, int lanes) {
+LF_HOST_DEVICE void CollateRow(const CollateParts& p, const CollateDims& d, const CollateOut& out,
+                               int o, int lane, int lanes) {
   const int S = p.state_dim, A = p.action_dim, H = p.horizon;
   int64_t* tok = out.tokens + static_cast<int64_t>(o) * d.len;
   uint8_t* am = out.attention_mask + static_cast<int64_t>(o) * d.len;
@@ -136,26 +136,26 @@ LF_HOST_DEVICE void Stage3Row(const Stage3Parts& p, const Stage3Dims& d, const S
   const float *smean = p.norm, *sstd = p.norm + S, *amean = p.norm + 2 * S,
               *astd = p.norm + 2 * S + A;
   for (int k = lane; k < S; k += lanes)
-    st[k] = d.normalize ? Stage3Normalize(rs[k], smean[k], sstd[k], d.clip) : rs[k];
+    st[k] = d.normalize ? CollateNormalize(rs[k], smean[k], sstd[k], d.clip) : rs[k];
   for (int k = lane; k < H * A; k += lanes)
-    ac[k] = d.normalize ? Stage3Normalize(ra[k], amean[k % A], astd[k % A], d.clip) : ra[k];
+    ac[k] = d.normalize ? CollateNormalize(ra[k], amean[k % A], astd[k % A], d.clip) : ra[k];
   for (int k = lane; k < H; k += lanes) amk[k] = p.amask[static_cast<int64_t>(i) * H + k];
   if (lane == 0) out.sample_index[o] = p.sample[i];
 }
 
 // CPU twin of the kernel: fills `out` from the host staging buffer `raw`. src_row entries must be
 // < capacity_rows (LF_CHECK).
-void Stage3Reference(const Stage3Layout& layout, const uint8_t* raw, const Stage3Dims& dims,
-                     const Stage3Out& out);
+void CollateReference(const CollateLayout& layout, const uint8_t* raw, const CollateDims& dims,
+                      const CollateOut& out);
 
 #ifdef LOONGFORGE_WITH_CUDA
-// The kernel: same result as Stage3Reference, reading the staging buffer from device memory
+// The kernel: same result as CollateReference, reading the staging buffer from device memory
 // `device_raw` (the caller copied at least layout.Bytes(total_tokens) bytes there, on `stream` or
 // ordered before it) and writing the device arrays of `out`. One launch for the batch, on
 // `stream`; asynchronous. InvalidArgument for bad dims (before touching the device), or the
 // launch error.
-Status LaunchStage3(const Stage3Layout& layout, const uint8_t* device_raw, const Stage3Dims& dims,
-                    const Stage3Out& out, cudaStream_t stream);
+Status LaunchCollate(const CollateLayout& layout, const uint8_t* device_raw,
+                     const CollateDims& dims, const CollateOut& out, cudaStream_t stream);
 #endif
 
 }  // namespace internal

@@ -1,6 +1,6 @@
-// Tests of stage 3 (stage3.h): the CPU twin against hand-computed values, and the CUDA kernel
+// Tests of stage 3 (collate.h): the CPU twin against hand-computed values, and the CUDA kernel
 // against the twin on random staged batches (skipped without a device).
-#include "stage3.h"
+#include "collate.h"
 
 #include <gtest/gtest.h>
 
@@ -19,17 +19,17 @@ namespace loongforge {
 namespace data {
 namespace {
 
-using internal::Stage3Dims;
-using internal::Stage3Layout;
-using internal::Stage3Out;
+using internal::CollateDims;
+using internal::CollateLayout;
+using internal::CollateOut;
 
 // A staged batch of `raw_rows` samples with random lengths and values (never all zero).
 struct Staged {
-  Stage3Layout L;
+  CollateLayout L;
   std::vector<uint8_t> raw;
   std::vector<int> len;  // tokens of each raw row
   Staged(int cap, int max_tokens, int S, int A, int H, int raw_rows, uint64_t seed) {
-    L = Stage3Layout::Make(cap, max_tokens, S, A, H);
+    L = CollateLayout::Make(cap, max_tokens, S, A, H);
     raw.assign(L.capacity_bytes, 0xCD);  // garbage where nothing is staged
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> u(-3.f, 3.f);
@@ -66,32 +66,32 @@ struct HostOut {
   std::vector<int64_t> tokens, sample_index;
   std::vector<uint8_t> attention_mask, action_mask;
   std::vector<float> state, action;
-  HostOut(const Stage3Layout& L, int rows, int len)
+  HostOut(const CollateLayout& L, int rows, int len)
       : tokens(rows * len, -7),
         sample_index(rows, -7),
         attention_mask(rows * len, 9),
         action_mask(rows * L.horizon, 9),
         state(rows * L.state_dim, -7.f),
         action(rows * L.horizon * L.action_dim, -7.f) {}
-  Stage3Out Ptrs() {
-    return Stage3Out{tokens.data(), attention_mask.data(), state.data(),
-                     action.data(), action_mask.data(),    sample_index.data()};
+  CollateOut Ptrs() {
+    return CollateOut{tokens.data(), attention_mask.data(), state.data(),
+                      action.data(), action_mask.data(),    sample_index.data()};
   }
 };
 
 // Guards the twin's definition: padding with 0 and mask off past each row's length, truncation
 // at `len`, (x - mean) / std, action mask and sample ids through src_row, zero padding rows.
-TEST(Stage3, ReferenceValues) {
+TEST(Collate, ReferenceValues) {
   const int S = 3, A = 2, H = 2;
   Staged st(6, 8, S, A, H, 5, 1);
   st.SetSrc({4, 0, 2});  // raw rows 1 and 3 were dropped
-  Stage3Dims d;
+  CollateDims d;
   d.n = 3;
   d.rows = 5;
   d.len = 4;
   d.normalize = true;
   HostOut out(st.L, d.rows, d.len);
-  internal::Stage3Reference(st.L, st.raw.data(), d, out.Ptrs());
+  internal::CollateReference(st.L, st.raw.data(), d, out.Ptrs());
   const auto* off = reinterpret_cast<const int32_t*>(st.raw.data() + st.L.off_token_offset);
   const auto* ids = reinterpret_cast<const int32_t*>(st.raw.data() + st.L.off_tokens);
   const auto* sv = reinterpret_cast<const float*>(st.raw.data() + st.L.off_state);
@@ -126,24 +126,24 @@ TEST(Stage3, ReferenceValues) {
   }
   // Bad dims are caller errors.
   d.rows = 7;
-  EXPECT_EQ(internal::ValidateStage3(st.L, d).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(internal::ValidateCollate(st.L, d).code(), StatusCode::kInvalidArgument);
 }
 
-// Guards the q01_q99 clamp (Stage3Dims::clip): values mapped outside [-1, 1] are clamped, those
+// Guards the q01_q99 clamp (CollateDims::clip): values mapped outside [-1, 1] are clamped, those
 // inside are the plain (x - centre) / scale; without clip nothing is clamped.
-TEST(Stage3, ClipClampsToUnitRange) {
+TEST(Collate, ClipClampsToUnitRange) {
   const int S = 4, A = 3, H = 3;
   Staged st(4, 4, S, A, H, 4, 5);
   auto* norm = reinterpret_cast<float*>(st.raw.data() + st.L.off_norm);
   for (int k = 0; k < 2 * (S + A); ++k) norm[k] = k % 2 ? 0.5f : 0.1f;  // values in [-3, 3] spill
   st.SetSrc({0, 1, 2, 3});
-  Stage3Dims d;
+  CollateDims d;
   d.n = d.rows = 4;
   d.normalize = true;
   HostOut plain(st.L, d.rows, d.len), clipped(st.L, d.rows, d.len);
-  internal::Stage3Reference(st.L, st.raw.data(), d, plain.Ptrs());
+  internal::CollateReference(st.L, st.raw.data(), d, plain.Ptrs());
   d.clip = true;
-  internal::Stage3Reference(st.L, st.raw.data(), d, clipped.Ptrs());
+  internal::CollateReference(st.L, st.raw.data(), d, clipped.Ptrs());
   int inside = 0, outside = 0;
   auto check = [&](float p, float c) {
     if (p > 1.f || p < -1.f) {
@@ -165,25 +165,25 @@ bool HaveDevice() { return ::loongforge::internal::CudaDevicePresent(); }
 
 // Guards the launcher's validation: bad dims are InvalidArgument before any device work (so it
 // holds on machines without a GPU too).
-TEST(Stage3Kernel, RejectsBadDims) {
+TEST(CollateKernel, RejectsBadDims) {
   Staged st(4, 8, 2, 2, 2, 4, 2);
-  Stage3Dims d;
+  CollateDims d;
   d.n = 5;
   d.rows = 4;
-  Stage3Out out;
-  EXPECT_EQ(internal::LaunchStage3(st.L, nullptr, d, out, nullptr).code(),
+  CollateOut out;
+  EXPECT_EQ(internal::LaunchCollate(st.L, nullptr, d, out, nullptr).code(),
             StatusCode::kInvalidArgument);
   d.n = 2;
   d.rows = 3;
   d.len = 0;
-  EXPECT_EQ(internal::LaunchStage3(st.L, nullptr, d, out, nullptr).code(),
+  EXPECT_EQ(internal::LaunchCollate(st.L, nullptr, d, out, nullptr).code(),
             StatusCode::kInvalidArgument);
 }
 
 // Guards the kernel against its CPU twin, bit for bit, on random batches: with and without
 // normalization (and its q01_q99 clamp), cut and padded tokens, dropped rows and static-shape
 // padding rows.
-TEST(Stage3Kernel, MatchesReference) {
+TEST(CollateKernel, MatchesReference) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   for (int trial = 0; trial < 8; ++trial) {
     const int cap = 37 + trial * 50, S = 5 + trial, A = 3 + trial, H = 2 + trial % 3;
@@ -194,7 +194,7 @@ TEST(Stage3Kernel, MatchesReference) {
     for (int i = 0; i < cap; ++i)
       if (rng() % 5) src.push_back(i);  // ~20% dropped
     st.SetSrc(src);
-    Stage3Dims d;
+    CollateDims d;
     d.n = static_cast<int>(src.size());
     d.rows = trial % 2 ? cap : d.n;
     d.len = trial % 3 == 0 ? max_tokens / 2 : max_tokens;  // some rows cut at len
@@ -206,7 +206,7 @@ TEST(Stage3Kernel, MatchesReference) {
       for (int k = 2 * S + A; k < 2 * S + 2 * A; ++k) norm[k] = 0.4f;
     }
     HostOut ref(st.L, d.rows, d.len), got(st.L, d.rows, d.len);
-    internal::Stage3Reference(st.L, st.raw.data(), d, ref.Ptrs());
+    internal::CollateReference(st.L, st.raw.data(), d, ref.Ptrs());
     const auto* off = reinterpret_cast<const int32_t*>(st.raw.data() + st.L.off_token_offset);
     const size_t copy = st.L.Bytes(off[cap]);
     uint8_t *draw = nullptr, *dout = nullptr;
@@ -218,7 +218,7 @@ TEST(Stage3Kernel, MatchesReference) {
               cudaSuccess);
     ASSERT_EQ(cudaMemset(dout, 0x5A, tb + mb + sb + ab + kb + ib + 64), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(draw, st.raw.data(), copy, cudaMemcpyHostToDevice), cudaSuccess);
-    Stage3Out o;
+    CollateOut o;
     o.tokens = reinterpret_cast<int64_t*>(dout);
     o.sample_index = reinterpret_cast<int64_t*>(dout + tb);
     o.state = reinterpret_cast<float*>(dout + tb + ib);
@@ -227,7 +227,7 @@ TEST(Stage3Kernel, MatchesReference) {
     o.action_mask = dout + tb + ib + sb + ab + mb;
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-    ASSERT_TRUE(internal::LaunchStage3(st.L, draw, d, o, stream).ok());
+    ASSERT_TRUE(internal::LaunchCollate(st.L, draw, d, o, stream).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     auto back = [](auto& v, const void* p) {
       ASSERT_EQ(cudaMemcpy(v.data(), p, v.size() * sizeof(v[0]), cudaMemcpyDeviceToHost),

@@ -1,5 +1,5 @@
-// Stage 3 staging layout and its CPU twin (stage3.h).
-#include "stage3.h"
+// Stage 3 staging layout and its CPU twin (collate.h).
+#include "collate.h"
 
 #include <string>
 
@@ -14,9 +14,9 @@ size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
 
 }  // namespace
 
-Stage3Layout Stage3Layout::Make(int capacity_rows, int max_tokens, int state_dim, int action_dim,
-                                int horizon) {
-  Stage3Layout l{capacity_rows, max_tokens, state_dim, action_dim, horizon};
+CollateLayout CollateLayout::Make(int capacity_rows, int max_tokens, int state_dim, int action_dim,
+                                  int horizon) {
+  CollateLayout l{capacity_rows, max_tokens, state_dim, action_dim, horizon};
   const size_t r = static_cast<size_t>(capacity_rows);
   size_t p = 0;
   auto part = [&](size_t bytes) {
@@ -36,7 +36,7 @@ Stage3Layout Stage3Layout::Make(int capacity_rows, int max_tokens, int state_dim
   return l;
 }
 
-Status ValidateStage3(const Stage3Layout& layout, const Stage3Dims& d) {
+Status ValidateCollate(const CollateLayout& layout, const CollateDims& d) {
   if (d.n < 0 || d.n > d.rows || d.rows > layout.capacity_rows || d.len < 1)
     return InvalidArgumentError(
         "stage 3: n=" + std::to_string(d.n) + " rows=" + std::to_string(d.rows) +
@@ -45,8 +45,8 @@ Status ValidateStage3(const Stage3Layout& layout, const Stage3Dims& d) {
   return Status::Ok();
 }
 
-Stage3Parts Stage3PartsOf(const Stage3Layout& L, const uint8_t* raw) {
-  Stage3Parts p;
+CollateParts CollatePartsOf(const CollateLayout& L, const uint8_t* raw) {
+  CollateParts p;
   p.src_row = reinterpret_cast<const int32_t*>(raw + L.off_src_row);
   p.tok_off = reinterpret_cast<const int32_t*>(raw + L.off_token_offset);
   p.sample = reinterpret_cast<const int64_t*>(raw + L.off_sample_index);
@@ -61,13 +61,13 @@ Stage3Parts Stage3PartsOf(const Stage3Layout& L, const uint8_t* raw) {
   return p;
 }
 
-void Stage3Reference(const Stage3Layout& L, const uint8_t* raw, const Stage3Dims& d,
-                     const Stage3Out& out) {
-  LF_CHECK(ValidateStage3(L, d).ok());
-  const Stage3Parts p = Stage3PartsOf(L, raw);
+void CollateReference(const CollateLayout& L, const uint8_t* raw, const CollateDims& d,
+                      const CollateOut& out) {
+  LF_CHECK(ValidateCollate(L, d).ok());
+  const CollateParts p = CollatePartsOf(L, raw);
   for (int o = 0; o < d.rows; ++o) {
     if (o < d.n) LF_CHECK(p.src_row[o] >= 0 && p.src_row[o] < L.capacity_rows);
-    Stage3Row(p, d, out, o, /*lane=*/0, /*lanes=*/1);
+    CollateRow(p, d, out, o, /*lane=*/0, /*lanes=*/1);
   }
 }
 
