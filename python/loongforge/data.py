@@ -63,8 +63,8 @@ class DataFusionLoader:
     with its default. Pass any of them by keyword: an unknown name raises TypeError naming it, a bad
     value ValueError naming the option. The most used: ``image_size``, ``crop_fraction``,
     ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
-    ``drop_last``; ``threads`` (decode threads), ``prefetch`` (batches in flight); static batches
-    (issue 9): ``token_buckets`` (every batch has ``batch_size`` rows, tokens padded to the smallest
+    ``drop_last``; ``threads`` (decode threads), ``prefetch`` (batches in flight); static batches:
+    ``token_buckets`` (every batch has ``batch_size`` rows, tokens padded to the smallest
     bucket >= its longest instruction; batches carry ``.bucket`` / ``.shape_key``), ``static_shapes``,
     ``truncate_tokens``; ``on_corrupt`` ('skip' or 'error'); ``normalize_state``, ``mean``, ``std``;
     on the GPU ``hw_decode``, ``hw_decode_ratio`` and the tuning options of docs/data.md.

@@ -27,7 +27,7 @@
 //
 // Note [Static batches]
 // ---------------------
-// For CUDA graphs and planned memory (issue 9) a trainer wants few distinct shapes. With
+// For CUDA graphs and planned memory a trainer wants few distinct shapes. With
 // static_shapes (or token_buckets), every batch has batch_size rows and tokens padded to one of
 // a small sorted set of lengths: the smallest bucket >= the longest instruction kept in the
 // batch. Samples dropped as corrupt leave padding rows at the end (zero images/arrays, masks off,

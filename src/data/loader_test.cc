@@ -613,7 +613,7 @@ TEST_F(LoaderTest, BatchesPublishedBeforeNextAreReady) {
   EXPECT_TRUE(held == "ready" || held == "decode" || held == "read" || held == "buffers") << held;
 }
 
-// Guards issue 15's loader-under-load property with a stand-in busy consumer: while the consumer
+// Guards the loader under load, with a stand-in busy consumer: while the consumer
 // holds its current batch (as a training step does), the pipeline fills the output queue to
 // `prefetch` batches ahead (bounded wait on the published count; a pipeline serialized with its
 // consumer never gets there), so every later batch is "ready" when asked for.

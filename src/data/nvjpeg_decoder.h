@@ -56,7 +56,7 @@
 //   0    they start as soon as the lane is ready (the order of starts is still kept).
 // The auto split's warm-up and measured batches hold the turn for their whole job, so they run
 // alone. A job that fails before its turn passes it on, so no later batch waits for it.
-// Measured on the H200 (docs/BENCHMARKS.md, run D; loader, batch 256 of 640x480): stagger 1
+// Measured on the H200 (docs/BENCHMARKS.md; loader, batch 256 of 640x480): stagger 1
 // 26.0-34.3k img/s, p99/p50 1.07-1.36, 1.38-1.44 cores; stagger 0 28.3-29.3k, 2.4-2.6, 2.0-2.1
 // cores. The CUDA scheduling flags do not change the cores: nvJPEG's hardware decode polls.
 #pragma once

@@ -91,7 +91,7 @@ TEST(LeRobotPaths, FormatsTemplates) {
   EXPECT_FALSE(FormatTemplate("{chunk_index:x}", {{"chunk_index", 0}}, {}).ok());
 }
 
-// Guards issue 19 bad input: a modality slice out of range names the file, the slice and dims;
+// Guards bad modality input: a modality slice out of range names the file, the slice and dims;
 // a good file gives slices, renamed cameras and the task column.
 TEST(LeRobotModality, SlicesCheckedAgainstDims) {
   TempDir d;

@@ -559,7 +559,7 @@ TEST(PackRejects, FailedOverwriteKeepsOldDb) {
   EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
-// Guards issue 21 #1: pack --overwrite onto a user's folder is refused and the folder is left as
+// Guards: pack --overwrite onto a user's folder is refused and the folder is left as
 // it was (it used to be deleted and replaced by the DB); an existing DB is still replaced.
 TEST(PackRejects, OverwriteKeepsAUserFolder) {
   TempDir tmp;
@@ -588,7 +588,7 @@ TEST(PackRejects, OverwriteKeepsAUserFolder) {
   EXPECT_EQ(DbSchema(tmp / "db").action_horizon, 2);
 }
 
-// Guards issue 21 #1: a user's folder named "<out>.partial" survives a pack (it used to be taken
+// Guards: a user's folder named "<out>.partial" survives a pack (it used to be taken
 // for the staging directory and deleted).
 TEST(Pack, UserPartialFolderIsKept) {
   TempDir tmp;
@@ -598,7 +598,7 @@ TEST(Pack, UserPartialFolderIsKept) {
   EXPECT_EQ(ReadFile(tmp / "db.partial" / "notes.txt"), "mine");
 }
 
-// Guards issue 21 #8: an instruction over the limit is refused naming file:line, episode and the
+// Guards: an instruction over the limit is refused naming file:line, episode and the
 // limit (a 100k-character one used to be packed silently); a raised limit accepts it.
 TEST(PackRejects, InstructionOverTheLimit) {
   TempDir tmp;
@@ -618,7 +618,7 @@ TEST(PackRejects, InstructionOverTheLimit) {
   EXPECT_EQ(r->schema.max_tokens, 100002);
 }
 
-// Guards issue 21 #9: option values out of range are refused by the library (every caller), not
+// Guards: option values out of range are refused by the library (every caller), not
 // only by the CLI: threads -3 used to be accepted.
 TEST(PackRejects, BadOptions) {
   TempDir tmp;
@@ -646,7 +646,7 @@ class OffByOneTokenizer : public ByteTokenizer {
   }
 };
 
-// Guards issue 21 #8: ids at or above the vocabulary never reach the DB, whatever tokenizer is
+// Guards: ids at or above the vocabulary never reach the DB, whatever tokenizer is
 // registered; the error names the tokenizer, the id and the instruction's file:line.
 TEST(PackRejects, TokenizerIdOutsideVocabulary) {
   TempDir tmp;
@@ -671,7 +671,7 @@ TEST(PackRejects, TokenizerIdOutsideVocabulary) {
   EXPECT_FALSE(fs::exists(tmp / "db2"));
 }
 
-// Guards issue 21 #8 on the reading side: inspect refuses a token record with an id outside the
+// Guards the reading side: inspect refuses a token record with an id outside the
 // vocabulary, naming the record.
 TEST(Inspect, OutOfVocabularyTokenIsDataLoss) {
   TempDir tmp;
@@ -686,7 +686,7 @@ TEST(Inspect, OutOfVocabularyTokenIsDataLoss) {
       << r.status();
 }
 
-// Guards issue 21 #9: camera names that repeat (they used to share one folder, so half the
+// Guards: camera names that repeat (they used to share one folder, so half the
 // frames claimed were written) and negative thread counts are refused.
 TEST(DemoData, RefusesRepeatedCameraNamesAndBadThreads) {
   TempDir tmp;
@@ -769,7 +769,7 @@ TEST(PackCli, ExitCodesAndErrorLine) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
 }
 
-// Guards issue 21 #1 at the CLI: `pack --overwrite` onto a user's folder and onto '.' exits
+// Guards the CLI: `pack --overwrite` onto a user's folder and onto '.' exits
 // non-zero with one line and leaves every file (the repro: w/keep used to be deleted, exit 0).
 TEST(PackCli, OverwriteNeverDeletesUserFiles) {
   TempDir tmp;
@@ -792,7 +792,7 @@ TEST(PackCli, OverwriteNeverDeletesUserFiles) {
   EXPECT_TRUE(fs::exists(tmp / "src" / "episodes"));
 }
 
-// Guards issue 21 #2 at the CLI: inspect on a truncated or empty data.mdb exits 4 (DataLoss) with
+// Guards the CLI: inspect on a truncated or empty data.mdb exits 4 (DataLoss) with
 // a line naming the file, instead of dying of SIGBUS (exit 135) or "Internal: Bad file
 // descriptor".
 TEST(PackCli, DamagedDataFileIsOneLine) {
@@ -812,7 +812,7 @@ TEST(PackCli, DamagedDataFileIsOneLine) {
   EXPECT_NE(r.output.find(data.string() + ": empty (0 bytes)"), std::string::npos) << r.output;
 }
 
-// Guards issue 21 #9: a write that runs out of room is ResourceExhausted (exit 5) naming data.mdb,
+// Guards: a write that runs out of room is ResourceExhausted (exit 5) naming data.mdb,
 // not "DataLoss: Input/output error". LMDB turns the short write at the limit into EIO; a
 // file-size limit (ulimit -f, SIGXFSZ ignored) makes the same short write as a full disk.
 TEST(PackCli, FullDiskIsResourceExhausted) {
@@ -837,7 +837,7 @@ TEST(PackCli, FullDiskIsResourceExhausted) {
     EXPECT_EQ(e.path().filename(), "src") << "left behind: " << e.path();
 }
 
-// Guards issue 21 #9: two packs started together on one --out: exactly one succeeds, the other
+// Guards: two packs started together on one --out: exactly one succeeds, the other
 // fails with one line (the lock, or the DB the first one published), and the DB is readable (both
 // used to exit 0 with no DB left).
 TEST(PackCli, ConcurrentPacksToOneOutput) {
@@ -859,7 +859,7 @@ TEST(PackCli, ConcurrentPacksToOneOutput) {
   EXPECT_EQ(DbSchema(tmp / "db").num_samples, 5);
 }
 
-// Guards issue 21 #9 at the CLI: --threads -3 and --camera-names a,a exit 2 with one line.
+// Guards the CLI: --threads -3 and --camera-names a,a exit 2 with one line.
 TEST(PackCli, BadValuesAreRefused) {
   TempDir tmp;
   MakeTinySet(tmp / "src");

@@ -65,7 +65,7 @@ TEST_F(RecordStoreTest, MetaReaderAgreesWithLmdb) {
   mdb_env_close(env);
 }
 
-// Guards issue 21 #2: a data.mdb cut short (an interrupted copy) is DataLoss naming the file and
+// Guards: a data.mdb cut short (an interrupted copy) is DataLoss naming the file and
 // both sizes at Open, not SIGBUS in the first reader that touches a page past the end.
 TEST_F(RecordStoreTest, TruncatedDataFileIsDataLossAtOpen) {
   std::string db = Db(Small());
@@ -84,7 +84,7 @@ TEST_F(RecordStoreTest, TruncatedDataFileIsDataLossAtOpen) {
   }
 }
 
-// Guards issue 21 #2: a 0-byte data.mdb is DataLoss "empty" naming it (was "Internal: Bad file
+// Guards: a 0-byte data.mdb is DataLoss "empty" naming it (was "Internal: Bad file
 // descriptor").
 TEST_F(RecordStoreTest, EmptyDataFileIsDataLoss) {
   std::string db = Db(Small());
@@ -118,7 +118,7 @@ TEST_F(RecordStoreTest, NotLmdbIsDataLoss) {
   EXPECT_NE(r.status().message().find("page 1"), std::string::npos) << r.status();
 }
 
-// Guards issue 21 #1: overwrite replaces only a LoongForge DB; a user's folder (with a file in it),
+// Guards: overwrite replaces only a LoongForge DB; a user's folder (with a file in it),
 // a plain file, a symlink to a DB and '.' are refused and left exactly as they were.
 TEST_F(RecordStoreTest, OverwriteRefusesWhatIsNotADataset) {
   const fs::path w = fs::path(dir_) / "w";
@@ -192,7 +192,7 @@ TEST_F(RecordStoreTest, OutputParentFoldersAreMade) {
   EXPECT_NE(bad.status().message().find(dir_ + "/file"), std::string::npos) << bad.status();
 }
 
-// Guards issue 21 #1: a user's folder named like the old staging directory ("<out>.partial") is
+// Guards: a user's folder named like the old staging directory ("<out>.partial") is
 // never touched by a writer; the staging directory is a new, unique one.
 TEST_F(RecordStoreTest, UserPartialFolderIsKept) {
   const fs::path partial = fs::path(dir_) / "db.partial";
@@ -203,7 +203,7 @@ TEST_F(RecordStoreTest, UserPartialFolderIsKept) {
   EXPECT_EQ(ReadAll(partial / "notes.txt"), "mine");
 }
 
-// Guards issue 21 #9: two writers to one output cannot both run; the second fails at Create with
+// Guards: two writers to one output cannot both run; the second fails at Create with
 // Unavailable naming the output, and the first one's DB is published.
 TEST_F(RecordStoreTest, SecondWriterToTheSameOutputFails) {
   const std::string db = dir_ + "/db";
@@ -238,7 +238,7 @@ TEST_F(RecordStoreTest, InterruptedWriterLeftovers) {
   EXPECT_TRUE(RecordReader::Open(db).ok());
 }
 
-// Guards issue 21 #8: token ids outside [0, vocab_size) are DataLoss naming the record and id.
+// Guards: token ids outside [0, vocab_size) are DataLoss naming the record and id.
 TEST(CheckTokens, OutOfVocabularyIsDataLoss) {
   Schema s;
   s.vocab_size = 259;

@@ -1,5 +1,5 @@
 """pack --from-lerobot on the committed LeRobot fixtures (tests/data/lerobot): frames, values,
-metadata, and every kind of bad input of issue 19 (named error, no DB left behind).
+metadata, and every kind of bad input (named error, no DB left behind).
 
 The fixtures are v2.1 and v3.0 datasets whose parquet files pyarrow wrote (make_fixtures.py, with
 `<file>.expected.json` holding what pyarrow reads) and whose videos Debian's ffmpeg wrote
@@ -72,7 +72,7 @@ def packed(request, tmp_path_factory):
     return fmt, out, res
 
 
-# Guards issue 19 "Frames": every stored frame is the one its row asks for, on AV1 (front) and
+# Guards the frames: every stored frame is the one its row asks for, on AV1 (front) and
 # H.264 (wrist), in v2.1 (per-episode files) and v3.0 (one file, from_timestamp offsets).
 def test_every_frame_is_its_rows_frame(packed):
     fmt, out, res = packed
@@ -89,7 +89,7 @@ def test_every_frame_is_its_rows_frame(packed):
                 assert frame_code(imgs[t]) == (want, ep), (cam, ep, t)
 
 
-# Guards issue 19 "Values": state and action equal the parquet values exactly (float32), and
+# Guards the values: state and action equal the parquet values exactly (float32), and
 # timestamps, frame indices and task text are kept.
 def test_state_action_timestamps_exact(packed):
     fmt, out, res = packed
@@ -181,7 +181,7 @@ def expect_failure(src: str, tmp_path, exc, *needles, **kw):
     return str(ei.value)
 
 
-# Bad input (issue 19): a missing video.
+# Bad input: a missing video.
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_missing_video_named(tmp_path, fmt):
     src = copy_fixture(fmt, tmp_path)

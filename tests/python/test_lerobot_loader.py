@@ -1,4 +1,4 @@
-"""The loader on a packed LeRobot dataset (issue 19, "Exact sample semantics in the loader"):
+"""The loader on a packed LeRobot dataset (exact sample semantics):
 action chunks and their mask as LeRobot's delta_timestamps give them, normalization by the
 dataset's statistics in each mode, and the trainer on a dataset whose dims are smaller than the
 model's.
@@ -76,7 +76,7 @@ def lerobot_chunk(actions: np.ndarray, bounds, idx: int, horizon: int):
     return actions[query], is_pad
 
 
-# Guards the sample semantics of issue 19: chunk starts at the sample's own frame, steps past the
+# Guards the sample semantics: chunk starts at the sample's own frame, steps past the
 # episode's end repeat its last action (LeRobot's clamp) with the mask off, and no chunk reaches
 # into the next episode -- checked on every sample, including the last HORIZON of each episode.
 def test_action_chunk_is_lerobots_delta_timestamps(db):
@@ -147,7 +147,7 @@ def test_normalize_refuses_missing_statistics(tmp_path):
     DataFusionLoader(out, 2, normalize="min_max").close()  # min/max are there
 
 
-# Guards issue 19 "the trainer trains on a packed LeRobot dataset with no other change": state 6 /
+# Guards that the trainer trains on a packed LeRobot dataset with no other change: state 6 /
 # action 7 dims (smaller than tiny's max 32) are zero-padded to the model's maxima, padded action
 # dims and padded steps carry no loss, in both the DataFusion and the baseline input paths.
 @pytest.mark.parametrize("mode", ["loongforge", "baseline"])

@@ -92,7 +92,7 @@ def test_missing_frame_and_existing_output(tmp_path):
         packing.pack(src, str(tmp_path / "db2"))
 
 
-# Guards issue 21 #1: overwrite onto a user's folder raises FileExistsError and deletes nothing
+# Guards: overwrite onto a user's folder raises FileExistsError and deletes nothing
 # (the folder used to be replaced by the DB).
 def test_overwrite_refuses_user_folder(tmp_path):
     src = _small(tmp_path)
@@ -107,7 +107,7 @@ def test_overwrite_refuses_user_folder(tmp_path):
     assert packing.pack(src, db, horizon=2, overwrite=True)["schema"]["action_horizon"] == 2
 
 
-# Guards issue 21 #2: a truncated or empty data.mdb raises loongforge.DataLossError naming the file
+# Guards: a truncated or empty data.mdb raises loongforge.DataLossError naming the file
 # from every reader (inspect, RecordReader, DataFusionLoader), instead of killing Python (SIGBUS).
 def test_truncated_db_raises_data_loss(tmp_path):
     import loongforge
@@ -124,7 +124,7 @@ def test_truncated_db_raises_data_loss(tmp_path):
                 read()
 
 
-# Guards issue 21 #8: an instruction over max_instruction_bytes raises ValueError naming file:line.
+# Guards: an instruction over max_instruction_bytes raises ValueError naming file:line.
 def test_long_instruction_refused(tmp_path):
     src = _small(tmp_path)
     steps = os.path.join(src, "episodes", "000001", "steps.jsonl")
@@ -139,7 +139,7 @@ def test_long_instruction_refused(tmp_path):
     assert schema["max_tokens"] == 100_002
 
 
-# Guards issue 21 #9: bad option values are refused by the library: threads -3, repeated camera
+# Guards: bad option values are refused by the library: threads -3, repeated camera
 # names (which used to write half the frames claimed).
 def test_bad_values_raise_value_error(tmp_path):
     src = _small(tmp_path)
@@ -151,7 +151,7 @@ def test_bad_values_raise_value_error(tmp_path):
     assert not os.path.exists(tmp_path / "db") and not os.path.exists(tmp_path / "d" / "episodes")
 
 
-# Guards issue 21 #9: a full disk while packing raises loongforge.ResourceExhaustedError naming
+# Guards: a full disk while packing raises loongforge.ResourceExhaustedError naming
 # data.mdb (it was "DataLoss: Input/output error"). A file-size limit makes the same short write.
 def test_full_disk_raises_resource_exhausted(tmp_path):
     import subprocess

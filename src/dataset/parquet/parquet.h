@@ -1,4 +1,4 @@
-// A focused Parquet reader for the tables LeRobot writes (issue 19).
+// A focused Parquet reader for the tables LeRobot writes.
 //
 // Hand-written because Debian 12 ships no Arrow/Parquet C++ library, and the project uses only
 // Debian packages. It reads exactly what pyarrow writes for LeRobot datasets and refuses anything
