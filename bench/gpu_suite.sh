@@ -32,6 +32,28 @@ step() {  # step NAME TIMEOUT_S CMD...
   return $rc
 }
 
+counts() {  # one line per test runner: passed / skipped / failed, each counted on its own
+  local f n
+  for f in "$OUT/ctest.log" "$OUT/ctest_serial.log"; do
+    [ -f "$f" ] || continue
+    n=$(grep -oE "[0-9]+ tests failed out of [0-9]+" "$f" | tail -1)
+    [ -n "$n" ] || { echo "$(basename "$f" .log): no summary (cut or not run)"; continue; }
+    local failed total skipped
+    failed=${n%% *}; total=${n##* }
+    skipped=$(grep -cE "\(Skipped\)|\(Not Run\)|\(Disabled\)" "$f")
+    echo "$(basename "$f" .log): $((total - failed - skipped)) passed, $skipped skipped," \
+      "$failed failed (of $total)"
+  done
+  if ls "$OUT"/pytest[0-9]*.log >/dev/null 2>&1; then
+    for f in "$OUT"/pytest[0-9]*.log; do
+      grep -E "^=*[ ]*[0-9]+ [a-z]+.* in [0-9.]+s" "$f" | tail -1
+    done | grep -oE "[0-9]+ (passed|skipped|failed|errors?)" |
+      awk '{k=$2; sub(/errors?/, "error", k); c[k]+=$1}
+           END {printf "pytest: %d passed, %d skipped, %d failed, %d errors\n",
+                c["passed"], c["skipped"], c["failed"], c["error"]}'
+  fi
+}
+
 case "$phase" in
   test)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -72,3 +94,4 @@ case "$phase" in
   *) echo "usage: $0 test | bench [names]" >&2; exit 2 ;;
 esac
 echo; echo "== summary =="; printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"
+if [ "$phase" = test ]; then counts | tee -a "$OUT/summary.txt"; fi

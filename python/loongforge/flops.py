@@ -12,9 +12,12 @@ An analytic count of the matrix products (models/gr00t.py), the convention of to
   for attention's two products. Frozen parts (the vision tower, mlp1 and the bottom
   select_layer - tune_top_llm_layers language layers, Gr00tPolicy.frozen_modules) run forward
   only, since nothing below them needs a gradient;
-- attention counts every (query, key) pair, causal and padding masks included (the kernels
-  compute them), grouped-query attention at the query heads' count (keys and values are
-  repeated);
+- attention counts every (query, key) pair, causal masks included (the kernels compute them),
+  grouped-query attention at the query heads' count (keys and values are repeated);
+- the text length is the sample's own: padding is not model work, and batches of one run are
+  padded differently by each mode (to the batch's longest, a token bucket, the dataset's
+  longest), so the trainer counts each sample at its real length
+  (:meth:`FlopsPerShape.length_polynomial`); ``count_step_flops`` counts what it is given;
 - MoE FFNs count the router and top_k experts per token (the routed token count is fixed:
   tokens x top_k).
 
@@ -207,3 +210,14 @@ class FlopsPerShape:
             self.cache[key] = count_step_flops(self.cfg, batch, self.cameras, text_len,
                                                self.horizon)
         return self.cache[key]
+
+    def length_polynomial(self) -> Tuple[float, float, float]:
+        """(c0, c1, c2) with one sample's step FLOPs at text length L = c0 + c1*L + c2*L**2,
+        exactly: every count is proportional to the batch and at most quadratic in the text
+        length (attention over image + text tokens). A batch's FLOPs at its samples' real
+        lengths L_i are then c0*B + c1*sum(L_i) + c2*sum(L_i**2), which the trainer accumulates
+        on the device without reading the lengths back (MFU counts no padding)."""
+        f0, f1, f2 = (count_step_flops(self.cfg, 1, self.cameras, n, self.horizon).total
+                      for n in (0, 1, 2))
+        c2 = (f2 - 2.0 * f1 + f0) / 2.0
+        return f0, f1 - f0 - c2, c2

@@ -113,12 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--config", default="tiny", help="tiny | small | n16 | n16-moe | tiny-moe")
     p.add_argument("--data", required=True, help="packed LoongForge DB (directory with data.mdb)")
-    p.add_argument("--mode", choices=("baseline", "tuned", "loongforge"), default="loongforge",
-                   help="baseline: LeRobot-style; tuned: tuned PyTorch (workers collate, pinned "
-                   "non-blocking copies, persistent workers, async checkpoints); loongforge")
+    p.add_argument("--mode", choices=("baseline", "lerobot", "tuned", "loongforge"),
+                   default="loongforge",
+                   help="baseline (also named lerobot): LeRobot's train-script DataLoader "
+                   "(workers collate, pinned non-blocking copies, persistent workers, prefetch 4, "
+                   "PIL decode), frozen weights in fp32, a host sync per step; tuned: the same "
+                   "DataLoader with GPU JPEG decode and a sampler across epochs, frozen weights "
+                   "in bf16, expandable segments, fused AdamW, no host sync per step, async "
+                   "checkpoints; loongforge: every module")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the whole model with static shapes (text padded to the "
                    "dataset's longest unless --token-pad or token buckets; torch >= 2)")
+    p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"),
+                   default="default",
+                   help="--compile's torch.compile mode (reduce-overhead: PyTorch's own CUDA "
+                   "graphs; the flow-matching noise is then drawn outside the compiled model)")
+    p.add_argument("--start-batch", type=_int(0), default=0, metavar="N",
+                   help="begin the first epoch at its batch N, as a run resumed there would "
+                   "(benchmarks: puts an epoch boundary inside the timed window)")
     p.add_argument("--steps", type=_int(1), default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=_int(1), default=8, help="per-rank micro-batch size")
     p.add_argument("--grad-accum", type=_int(1, 1 << 20), default=1,
@@ -149,13 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dense bf16 peak of one GPU for MFU (0: from the device name)")
     p.add_argument("--token-pad", type=_int(0, 1 << 20), default=0,
                    help="fixed token length (0: batch max)")
-    p.add_argument("--workers", type=_int(0, 1024), default=2, help="baseline DataLoader workers")
+    p.add_argument("--workers", type=_int(0, 1024), default=2,
+                   help="DataLoader workers of the baseline and tuned modes")
     p.add_argument("--loader-threads", type=_int(1, 1024), default=2,
                    help="DataFusion decode threads")
     p.add_argument("--prefetch", type=_int(1, 1 << 16), default=4,
                    help="DataFusion batches in flight")
     p.add_argument("--gpu-decode", choices=("auto", "on", "off"), default="auto",
-                   help="DataFusion on CUDA: nvJPEG + fused GPU transform (auto: when built)")
+                   help="on CUDA: DataFusion's nvJPEG + fused GPU transform (auto: when built); "
+                   "tuned mode: torchvision's GPU decode (auto/on: when torchvision has it)")
     p.add_argument("--threads", type=_int(0, 1 << 16), default=0,
                    help="torch intra-op threads (0: default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -226,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-free", choices=("auto", "on", "off"), default="auto",
                    help="no host syncs in the step: losses, token counts and step times are read "
                         "back two steps later through pinned memory and CUDA events (auto: on "
-                        "in loongforge mode on CUDA)")
+                        "in loongforge and tuned modes on CUDA)")
     g.add_argument("--count-syncs", action="store_true",
                    help="count synchronizing CUDA calls per step (torch sync debug mode)")
     g.add_argument("--act-ckpt", choices=("off", "dit", "llm", "all"), default="off",
@@ -246,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frozen-bf16", choices=("auto", "on", "off"), default="auto",
                    help="store the frozen encoders' linear and conv weights in bf16, which bf16 "
                    "autocast computes with anyway: the same results, half their memory, no cast "
-                   "per step (auto: on in loongforge mode on CUDA; needs CUDA)")
+                   "per step (auto: on in loongforge and tuned modes on CUDA; needs CUDA)")
     g.add_argument("--norm-recompute", choices=("auto", "on", "off"), default="auto",
                    help="RMSNorms and SwiGLU products recomputed in backward from their inputs "
                    "instead of keeping their outputs: the same gradients, less activation memory "
@@ -265,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--expandable-segments", choices=("auto", "on", "off"), default="auto",
                    help="torch's expandable segments for its pools (the default pool and CUDA "
                    "graphs' pools): freed blocks merge across what would be segment boundaries "
-                   "(auto: on in loongforge mode on CUDA, unless PYTORCH_CUDA_ALLOC_CONF sets it)")
+                   "(auto: on in loongforge and tuned modes on CUDA, unless "
+                   "PYTORCH_CUDA_ALLOC_CONF sets it)")
     g.add_argument("--adamw", choices=("auto", "fused", "foreach"), default="auto",
                    help="AdamW implementation (auto: fused on CUDA)")
     for m in MODULES:
@@ -277,8 +292,15 @@ def check_args(args: argparse.Namespace) -> None:
     """Flags that cannot work together or values no run can use: one TrainError line each
     (issue 21, defect 7: no flag may silently do nothing, and no bad value may end in a
     traceback)."""
+    if args.mode == "lerobot":  # the LeRobot-style mode's second name
+        args.mode = "baseline"
     if args.steps <= 0 or args.batch_size <= 0 or args.grad_accum <= 0:
         raise TrainError("--steps, --batch-size and --grad-accum must be positive")
+    if args.compile_mode != "default" and not args.compile:
+        raise TrainError(f"--compile-mode {args.compile_mode} needs --compile")
+    if args.start_batch and args.resume:
+        raise TrainError("--start-batch sets where a new run begins; --resume begins where the "
+                         "checkpoint left off: choose one")
     if not args.lr >= 0:  # also NaN
         raise TrainError(f"--lr must be >= 0, got {args.lr}")
     if args.image_size is not None and args.image_size <= 0:
@@ -518,6 +540,8 @@ def build(args: argparse.Namespace) -> Session:
     if args.threads:
         torch.set_num_threads(args.threads)
     lf = args.mode == "loongforge"
+    # What a tuned PyTorch user sets too: the "auto" choices that are plain torch settings.
+    strong = lf or args.mode == "tuned"
     on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
     status: Dict[str, str] = {}
     auto_lean = lf and args.device != "cpu" and torch.cuda.is_available()
@@ -530,7 +554,7 @@ def build(args: argparse.Namespace) -> Session:
         os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(int(args.memory_cap_gib * 1024))
     mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
     cuda_run = args.device != "cpu" and torch.cuda.is_available()
-    expandable = _expandable_segments(args.expandable_segments, lf, cuda_run)
+    expandable = _expandable_segments(args.expandable_segments, strong, cuda_run)
     if expandable != "off":
         status["expandable_segments"] = expandable
     d = setup_dist(args.device, mem.install)
@@ -562,7 +586,7 @@ def build(args: argparse.Namespace) -> Session:
                                 parse_overrides(args.set))
     except ValueError as e:
         raise TrainError(str(e)) from e
-    frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and lf
+    frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and strong
                                                and d.device.type == "cuda")
     from .models.gr00t_layers import set_norm_recompute, set_shared_casts
 
@@ -701,9 +725,12 @@ def build(args: argparse.Namespace) -> Session:
         # code (a workspace view of the wrong size, run M2). A user of torch.compile pads to one
         # length and compiles once: the trainer pads text to the dataset's longest (above) and
         # asks for static shapes.
-        runner = torch.compile(runner, dynamic=False)
+        kw = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
+        runner = torch.compile(runner, dynamic=False, **kw)
         status.setdefault("compile", "whole model, static shapes" if args.token_pad or buckets
                           else "whole model (text lengths vary: recompiles per length)")
+        if kw:
+            status["compile"] += f", mode {args.compile_mode}"
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
     blocks, why_not = _compile_blocks_wanted(args, lf, d.device,
@@ -740,6 +767,12 @@ def build(args: argparse.Namespace) -> Session:
     noise_gen.manual_seed(args.seed * 1000 + d.rank)
     clock.mark("sync, checkpointer, optimizer")
     start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log, ep)
+    if args.start_batch:
+        if args.start_batch >= len(loader):
+            raise TrainError(f"--start-batch {args.start_batch}: an epoch has {len(loader)} "
+                             "batches")
+        loader.load_state_dict(dict(loader.state_dict(), next_batch=args.start_batch))
+        status["start_batch"] = f"{args.start_batch} of {len(loader)} (epoch 0)"
     clock.mark("resume")
 
     cuda = d.device.type == "cuda"
@@ -773,13 +806,15 @@ def build(args: argparse.Namespace) -> Session:
                                                      if stepper.grads_in_pool else ""))
                                 if stepper.graphs_on else f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
-    want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and lf)
+    want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and strong)
     sync_free = want_sync_free and cuda
     if args.sync_free == "on" and not cuda:
         status["sync_free"] = "off: needs CUDA (on the CPU every step is synchronous)"
     elif sync_free:
         status["sync_free"] = "on (figures read back 2 steps late)"
-    readback = Readback(d.device, lag=2 if sync_free else 0)
+    readback = Readback(d.device, lag=2 if sync_free else 0,
+                        flops_poly=FlopsPerShape(cfg, len(schema["cameras"]),
+                                                 int(schema["action_horizon"])).length_polynomial())
     guard = TokenGuard(cfg.vocab_size, cfg.max_text_tokens, args.data, log, deferred=cuda)
     profiler = (ModuleProfiler(start_step + args.warmup, args.profile_modules, d.device, sync_dev)
                 if args.profile_modules else None)
@@ -1186,7 +1221,15 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                                 out = stepper(batch, noise_gen, 1.0 / args.grad_accum)
                         else:
                             with trace.span("forward"), autocast():
-                                out = runner(batch, generator=noise_gen)
+                                if args.compile:
+                                    # Drawn outside the compiled model (a generator argument
+                                    # breaks its graph), the same stream as eager steps draw.
+                                    act = batch["action"]
+                                    nz, tu = model.draw_noise(int(act.shape[0]), int(act.shape[1]),
+                                                              act.device, noise_gen)
+                                    out = runner(batch, noise=nz, time_u=tu)
+                                else:
+                                    out = runner(batch, generator=noise_gen)
                                 loss = out["loss"] / args.grad_accum
                             with trace.span("backward"), part("backward"):
                                 loss.backward()
@@ -1267,6 +1310,17 @@ def _memory_history(path: str, device: Optional[torch.device]) -> None:
                          f"{str(e).splitlines()[0]}") from e
 
 
+def _cudagraph_skips() -> str:
+    """How often inductor ran a compiled graph without its CUDA graph (reduce-overhead), and
+    why, from torch's own counters."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return "cudagraph skips unknown (no torch._dynamo counters)"
+    n = int(counters["inductor"].get("cudagraph_skips", 0))
+    return f"cudagraph skips {n}"
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     s = build(args)
     try:
@@ -1287,6 +1341,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         s.ckpt.close()  # waits for the writer: a save a signal asked for is committed here
         if s.stop.step is not None:
             _log(s.d)(s.stop.message(s.ckpt))
+        if args.compile and args.compile_mode == "reduce-overhead":
+            s.status["compile"] += f"; {_cudagraph_skips()}"
         summary = summarize(args, s.d, rows, losses, s.status, s.model, s.loader, s.ckpt,
                             total_s)
         add_module_figures(summary, s.ckpt, s.sync, s.stepper, s.counter, s.mem)

@@ -247,14 +247,21 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
             gpu["truncate_tokens"] = True
             if not token_buckets and not args.token_pad:
                 token_pad = max_text_tokens
+        if d.device.type == "cuda":
+            # The torch modes' resizes are antialiased (PIL's bilinear, torchvision's
+            # antialias=True): the same transform in every mode. DataFusion's CPU loader has no
+            # antialias option; the CPU trainer is not a benchmark.
+            gpu["antialias"] = True
         return DataFusionLoader(args.data, args.batch_size, threads=args.loader_threads, **gpu,
                                 prefetch=args.prefetch, token_pad=token_pad,
                                 device=str(d.device), **common)
     from .trainer_data import BaselineLoader
 
+    tuned = args.mode == "tuned"
     return BaselineLoader(args.data, args.batch_size, workers=args.workers,
                           token_pad=args.token_pad or None, device=str(d.device),
-                          pin_memory=False, tuned=args.mode == "tuned",
+                          style="tuned" if tuned else "lerobot",
+                          gpu_decode=tuned and args.gpu_decode != "off" and d.device.type == "cuda",
                           max_tokens=max_text_tokens or None, **common)
 
 

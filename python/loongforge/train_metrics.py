@@ -15,7 +15,7 @@ import re
 import resource
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -64,7 +64,8 @@ class Trace:
 class Readback:
     """Per-step figures computed on the device and read back ``lag`` steps later.
 
-    Each step accumulates [loss, fm_loss, aux_loss, text tokens, grad norm] in a device tensor
+    Each step accumulates [loss, fm_loss, aux_loss, text tokens, grad norm, skipped, sum of the
+    squared text lengths] in a device tensor
     (no ``float(t)`` per microbatch), copies it into pinned host memory without blocking and
     records a CUDA event. lag 0: the trainer synchronized at the end of the step and the values
     are read at once (step time from host clocks). lag > 0 (--sync-free): a step's values are read
@@ -72,24 +73,30 @@ class Readback:
     just queued and the GPU queue never drains; step times then come from the events (the GPU's
     timeline)."""
 
-    def __init__(self, device: torch.device, lag: int) -> None:
-        self.device, self.lag = device, lag
+    def __init__(self, device: torch.device, lag: int,
+                 flops_poly: Optional[Tuple[float, float, float]] = None) -> None:
+        """flops_poly: FlopsPerShape.length_polynomial(); each row's "flops" is then counted at
+        the samples' real text lengths (rows carry "samples")."""
+        self.device, self.lag, self.flops_poly = device, lag, flops_poly
         self.cuda = device.type == "cuda"
         self.pending: "deque[Any]" = deque()
         self.t_prev = time.perf_counter()
         self.prev_event: Any = None
 
     def begin(self) -> torch.Tensor:
-        # [loss, fm_loss, aux_loss, text tokens, grad norm, optimizer step skipped (non-finite)]
-        return torch.zeros(6, device=self.device)
+        # [loss, fm_loss, aux_loss, text tokens, grad norm, optimizer step skipped (non-finite),
+        #  sum over samples of the squared text length]
+        return torch.zeros(7, device=self.device)
 
     @staticmethod
     def add_micro(acc: torch.Tensor, out: Dict[str, torch.Tensor], mask: torch.Tensor,
                   accum: int, moe: bool) -> None:
         aux = out["aux_loss"].detach().float() if moe else torch.zeros((), device=acc.device)
+        lens = mask.sum(dim=1).to(acc.device).float()
         vals = torch.stack([out["loss"].detach().float(), out["fm_loss"].detach().float(), aux,
-                            mask.sum().to(acc.device).float() * accum])
+                            lens.sum() * accum])
         acc[:4] += vals / accum
+        acc[6] += (lens * lens).sum()
 
     def end(self, acc: torch.Tensor, row: Dict[str, Any], clip: bool, moe: bool,
             flag: Optional[torch.Tensor] = None) -> None:
@@ -98,7 +105,7 @@ class Readback:
         ev = None
         host_flag = None
         if self.cuda:
-            host = torch.empty(6, pin_memory=True)
+            host = torch.empty(7, pin_memory=True)
             host.copy_(acc, non_blocking=True)
             if flag is not None:
                 host_flag = torch.empty((), dtype=torch.int64, pin_memory=True)
@@ -126,13 +133,17 @@ class Readback:
         row, host, ev, t_host, clip, moe, host_flag = item
         if ev is not None:
             ev.synchronize()  # long complete when lag > 0: the host does not wait here
-        loss, fm, aux, text_tokens, gnorm, skipped = host.tolist()
+        loss, fm, aux, text_tokens, gnorm, skipped, len_sq = host.tolist()
         if self.lag > 0 and ev is not None and self.prev_event is not None:
             step_s = self.prev_event.elapsed_time(ev) / 1e3
         else:
             step_s = t_host - self.t_prev
         self.t_prev, self.prev_event = t_host, ev
         r = dict(row)
+        if self.flops_poly is not None:
+            c0, c1, c2 = self.flops_poly
+            r["flops_padded"] = row.get("flops", float("nan"))
+            r["flops"] = c0 * row["samples"] + c1 * text_tokens + c2 * len_sq
         r.update(loss=loss, grad_norm=gnorm if clip else float("nan"), step_s=step_s,
                  skipped_nonfinite=int(skipped),
                  tokens=row["tokens"] + int(round(text_tokens)), fm_loss=fm)
@@ -413,15 +424,17 @@ def device_name(device: torch.device) -> Optional[str]:
 
 def mfu_figures(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
                 total_s: float) -> Dict[str, Any]:
-    """Model FLOPs per step (loongforge.flops, counted once per shape) and MFU = FLOPs / step
-    time / the GPU's dense bf16 peak (n/a, NaN, on a CPU or an unknown GPU without
-    --peak-tflops)."""
+    """Model FLOPs per step (loongforge.flops, at each sample's real text length) and MFU =
+    FLOPs / step time / the GPU's dense bf16 peak (n/a, NaN, on a CPU or an unknown GPU without
+    --peak-tflops). flops_padded_per_step: the same count at the padded lengths the step ran."""
     flops = [r.get("flops", 0.0) for r in rows]
+    padded = [r["flops_padded"] for r in rows if "flops_padded" in r]
     name = device_name(d.device)
     peak = peak_flops(name, getattr(args, "peak_tflops", 0.0))
     per_step = sum(flops) / len(flops) if flops else float("nan")
     achieved = sum(flops) / total_s if rows and total_s > 0 else float("nan")
     return {"flops_per_step": per_step, "model_flops_per_s": achieved,
+            "flops_padded_per_step": sum(padded) / len(padded) if padded else float("nan"),
             "peak_flops_per_s": peak if peak else float("nan"),
             "peak_source": ("--peak-tflops" if getattr(args, "peak_tflops", 0.0) > 0
                             else name or "cpu"),

@@ -6,6 +6,8 @@ import math
 import os
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -80,31 +82,71 @@ def test_compare_curves_verdicts(tmp_path):
 run = _load("run")
 
 
-def _fig(tok, warm=0.0):
-    return {"figures": {"tokens_per_gpu_per_s": tok, "step_ms_p50": 100.0, "step_ms_p95": 110.0,
-                        "data_wait_share": 0.0, "ckpt_stall_share": 0.0,
-                        "memory": {"kind": "cpu", "peak_rss_bytes": 2**30},
-                        "warmup_excess_s": warm}}
+def _fig(tok, p50=100.0, warm=0.0):
+    return {"figures": {"warmup_excess_s": warm, "peak_flops_per_s": 1e15,
+                        "memory": {"kind": "cuda", "peak_allocated_bytes": 36 * 2**30,
+                                   "peak_reserved_bytes": 45 * 2**30}},
+            "steady": {"tokens_per_gpu_per_s": tok, "step_ms_p50": p50, "step_ms_p95": 110.0,
+                       "data_wait_share": 0.01, "boundary_cost_s": 0.25,
+                       "flops_per_step": 19.1e12}}
 
 
-# Guards issue 17's strongest-alternative row: tuned+compile runs the trainer in tuned mode with
-# --compile under its own file tag, the table gives every mode its ratio to it, and the warm-up
-# column (compile time, kept out of the timed figures) is printed per mode.
-def test_e2e_table_has_tuned_compile_row_and_warmup():
+# Guards the benchmark's rows: each names the trainer configuration its users run (LeRobot's
+# DataLoader as the baseline mode, tuned+graphs as tuned with reduce-overhead compilation), the
+# old baseline name still works, and an unknown row is refused naming the known ones.
+def test_e2e_rows_map_to_trainer_configurations():
+    assert run.trainer_mode("lerobot") == ("baseline", [], "lerobot")
+    assert run.trainer_mode("baseline") == ("baseline", [], "lerobot")
+    assert run.trainer_mode("tuned+graphs") == (
+        "tuned", ["--compile", "--compile-mode", "reduce-overhead"], "tuned_graphs")
     assert run.trainer_mode("tuned+compile") == ("tuned", ["--compile"], "tuned_compile")
     assert run.trainer_mode("loongforge") == ("loongforge", [], "loongforge")
-    try:
+    with pytest.raises(SystemExit, match="unknown mode 'fast'.*tuned\\+graphs"):
         run.trainer_mode("fast")
-        raise AssertionError("an unknown mode must be refused")
-    except SystemExit as e:
-        assert "unknown mode 'fast'" in str(e)
-    rows = run.table_rows({"baseline": _fig(1000.0), "tuned": _fig(2000.0),
-                           "tuned+compile": _fig(2500.0, warm=42.0), "loongforge": _fig(5000.0)})
-    assert "vs t+comp" in rows[0] and "warm-up+" in rows[0]
-    lf = next(r for r in rows if r.startswith("loongforge"))
-    assert "5.00x" in lf and "2.50x" in lf and "2.00x" in lf, lf
-    comp = next(r for r in rows if r.startswith("tuned+compile"))
-    assert comp.rstrip().endswith("42.0s"), comp
+
+
+# Guards the table: every ratio is against tuned+graphs (also below 1), MFU comes from the
+# steady FLOPs and p50, and the boundary and warm-up columns are the row's own.
+def test_e2e_table_ratios_against_tuned_graphs():
+    rows = run.table_rows({"lerobot": _fig(1000.0), "tuned": _fig(2000.0),
+                           "tuned+graphs": _fig(4000.0, warm=150.0),
+                           "loongforge": _fig(3600.0, p50=50.0)}, peak=1e15)
+    assert "vs t+graphs" in rows[0] and "boundary" in rows[0] and "MFU" in rows[0]
+    lf = next(r for r in rows if r.startswith("loongforge")).split()
+    assert "0.90x" in lf and "1.80x" in lf and "3.60x" in lf, lf
+    assert lf[-1] == "38.2%"  # 19.1 TFLOP in 50 ms of a 1 PFLOP/s peak
+    graphs = next(r for r in rows if r.startswith("tuned+graphs")).split()
+    assert "1.00x" in graphs and "150s" in graphs and "0.25s" in graphs and "36.0/45.0" in graphs
+
+
+def _rows(step_s, boundary, bpe, n=40, warmup=5):
+    """Per-step rows as the trainer writes them: step_s everywhere, 1 s more at each boundary."""
+    out = []
+    for k in range(1, n + 1):
+        extra = 1.0 if k >= boundary and (k - boundary) % bpe == 0 else 0.0
+        out.append({"step": k, "step_s": step_s + extra, "tokens": 1000, "samples": 10,
+                    "data_wait_s": extra, "flops": 1e12})
+    return out
+
+
+# Guards the steady state and the boundary's cost: the boundary's steps leave the steady figures,
+# its excess over steady p50 steps is its cost, per boundary; the start batch puts the boundary
+# in the middle of the timed steps.
+def test_e2e_steady_state_and_boundary_cost():
+    assert run.start_batch(625, 20, 320) == 625 - 20 - 150
+    assert run.start_batch(30, 20, 320) == 0  # an epoch shorter than the window
+    st = run.steady(_rows(0.1, boundary=21, bpe=1000), warmup=5, boundary_step=21,
+                    batches_per_epoch=1000)
+    assert st["boundaries"] == 1 and st["boundary_cost_s"] == pytest.approx(1.0)
+    assert st["steps"] == 35 - run.BOUNDARY_STEPS and st["data_wait_share"] == 0.0
+    assert st["tokens_per_gpu_per_s"] == pytest.approx(10000.0)
+    assert st["step_ms_p50"] == pytest.approx(100.0)
+    two = run.steady(_rows(0.1, boundary=10, bpe=15), warmup=5, boundary_step=10,
+                     batches_per_epoch=15)
+    assert two["boundaries"] == 3 and two["boundary_cost_s"] == pytest.approx(1.0)
+    none = run.steady(_rows(0.1, boundary=999, bpe=1000), warmup=5, boundary_step=999,
+                      batches_per_epoch=1000)
+    assert none["boundaries"] == 0 and none["boundary_cost_s"] != none["boundary_cost_s"]
 
 
 def _load_from(folder, name):

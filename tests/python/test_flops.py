@@ -160,29 +160,39 @@ def test_matches_torch_flop_counter(moe, monkeypatch):
     assert counter.get_total_flops() == count_step_flops(cfg, B, K, L, T).total
 
 
-# Guards bench/e2e's table (issue 15 item 5): MFU, both tokens/GPU/s ratios, step p50/p95, data
-# wait, checkpoint stall and blocking per save, peak allocated/reserved on every row.
-def test_e2e_table_has_every_column():
-    import importlib.util
+# Guards MFU at real text lengths: one sample's count is a quadratic in its text length, so the
+# polynomial reproduces count_step_flops at every length, and a batch of mixed lengths counts as
+# the sum of its samples (no padding), here against the hand count at L = 3.
+def test_length_polynomial_counts_each_sample_at_its_length():
+    cfg = get_config("tiny", **MICRO)
+    fps = FlopsPerShape(cfg, K, T)
+    c0, c1, c2 = fps.length_polynomial()
+    for n in (0, 1, 3, 5, 8, 37):
+        assert c0 + c1 * n + c2 * n * n == count_step_flops(cfg, 1, K, n, T).total
+    assert 2 * (c0 + c1 * L + c2 * L * L) == sum(hand_count().values())
+    lens = [3, 7, 1]
+    want = sum(count_step_flops(cfg, 1, K, n, T).total for n in lens)
+    got = c0 * len(lens) + c1 * sum(lens) + c2 * sum(n * n for n in lens)
+    assert got == want < count_step_flops(cfg, len(lens), K, max(lens), T).total
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("e2e_run", os.path.join(root, "bench", "e2e",
-                                                                          "run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
 
-    def fig(tok, mfu):
-        return {"figures": {"tokens_per_gpu_per_s": tok, "step_ms_p50": 100.0, "step_ms_p95": 120.0,
-                            "data_wait_share": 0.01, "ckpt_stall_share": 0.002,
-                            "ckpt_block_s_mean": 0.05, "flops_per_step": 19.1e12, "mfu": mfu,
-                            "memory": {"kind": "cuda", "peak_allocated_bytes": 36 * 2**30,
-                                       "peak_reserved_bytes": 45 * 2**30}}}
+# Guards the trainer's per-step count: Readback turns the batch's attention mask into FLOPs at
+# the samples' real lengths on the device (no host read of the lengths) and keeps the padded
+# count beside it.
+def test_readback_counts_flops_at_real_lengths():
+    from loongforge.train_metrics import Readback
 
-    rows = run.table_rows({"baseline": fig(1000.0, 0.1), "tuned": fig(2000.0, 0.2),
-                           "loongforge": fig(3000.0, float("nan"))})
-    assert "MFU" in rows[0] and "vs base" in rows[0] and "block/save" in rows[0]
-    lf = rows[3].split()
-    # MFU is the last column but one; the last, the warm-up's excess, is "-" without a figure.
-    assert lf[0] == "loongforge" and "3.00x" in lf and "1.50x" in lf and lf[-2:] == ["n/a", "-"]
-    assert "36.0/45.0" in rows[3] and "0.050s" in rows[3] and "19.1" in lf
-    assert rows[2].split()[-2] == "20.0%"
+    cfg = get_config("tiny", **MICRO)
+    fps = FlopsPerShape(cfg, K, T)
+    rb = Readback(torch.device("cpu"), lag=0, flops_poly=fps.length_polynomial())
+    acc = rb.begin()
+    mask = torch.zeros(3, 8, dtype=torch.bool)
+    for i, n in enumerate((3, 7, 1)):
+        mask[i, :n] = True
+    out = {"loss": torch.tensor(1.0), "fm_loss": torch.tensor(1.0)}
+    rb.add_micro(acc, out, mask, 1, moe=False)
+    padded = fps(3, 8).total
+    rb.end(acc, {"step": 1, "samples": 3, "tokens": 0, "flops": padded}, clip=False, moe=False)
+    (row,) = rb.ready()
+    assert row["flops"] == sum(count_step_flops(cfg, 1, K, n, T).total for n in (3, 7, 1))
+    assert row["flops_padded"] == padded > row["flops"] and row["tokens"] == 11
