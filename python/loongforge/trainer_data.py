@@ -303,13 +303,13 @@ class GpuImages:
         self.mean = torch.tensor(list(mean), device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(list(std), device=device).view(1, 3, 1, 1)
         self.hsv = _rgb_hsv()
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def __call__(self, jpegs: List[torch.Tensor], crop: torch.Tensor,
                  jitter: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
-        from torchvision.io import ImageReadMode, decode_jpeg
 
-        frames = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device)
+        frames = self._decode(jpegs)
         th, tw = self.crop
         offsets = crop.reshape(-1, 2).tolist()  # host tensor from the workers: no device sync
         if len(offsets) != len(frames):
@@ -321,6 +321,26 @@ class GpuImages:
             x = self._jitter(x, jitter.reshape(-1, 4).to(self.device, non_blocking=True))
         x = (x - self.mean) / self.std
         return x.view(-1, self.cameras, 3, self.size, self.size)
+
+    def _decode(self, jpegs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Note [Decoding beside a step in flight]. torchvision allocates the decoded frames on
+        the caller's current stream and writes them from its own stream, which waits for
+        nothing. Without a host sync per step the current stream still runs the previous step
+        when the next batch is decoded, and the allocator may hand out a block that step has
+        freed but still uses: the decoder overwrites it (n16 turned to NaN by its third step).
+        So the frames are allocated on a side stream of their own, whose blocks nothing else
+        uses; the step's stream waits for it, and each frame is marked as used there."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        if self.side is None:
+            return decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device)
+        main = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.side):
+            frames = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device)
+        main.wait_stream(self.side)
+        for f in frames:
+            f.record_stream(main)
+        return frames
 
     def _jitter(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         from .augment import apply_jitter
