@@ -5,7 +5,9 @@
 # this one call.
 #   BATCH=16 bash bench/e2e/headline.sh
 #   BATCH=64 STEPS=260 TESTS="" bash bench/e2e/headline.sh
-# STEPS (320, warm-up included), WARMUP (20), MODES, ROW_T (seconds per row) override.
+# STEPS (320, warm-up included), WARMUP (20), MODES, ROW_T (seconds per row) and EXTRA_ALL
+# (trainer flags of every row; default --init-device device: the same init in every row, 30 s
+# less start-up each) override.
 set -uo pipefail
 source bench/gpu_env.sh
 gpu_build --target _C loongforge loongforge_alloc
@@ -25,6 +27,7 @@ fi
 python3 bench/e2e/run.py --db "$db" --config n16 --batches "$batch" --steps "${STEPS:-320}" \
   --warmup "${WARMUP:-20}" --modes "${MODES:-lerobot,tuned,tuned+graphs,loongforge}" \
   --workers 16 --loader-threads 12 --row-timeout "${ROW_T:-0}" --out "$OUT/e2e_b$batch" \
+  --extra-all "${EXTRA_ALL:---init-device device}" \
   >"$OUT/e2e_b$batch.log" 2>&1
 grep -E "^\\$|did not finish|Error|error:" "$OUT/e2e_b$batch.log" | cut -c1-300 | head -20
 sed -n '/^machine:/,$p' "$OUT/e2e_b$batch.log"
