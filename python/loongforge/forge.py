@@ -163,9 +163,20 @@ class ForgeLoader:
             self._epoch, self._next = int(epoch), 0
 
     def state_dict(self) -> Dict[str, int]:
+        """The position: the next batch handed out. Saved after an epoch's last batch (inside
+        the loop's body), it is the start of the next epoch."""
         if self._dfl:
-            return dict(self.source.state_dict())
-        return {"epoch": self._epoch, "next_batch": self._next}
+            st = dict(self.source.state_dict())
+            if st["next_batch"] >= st["batches_per_epoch"]:
+                st.update(epoch=st["epoch"] + 1, next_batch=0)
+            return st
+        epoch, nxt = self._epoch, self._next
+        try:
+            if nxt >= len(self.source):
+                epoch, nxt = epoch + 1, 0
+        except TypeError:  # an iterable without len(): the position as it is
+            pass
+        return {"epoch": epoch, "next_batch": nxt}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._dfl:
