@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 import torch.distributed as dist
 
+from .ckpt import _encode_state
 from .graphs import GraphedStep
 from .train_backends import (Checkpointer, Dist, TrainError, optimizer_step, rng_state,
                              set_rng_state, setup_dist)
@@ -471,6 +472,11 @@ class Forge:
             raise ForgeError(f"forge.save(step={step!r}): step must be an integer >= 0")
         if extra is not None and not isinstance(extra, dict):
             raise ForgeError(f"forge.save(extra=...): a dict, got {_what(extra)}")
+        try:  # on every rank: the vault (rank 0's) would refuse it on rank 0 alone
+            _encode_state(extra or {})
+        except TypeError as e:
+            raise ForgeError(f"forge.save(extra=...): {str(e).replace('checkpoint state ', '')}"
+                             ) from None
         ck = self._checkpointer("save", resume=self._resumed)
         # Checked here, on every rank: the vault (rank 0's) would refuse it only on rank 0.
         if self._last_saved is not None and step <= self._last_saved:
@@ -613,6 +619,7 @@ class _Step:
                  graphs: bool, warmup: int, max_graphs: int) -> None:
         self.forge, self.loss_fn, self.clip = forge, loss_fn, clip
         self._fallback: Optional[str] = None
+        self._noted_eager = False
         self._messages: List[str] = []
         autocast = torch.bfloat16 if forge.precision == "bf16" else None
         self._runner = _ForgeGraphedStep(
@@ -625,12 +632,22 @@ class _Step:
         self._tokens: Optional[torch.Tensor] = None
 
     def _graph_log(self, msg: str) -> None:
+        """GraphedStep's log lines. A failed capture (or graphs unavailable) turns graphs off for
+        every later step, printed once with the reason; a batch shape that runs eager for a
+        reason of its own (more shapes than max_graphs) is printed once, the others keep their
+        graphs."""
         self._messages.append(msg)
-        if "runs eager" in msg or "graphs off" in msg:
+        reason = msg.split("runs eager: ", 1)[-1] if "runs eager: " in msg else \
+            msg.split("graphs off: ", 1)[-1]
+        if "capture failed" in msg or "graphs off" in msg:
             if self._fallback is None:
-                self._fallback = msg.split(": ", 1)[-1] if "runs eager: " in msg else msg
+                self._fallback = reason
                 self.forge._log(f"[forge] compile_step: CUDA graphs off, every step runs eager "
-                                f"from here on ({self._fallback})")
+                                f"from here on ({reason})")
+        elif "runs eager" in msg and not self._noted_eager:
+            self._noted_eager = True
+            self.forge._log(f"[forge] compile_step: a batch shape runs eager ({reason}); the "
+                            "shapes already captured keep their graphs")
 
     def graph_state(self) -> Dict[str, Any]:
         s = self._runner.stats() if self._runner.model is not None else {}
@@ -656,7 +673,7 @@ class _Step:
         if self._fallback is not None or not self._graphs:
             out = r._eager(dict(batch), None, 1.0)
         elif any(not isinstance(v, torch.Tensor) for v in batch.values()):
-            self._graph_log("[cuda-graph] runs eager: the batch holds values that are not "
+            self._graph_log("[cuda-graph] batch runs eager: it holds values that are not "
                             "tensors (a graph replays with the tensors it captured)")
             out = r._eager(dict(batch), None, 1.0)
         else:

@@ -257,6 +257,8 @@ def test_misuse_raises_forge_error(tmp_path):
         forge.save(2)
     with _forge_error("extra=.*a dict"):
         forge.save(3, extra=[1])
+    with _forge_error(r"extra=.*note: a builtins.object cannot be saved"):
+        forge.save(3, extra={"note": object()})
     forge.close()
     with _forge_error(r"after forge.close\(\)"):
         forge.save(4)
