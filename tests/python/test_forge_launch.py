@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import loongforge as lf  # noqa: E402
+from lf_testdb import has_datafusion  # noqa: E402
 from test_forge import Policy, make_batches  # noqa: E402
 
 STEPS, GLOBAL_ROWS = 4, 8
@@ -31,6 +32,14 @@ from test_forge_launch import mean_loss, policy_and_optimizer, global_batches, f
 
 out, mode = sys.argv[1], sys.argv[2]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if mode == "db":  # forge.loader over a packed DB: this rank's shard of one epoch
+    forge = lf.Forge(device="cpu")
+    loader = forge.loader(sys.argv[3], batch_size=2, image_size=16, seed=5, threads=1)
+    seen = [int(i) for b in loader for i in b["sample_index"]]
+    forge.close()
+    with open(os.path.join(out, f"db_rank{{rank}}.json"), "w") as f:
+        json.dump({{"seen": seen, "batches": len(loader)}}, f)
+    sys.exit(0)
 model, opt = policy_and_optimizer(seed=100 + rank)
 before = flat_state(model)
 forge = lf.Forge(device="cpu", ckpt_dir=os.path.join(out, "ck"))
@@ -81,12 +90,12 @@ def flat_state(model):
     return {k: v.detach().double().flatten().tolist() for k, v in model.state_dict().items()}
 
 
-def _launch(tmp_path, mode):
+def _launch(tmp_path, mode, *extra):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(here=HERE, rows=GLOBAL_ROWS))
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "loongforge.launch", "--nproc", "2", "--",
-                        str(script), str(tmp_path), mode], cwd=tmp_path, env=env,
+                        str(script), str(tmp_path), mode, *extra], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return [json.loads((tmp_path / f"{mode}_rank{i}.json").read_text()) for i in range(2)]
@@ -127,3 +136,14 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
     with pytest.raises(lf.ForgeError, match="holds checkpoints of 2 rank.*this run has 1"):
         one.load()
     one.close()
+
+
+@pytest.mark.skipif(not has_datafusion(), reason="this build has no DataFusion loader")
+def test_db_loader_is_sharded_by_rank(train_db, tmp_path):
+    """forge.loader(path) passes the process group's rank and world size to DataFusionLoader:
+    the two ranks read disjoint halves of the epoch."""
+    ranks = _launch(tmp_path, "db", train_db)
+    a, b = (set(r["seen"]) for r in ranks)
+    assert ranks[0]["batches"] == ranks[1]["batches"] > 0
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == 2 * ranks[0]["batches"]
+    assert a and b and not a & b
