@@ -306,9 +306,6 @@ class Forge:
             raise ForgeError(f"forge.setup(): the optimizer holds {len(foreign)} tensor(s) that "
                              "are not parameters of the model (build the optimizer from "
                              "model.parameters())")
-        if any(not p.requires_grad for p in opt_params):
-            raise ForgeError("forge.setup(): the optimizer holds frozen parameters "
-                             "(requires_grad=False); give it the trainable ones only")
         model.to(self.device)
         if self.precision == "bf16":
             for m in model.modules():
