@@ -315,3 +315,15 @@ def test_cuda_graph_step_matches_eager():
     assert not f["enabled"] and f["fallback_reason"] and f["replays"] == 0, f
     assert len(lines) == 1 and "runs eager" in lines[0] and "capture failed" in lines[0], lines
     torch.testing.assert_close(fell, eager, rtol=3e-2, atol=1e-3)
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    model, opt = build(0, dropout=0.0)
+    with lf.Forge(device="cpu", ckpt_dir=str(tmp_path / "ck"), keep_last=2) as forge:
+        forge.setup(model, opt)
+        step = forge.compile_step(loss_fn)
+        for i, b in enumerate(forge.loader(make_batches(4)), start=1):
+            step(b)
+            forge.save(i)
+        assert forge.report()["ckpt_saves"] == 4
+    assert lf.CheckpointVault(str(tmp_path / "ck" / "vault"), read_only=True).steps() == [3, 4]
