@@ -373,8 +373,13 @@ class GraphedStep:
             return cand, up, ck
         return padded, bucket_len, key
 
+    def _step_keys(self, batch: Mapping[str, torch.Tensor]) -> List[str]:
+        """The batch fields the step reads (static input buffers, graph key); a runner of other
+        batches (loongforge.forge) names its own."""
+        return [k for k in _STEP_KEYS if k in batch]
+
     def _key(self, batch: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
-        return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in _STEP_KEYS if k in batch)
+        return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in self._step_keys(batch))
 
     @staticmethod
     def _describe(key: Tuple[Any, ...]) -> str:
@@ -484,7 +489,7 @@ class GraphedStep:
     def _capture(self, b: _Bucket, batch: Mapping[str, torch.Tensor],
                  generator: Optional[torch.Generator], loss_scale: float) -> Dict[str, torch.Tensor]:
         self._ensure_grads()
-        b.inputs = {k: torch.empty_like(batch[k]) for k in _STEP_KEYS if k in batch}
+        b.inputs = {k: torch.empty_like(batch[k]) for k in self._step_keys(batch)}
         self._copy_in(b, batch)
         b.noise = self._draw(batch, generator)  # this microbatch's draws, in static buffers
         no_sync = (self.sync.capture_no_sync() if self.sync is not None
