@@ -1,4 +1,4 @@
-"""FP8 (e4m3) forward for the frozen encoders' linear layers (``--fp8-frozen``, issue 17 item 3).
+"""FP8 (e4m3) forward for the frozen encoders' linear layers (``--fp8-frozen``).
 
 The vision tower and the frozen language-model layers run forward only (their parameters are
 frozen and no gradient flows into them), so their ``nn.Linear`` layers can be swapped for
@@ -127,7 +127,7 @@ def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 
 # Note [Shared activation quantization]. Sibling layers often read the same activation: q, k
 # and v take the same normed input, and so do an MLP's gate and up. Each Fp8Linear quantized it
-# again (run J4: 90 of the 168 fp32 quantizations of an n16 step at batch 64 repeated a
+# again (measured on an H200: 90 of the 168 fp32 quantizations of an n16 step at batch 64 repeated a
 # sibling's). The last quantization is kept, keyed by the input tensor itself (identity, not
 # address) and its version counter, so a tensor written in place, or a new tensor at a reused
 # address, is quantized afresh; the same input gives the same bytes, so sharing them changes

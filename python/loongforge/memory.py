@@ -558,7 +558,7 @@ __all__ = ["MemSculptor", "StepHook", "Trace", "trace_from_snapshot", "load_snap
 # Note [The persistent arena]. Parameters, buffers and optimizer state live for the whole run and
 # are known before the first step: their sizes are the plan. Allocated one by one (torch's
 # caching allocator, even inside MemSculptor's pool) they are rounded and split into segments
-# whose tails no other tensor fits: run K measured 0.50 GiB free of n16's 22.7 GiB persistent pool
+# whose tails no other tensor fits: an H200 measured 0.50 GiB free of n16's 22.7 GiB persistent pool
 # at the reserved peak (1.5 points of the run's fragmentation). The arena gives them one
 # allocation, laid out back to back (ARENA_ALIGN bytes apart at most), and rebinds each tensor's
 # ``.data`` to its view: every tensor keeps its identity (the optimizer's, NexusSync's and the

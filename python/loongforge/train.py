@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flags that cannot work together or values no run can use: one TrainError line each
-    (issue 21, defect 7: no flag may silently do nothing, and no bad value may end in a
+    (no flag may silently do nothing, and no bad value may end in a
     traceback)."""
     if args.mode == "lerobot":  # the LeRobot-style mode's second name
         args.mode = "baseline"
@@ -520,8 +520,8 @@ def _log(d: Dist) -> Callable[[str], None]:
 
 def text_bound(args: argparse.Namespace, cfg: Gr00tConfig, schema: Dict[str, Any],
                log: Callable[[str], None]) -> int:
-    """The loaders' cut for text longer than the model takes (0: none needed). Issue 21,
-    defect 8: a 100k-character instruction grew the trainer to 21 GB."""
+    """The loaders' cut for text longer than the model takes (0: none needed). Without it
+    a 100k-character instruction grew the trainer to 21 GB."""
     longest = int(schema.get("max_tokens", 0))
     limit = cfg.max_text_tokens
     if args.token_pad > limit:
@@ -722,7 +722,7 @@ def build(args: argparse.Namespace) -> Session:
         # Note [Static shapes for --compile]. With text padded per batch, every new length
         # recompiles the whole model, and from the second one torch compiles it with dynamic
         # shapes; on torch 2.11 that graph's backward failed at its first run in inductor's own
-        # code (a workspace view of the wrong size, run M2). A user of torch.compile pads to one
+        # code (a workspace view of the wrong size, on an H200). A user of torch.compile pads to one
         # length and compiles once: the trainer pads text to the dataset's longest (above) and
         # asks for static shapes.
         kw = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
