@@ -30,13 +30,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import os
 import weakref
 
 import torch
 from torch import nn
 
-from . import _C
+from . import _C, knobs
 from .models.gr00t_layers import _compiling
 
 __all__ = ["E4M3_MAX", "Fp8Unsupported", "Fp8Linear", "apply_fp8_frozen", "check_fp8_support",
@@ -98,8 +97,7 @@ def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 def fused_quantize_available() -> bool:
     """Whether Fp8Linear quantizes activations with the one-kernel ``quantize_rows_fused``: the
     build has it and LOONGFORGE_FP8_FUSED is not 0."""
-    return (hasattr(_C, "compute_quantize_rows_e4m3")
-            and os.environ.get("LOONGFORGE_FP8_FUSED", "1") != "0")
+    return hasattr(_C, "compute_quantize_rows_e4m3") and knobs.get("LOONGFORGE_FP8_FUSED")
 
 
 def quantize_rows_fused(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

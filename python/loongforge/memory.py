@@ -23,7 +23,7 @@ import pickle
 import types
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from . import _C
+from . import _C, knobs
 from . import _snapshot_import
 
 Trace = _C.MemTrace
@@ -132,8 +132,8 @@ def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 <
 # ---------------------------------------------------------------------------------------------
 
 def _lib_path() -> str:
-    return os.environ.get("LOONGFORGE_ALLOC_LIB",
-                          os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
+    return (knobs.get("LOONGFORGE_ALLOC_LIB")
+            or os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
 
 
 def _why_unavailable() -> Optional[str]:
