@@ -43,10 +43,10 @@ import torch.distributed as dist
 
 from .ckpt import _encode_state
 from .graphs import GraphedStep
-from .train_backends import (Checkpointer, Dist, TrainError, optimizer_step, rng_state,
-                             set_rng_state, setup_dist)
+from .train_backends import (Checkpointer, Dist, NonFiniteError, TrainError, optimizer_step,
+                             rng_state, set_rng_state, setup_dist)
 
-__all__ = ["Forge", "ForgeError", "ForgeLoader"]
+__all__ = ["Forge", "ForgeError", "ForgeLoader", "NonFiniteError"]
 
 _PRECISIONS = ("fp32", "bf16")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -373,7 +373,7 @@ class Forge:
 
     # ---- the step ------------------------------------------------------------------------------
 
-    STEP_OPTIONS = ("clip", "graphs", "warmup", "max_graphs")
+    STEP_OPTIONS = ("clip", "graphs", "warmup", "max_graphs", "max_nonfinite")
 
     def compile_step(self, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                      **options: Any) -> "_Step":
@@ -383,7 +383,11 @@ class Forge:
 
         Options: clip (max gradient L2 norm; 0: none), graphs ("auto": CUDA graphs on CUDA, eager
         on the CPU; "on" requires CUDA; "off"), warmup (eager steps of a batch shape before its
-        graph is captured, default 3), max_graphs (batch shapes captured at most, default 8).
+        graph is captured, default 3), max_graphs (batch shapes captured at most, default 8),
+        max_nonfinite (after this many skipped steps in a row the step raises NonFiniteError, so a
+        diverged run ends instead of skipping forever; default 3, 0: never). The count is read
+        without a host sync, so on CUDA the error comes up to a step after the step that reached
+        it; the weights are those of the last finite step either way.
         The loss returned is this rank's, a new tensor each step."""
         self._check_open("compile_step")
         _check_options("forge.compile_step()", options, self.STEP_OPTIONS)
@@ -404,12 +408,14 @@ class Forge:
         if graphs == "on" and self.device.type != "cuda":
             raise ForgeError("compile_step(graphs='on') needs CUDA (on the CPU every step runs "
                              "eager; use graphs='auto')")
-        for k, lo in (("warmup", 1), ("max_graphs", 1)):
-            v = options.get(k, 3 if k == "warmup" else 8)
+        defaults = {"warmup": 3, "max_graphs": 8, "max_nonfinite": 3}
+        for k, lo in (("warmup", 1), ("max_graphs", 1), ("max_nonfinite", 0)):
+            v = options.get(k, defaults[k])
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ForgeError(f"compile_step({k}={v!r}): an integer >= {lo}")
         step = _Step(self, loss_fn, float(clip), graphs != "off" and self.device.type == "cuda",
-                     int(options.get("warmup", 3)), int(options.get("max_graphs", 8)))
+                     int(options.get("warmup", 3)), int(options.get("max_graphs", 8)),
+                     int(options.get("max_nonfinite", 3)))
         self._steps.append(step)
         return step
 
@@ -613,8 +619,9 @@ class _Step:
     """What compile_step returns (Forge.compile_step)."""
 
     def __init__(self, forge: Forge, loss_fn: Callable[..., torch.Tensor], clip: float,
-                 graphs: bool, warmup: int, max_graphs: int) -> None:
+                 graphs: bool, warmup: int, max_graphs: int, max_nonfinite: int) -> None:
         self.forge, self.loss_fn, self.clip = forge, loss_fn, clip
+        self.max_nonfinite = max_nonfinite
         self._fallback: Optional[str] = None
         self._noted_eager = False
         self._messages: List[str] = []
@@ -627,6 +634,14 @@ class _Step:
         self._acc = torch.zeros(6, device=forge.device)
         self._skipped: Optional[torch.Tensor] = None
         self._tokens: Optional[torch.Tensor] = None
+        # Skipped steps in a row, on the device; read through a pinned copy and an event, so the
+        # check adds no host sync (Note [Non-finite steps] in train_backends.py).
+        self._in_a_row = torch.zeros((), device=forge.device)
+        cuda = forge.device.type == "cuda"
+        self._in_a_row_host = torch.zeros((), pin_memory=cuda)
+        self._in_a_row_event = torch.cuda.Event() if cuda else None
+        self._in_a_row_pending = False
+        self._steps_done = 0
 
     def _graph_log(self, msg: str) -> None:
         """GraphedStep's log lines. A failed capture (or graphs unavailable) turns graphs off for
@@ -690,6 +705,10 @@ class _Step:
             acc[:1] /= f.world_size
         optimizer_step(opt, f._params, self.clip, acc)
         self._skipped = acc[5].clone() if self._skipped is None else self._skipped + acc[5]
+        self._steps_done += 1
+        if self.max_nonfinite:
+            self._in_a_row.mul_(acc[5]).add_(acc[5])
+            self._check_in_a_row()
         if f._nexus is not None:
             f._nexus.zero_grad()
         else:
@@ -702,6 +721,29 @@ class _Step:
             self._tokens = n if self._tokens is None else self._tokens + n
         st["t_last"] = time.perf_counter()
         return loss
+
+
+    def _check_in_a_row(self) -> None:
+        """Raises ForgeError once max_nonfinite skipped steps in a row are seen. On CUDA the
+        count read is the newest one whose copy to the host has completed (event.query(), never
+        a wait); on the CPU it is this step's."""
+        ev = self._in_a_row_event
+        if ev is None:
+            n, at = int(self._in_a_row.item()), self._steps_done
+        else:
+            n, at = 0, 0
+            if self._in_a_row_pending and ev.query():
+                n, at = int(self._in_a_row_host.item()), self._copied_at
+                self._in_a_row_pending = False
+            if not self._in_a_row_pending:
+                self._in_a_row_host.copy_(self._in_a_row, non_blocking=True)
+                ev.record()
+                self._in_a_row_pending, self._copied_at = True, self._steps_done
+        if n >= self.max_nonfinite:
+            raise NonFiniteError(
+                f"step {at} of this compile_step: {n} steps in a row without a finite loss and "
+                f"gradient norm (skipped, no update; max_nonfinite={self.max_nonfinite}): the "
+                f"weights are those of the last finite step; a smaller learning rate, or clip=")
 
 
 def _rows(batch: Mapping[str, Any]) -> int:

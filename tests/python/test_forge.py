@@ -206,6 +206,30 @@ def test_nonfinite_loss_skips_the_step():
     forge.close()
 
 
+# Guards the end of a diverged run: max_nonfinite skipped steps in a row raise NonFiniteError
+# naming the count, the weights stay those of the last finite step, and a finite step between
+# skipped ones resets the count.
+def test_nonfinite_steps_in_a_row_end_the_run():
+    batches = make_batches(6)
+    for i in (1, 3, 4):
+        batches[i]["state"][0, 0] = float("nan")
+    model, opt = build(0, dropout=0.0)
+    forge = lf.Forge(device="cpu")
+    forge.setup(model, opt)
+    step = forge.compile_step(loss_fn, max_nonfinite=2)
+    for b in batches[:4]:  # finite, skipped, finite, skipped: never two in a row
+        step(b)
+    last_finite = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(lf.NonFiniteError, match="2 steps in a row"):
+        step(batches[4])
+    for p, q in zip(model.parameters(), last_finite):
+        assert torch.equal(p, q)
+    assert forge.report()["skipped_nonfinite"] == 3
+    with _forge_error("max_nonfinite"):
+        forge.compile_step(loss_fn, max_nonfinite=-1)
+    forge.close()
+
+
 def _forge_error(match: str):
     return pytest.raises(lf.ForgeError, match=match)
 
@@ -235,7 +259,7 @@ def test_misuse_raises_forge_error(tmp_path):
     forge.setup(model, opt)
     with _forge_error(r"setup\(\) was already called"):
         forge.setup(model, opt)
-    with _forge_error(r"unknown option 'clipp' \(valid: clip, graphs, max_graphs, warmup\)"):
+    with _forge_error(r"unknown option 'clipp' \(valid: clip, graphs, max_graphs, max_nonfinite, warmup\)"):
         forge.compile_step(loss_fn, clipp=1.0)
     with _forge_error("graphs='on'.*needs CUDA"):
         forge.compile_step(loss_fn, graphs="on")
