@@ -11,7 +11,8 @@ APT_PKGS  := build-essential cmake git pkg-config liblmdb-dev lmdb-utils libturb
              python3-numpy python3-torch python3-torchvision python3-pil python3-pytest \
              libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev \
              python3-lmdb python3-matplotlib libopenblas0-openmp libsnappy-dev zlib1g-dev \
-             libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
+             libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg \
+             python3-pip python3-venv
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
