@@ -119,3 +119,18 @@ def test_pip_install_and_wheel_offline(tmp_path):
     r = _run([str(venv / "bin" / "loongforge"), "python", "-c",
               "import sys, loongforge; print(sys.executable, loongforge.__file__)"], env, "/tmp")
     assert r.stdout.split()[0] == vpy and str(venv) in r.stdout.split()[1], r.stdout
+
+
+# Guards the build folder check: a LOONGFORGE_BUILD_DIR configured from another source tree would
+# pack a loongforge._C that does not match these sources; the build fails naming both.
+def test_build_dir_of_another_tree_is_refused(tmp_path):
+    fake = tmp_path / "build"
+    fake.mkdir()
+    (fake / "CMakeCache.txt").write_text("CMAKE_HOME_DIRECTORY:INTERNAL=/nowhere/else\n")
+    env = _env(str(fake))
+    r = subprocess.run([PY, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "w"), REPO],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "/nowhere/else" in out and str(fake) in out, out
+    assert not (tmp_path / "w").exists() or not list((tmp_path / "w").iterdir())

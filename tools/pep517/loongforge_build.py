@@ -21,6 +21,7 @@ CUDA allocator plug-in when built, the CLI binary as loongforge/_bin/loongforge)
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import os
@@ -49,6 +50,18 @@ _SCRIPT = os.path.join(_HERE, "loongforge_script.py")
 
 class BuildError(RuntimeError):
     pass
+
+
+def _hook(fn):
+    # A BuildError is the user's to fix (a wrong folder, a failed compile): one line, no traceback.
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BuildError as e:
+            print(f"loongforge_build: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+    return wrapped
 
 
 def _root() -> str:
@@ -256,6 +269,7 @@ def get_requires_for_build_sdist(config_settings=None) -> List[str]:
     return []
 
 
+@_hook
 def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings=None) -> str:
     root = _root()
     name = _dist_info_dir(root)
@@ -267,6 +281,7 @@ def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings=No
     return name
 
 
+@_hook
 def build_wheel(wheel_directory: str, config_settings=None,
                 metadata_directory: Optional[str] = None) -> str:
     root = _root()
@@ -306,6 +321,7 @@ def build_wheel(wheel_directory: str, config_settings=None,
     return wheel_name
 
 
+@_hook
 def build_sdist(sdist_directory: str, config_settings=None) -> str:
     """The files git tracks (the source tree as committed, plus local edits to them); outside a
     git checkout (an unpacked sdist), every file but build folders and compiled objects."""
