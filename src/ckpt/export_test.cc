@@ -46,7 +46,8 @@ Safetensors ReadSafetensors(const std::string& path) {
 std::string Bytes(const State::T& t) { return std::string(t.bytes.begin(), t.bytes.end()); }
 
 // What loongforge.ckpt saves for {"step": 5, "lr": nan, "note": ..., "model": sd, "optimizer":
-// ...} where sd's emb.weight and head.weight share one storage (head is its transpose).
+// ...} where sd's emb.weight, head.weight and part share one storage (head is its transpose,
+// part a slice of it).
 struct PySaved {
   State s;
   std::string structure;
@@ -60,7 +61,9 @@ struct PySaved {
         R"("requires_grad":false}],["emb.weight",{"view":"model/emb.weight#storage",)"
         R"("shape":[4,3],"stride":[3,1],"offset":0,"device":"cpu","requires_grad":false}],)"
         R"(["head.weight",{"view":"model/emb.weight#storage","shape":[3,4],"stride":[1,3],)"
-        R"("offset":0,"device":"cpu","requires_grad":false}]]}],)"
+        R"("offset":0,"device":"cpu","requires_grad":false}],)"
+        R"(["part",{"view":"model/emb.weight#storage",)"
+        R"("shape":[2,2],"stride":[3,1],"offset":1,"device":"cpu","requires_grad":false}]]}],)"
         R"(["optimizer",{"dict":[["state",{"dict":[[0,{"dict":[["exp_avg",)"
         R"({"tensor":"optimizer/state/0/exp_avg","device":"cpu","requires_grad":false}],)"
         R"(["max",-Infinity]]}]]}]]}]]}})";
@@ -105,8 +108,8 @@ TEST(CkptExport, ModelOnlyFollowsTheStructure) {
   Safetensors f = ReadSafetensors(out);
   std::set<std::string> keys;
   for (const auto& [name, _] : f.header.items()) keys.insert(name);
-  EXPECT_EQ(keys,
-            (std::set<std::string>{"__metadata__", "enc.weight", "emb.weight", "head.weight"}));
+  EXPECT_EQ(keys, (std::set<std::string>{"__metadata__", "enc.weight", "emb.weight", "head.weight",
+                                         "part"}));
   EXPECT_EQ(f.header["__metadata__"], nlohmann::json({{"format", "pt"}}));
   EXPECT_EQ(f.header["enc.weight"]["shape"], nlohmann::json({2, 5}));
   EXPECT_EQ(f.header["emb.weight"]["shape"], nlohmann::json({4, 3}));
@@ -119,6 +122,9 @@ TEST(CkptExport, ModelOnlyFollowsTheStructure) {
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 4; ++j) transposed += storage.substr((j * 3 + i) * 4, 4);
   EXPECT_EQ(f.data["head.weight"], transposed);
+  // Rows of a slice: elements 1, 2 and 4, 5 of the storage.
+  EXPECT_EQ(f.data["part"], storage.substr(4, 8) + storage.substr(16, 8));
+  EXPECT_EQ(f.header["part"]["shape"], nlohmann::json({2, 2}));
 
   // A longer prefix strips more and selects less.
   ASSERT_TRUE(v->ExportSafetensors(1, out, ModelOnly("model/enc.")).code() ==
@@ -210,7 +216,7 @@ TEST(CkptExport, CliModelOnly) {
   const std::string out = dir + "/m.safetensors";
   testing::CliResult r = testing::RunCli("ckpt export " + dir + " --out " + out + " --model-only");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(ReadSafetensors(out).data.size(), 3u);
+  EXPECT_EQ(ReadSafetensors(out).data.size(), 4u);
   r = testing::RunCli("ckpt export " + dir + " --out " + dir + "/n.safetensors --strip-prefix x/");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--model-only"), std::string::npos) << r.output;

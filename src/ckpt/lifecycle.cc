@@ -131,17 +131,23 @@ bool IntList(const nlohmann::json& node, const char* key, std::vector<int64_t>& 
   return true;
 }
 
-// Copies the elements of `e` (a view) out of its whole storage `base` into `dst`, row-major.
+// Copies the elements of `e` (a view) out of its whole storage `base` into `dst`, row-major: a
+// row at a time where the last dimension is contiguous (the common case: a tied weight is the
+// whole storage), element by element otherwise (a transposed view).
 void GatherView(const ExportEntry& e, const uint8_t* base, int esize, uint8_t* dst) {
   const size_t nd = e.shape.size();
-  std::vector<int64_t> idx(nd, 0);
   int64_t numel = 1;
   for (int64_t d : e.shape) numel *= d;
-  for (int64_t n = 0; n < numel; ++n) {
+  if (numel == 0) return;
+  const bool rows = nd > 0 && (e.stride[nd - 1] == 1 || e.shape[nd - 1] == 1);
+  const size_t outer = rows ? nd - 1 : nd;  // dimensions walked one index at a time
+  const int64_t run = rows ? e.shape[nd - 1] : 1;
+  std::vector<int64_t> idx(outer, 0);
+  for (int64_t n = 0; n < numel; n += run) {
     int64_t at = e.offset;
-    for (size_t d = 0; d < nd; ++d) at += idx[d] * e.stride[d];
-    std::memcpy(dst + n * esize, base + at * esize, static_cast<size_t>(esize));
-    for (size_t d = nd; d-- > 0;) {
+    for (size_t d = 0; d < outer; ++d) at += idx[d] * e.stride[d];
+    std::memcpy(dst + n * esize, base + at * esize, static_cast<size_t>(run * esize));
+    for (size_t d = outer; d-- > 0;) {
       if (++idx[d] < e.shape[d]) break;
       idx[d] = 0;
     }
