@@ -16,7 +16,7 @@ APT_PKGS  := build-essential cmake git pkg-config liblmdb-dev lmdb-utils libturb
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
-.PHONY: all deps configure build test test-cpp test-python demo bench-loader format clean
+.PHONY: all deps configure build test test-cpp test-python demo bench-loader wheel format clean
 
 all: build
 
@@ -53,6 +53,10 @@ demo: build
 
 bench-loader: build
 	$(PY) bench/loader/run.py --cli $(BUILD)/loongforge
+
+# dist/loongforge-*.whl for $(PY), packed from this build (tools/pep517; nothing from any index).
+wheel: build
+	LOONGFORGE_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pip wheel --no-index --no-deps -w dist .
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu' '*.cuh')

@@ -8,7 +8,9 @@ import csv
 import hashlib
 import io
 import os
+import re
 import subprocess
+import tarfile
 import zipfile
 
 import pytest
@@ -134,3 +136,29 @@ def test_build_dir_of_another_tree_is_refused(tmp_path):
     out = r.stdout + r.stderr
     assert "/nowhere/else" in out and str(fake) in out, out
     assert not (tmp_path / "w").exists() or not list((tmp_path / "w").iterdir())
+
+
+# Guards the other hooks pip and build frontends call: prepare_metadata_for_build_wheel writes the
+# METADATA the wheel has (no build needed), and build_sdist packs the tracked sources (the backend
+# and pyproject.toml included, no build output or compiled module) with PKG-INFO.
+def test_metadata_and_sdist_hooks(tmp_path):
+    code = (
+        "import sys; sys.path.insert(0, 'tools/pep517'); import loongforge_build as b; "
+        f"print(b.prepare_metadata_for_build_wheel({str(tmp_path / 'meta')!r})); "
+        f"print(b.build_sdist({str(tmp_path / 'sdist')!r}))")
+    r = _run([PY, "-c", code], _env("unused"), REPO, timeout=120)
+    dist_info, sdist = r.stdout.split()
+    meta = (tmp_path / "meta" / dist_info / "METADATA").read_text()
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(loongforge VERSION ([0-9.]+)", f.read()).group(1)
+    assert dist_info == f"loongforge-{version}.dist-info"
+    assert f"Name: loongforge\nVersion: {version}\n" in meta and "Requires-Dist: torch" in meta
+    with tarfile.open(tmp_path / "sdist" / sdist) as tf:
+        names = tf.getnames()
+        base = f"loongforge-{version}/"
+        assert all(n.startswith(base) for n in names)
+        rel = {n[len(base):] for n in names}
+        assert {"pyproject.toml", "PKG-INFO", "CMakeLists.txt", "tools/pep517/loongforge_build.py",
+                "python/loongforge/__init__.py", "src/ckpt/lifecycle.cc"} <= rel
+        assert not any(n.endswith(".so") or n.startswith("build") for n in rel), sorted(rel)[:20]
+        assert tf.extractfile(base + "PKG-INFO").read().decode() == meta
