@@ -13,6 +13,7 @@ loading torch.
 """
 import importlib.util
 import os
+import subprocess
 import sys
 
 
@@ -40,8 +41,6 @@ def main() -> None:
             sys.exit(f"loongforge: error: {cli} is missing (reinstall the loongforge wheel)")
         argv = [cli] + args
         if cmd in ("", "-h", "--help"):
-            import subprocess
-
             rc = subprocess.run(argv).returncode
             line = ("Python entry points (this script only): train (the trainer), launch "
                     "(several processes), demo, python.")
