@@ -5,9 +5,10 @@ nothing from any index: the extension is built by CMake (as `make build` does), 
 (PEP 427) and sdist are written here with the standard library only.
 
 Environment:
-  LOONGFORGE_BUILD_DIR   a CMake build folder to use, configured already (e.g. `build/` of
-                         `make build`, so CI does not compile twice) or configured here if new;
-                         default: <source>/build-wheel, configured without the test suite.
+  LOONGFORGE_BUILD_DIR   a CMake build folder (relative: to the source tree), configured already
+                         (e.g. `build/` of `make build`, so CI does not compile twice) or
+                         configured here if new; default: <source>/build-wheel, configured
+                         without the test suite.
   LOONGFORGE_CUDA        AUTO (default: CUDA paths when nvcc works, as the Makefile), ON or OFF;
                          read only when a build folder is configured here.
   LOONGFORGE_CMAKE_ARGS  further arguments for that configure step (split like a shell would).
