@@ -31,7 +31,8 @@ t0=$(date +%s)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOONGFORGE_CUDA=OFF \
   -DLOONGFORGE_PYTHON=OFF -DLOONGFORGE_SANITIZE=address,undefined \
   -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 "${launcher[@]}" >/dev/null
-cmake --build "$BUILD" -j "$JOBS"
+# The test binary and what it runs (the CLI, the allocator library); not the benches.
+cmake --build "$BUILD" -j "$JOBS" --target loongforge_tests
 t1=$(date +%s)
 
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=0:check_initialization_order=1"

@@ -1,4 +1,4 @@
-// Kernels of the training step itself (issue 17): CPU and CUDA twins with one contract, run on the
+// Kernels of the training step itself: CPU and CUDA twins with one contract, run on the
 // tensors' device, CUDA work queued on the tensors' stream (TensorView::stream).
 //
 //   // x: [rows, cols] bf16 or f32; q: [rows, cols] u8 (e4m3 bytes); scale: [rows] f32

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env_knobs.h"  // LOONGFORGE_CUDA_SYNC (includers build with src/ on the path)
 #include "loongforge/logging.h"
 #include "loongforge/status.h"
 
@@ -40,10 +41,7 @@ inline bool CudaDevicePresent() {
 }
 
 inline bool CudaSyncAfterLaunch() {
-  static const bool v = [] {
-    const char* e = std::getenv("LOONGFORGE_CUDA_SYNC");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool v = EnvBool("LOONGFORGE_CUDA_SYNC");
   return v;
 }
 

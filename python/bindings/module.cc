@@ -13,6 +13,7 @@
 #include <new>
 
 #include "bindings.h"
+#include "common/env_knobs.h"
 #include "loongforge/build_info.h"
 
 namespace loongforge {
@@ -51,8 +52,7 @@ static void CrashHandler(int sig) {
 }
 
 static void MaybeInstallCrashHandler() {
-  const char* v = std::getenv("LOONGFORGE_CRASH_BACKTRACE");
-  if (v == nullptr || v[0] != '1') return;
+  if (!EnvBool("LOONGFORGE_CRASH_BACKTRACE")) return;
   void* warm[2];
   backtrace(warm, 2);  // loads libgcc_s now: the handler must not allocate
   static char alt_stack[1 << 16];
@@ -152,6 +152,62 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       "Version, git hash and the GPU features compiled in and found at run time.");
+
+  // The environment knobs' table (src/common/env_knobs.cc): loongforge.knobs reads it here, so
+  // Python declares none of its own.
+  m.def(
+      "env_knobs",
+      [] {
+        size_t n = 0;
+        const EnvKnob* t = EnvKnobTable(&n);
+        py::list out;
+        for (size_t i = 0; i < n; ++i) {
+          const EnvKnob& k = t[i];
+          py::dict d;
+          d["name"] = k.name;
+          d["type"] = KnobTypeName(k.type);
+          d["default"] = k.default_value;
+          d["doc"] = k.doc;
+          d["reader"] = k.reader;
+          if (k.type == KnobType::kInt) {
+            d["min"] = k.min_value;
+            d["max"] = k.max_value;
+          }
+          if (k.type == KnobType::kString && k.choices[0] != '\0') d["choices"] = k.choices;
+          const char* raw = EnvRaw(k.name);
+          d["current"] = raw != nullptr ? py::object(py::str(raw)) : py::object(py::none());
+          out.append(d);
+        }
+        return out;
+      },
+      "Every declared LOONGFORGE_* knob: name, type, default, doc, reader, current (None: unset).");
+  m.def(
+      "env_knob",
+      [](const std::string& name) -> py::object {
+        const EnvKnob* k = FindEnvKnob(name);
+        if (k == nullptr) {
+          throw py::key_error(name +
+                              " is not a declared environment knob (src/common/env_knobs.cc)");
+        }
+        auto value = [](auto v) -> py::object {
+          if (!v.ok()) ThrowStatus(v.status());
+          return py::cast(*v);
+        };
+        switch (k->type) {
+          case KnobType::kInt:
+            return value(ParseEnvInt(k->name));
+          case KnobType::kFloat:
+            return value(ParseEnvFloat(k->name));
+          case KnobType::kBool:
+            return value(ParseEnvBool(k->name));
+          case KnobType::kString:
+            return value(ParseEnvString(k->name));
+        }
+        return py::none();
+      },
+      py::arg("name"),
+      "The knob's value as its type (the default when unset or empty); ValueError naming the "
+      "variable for a bad value, KeyError for an undeclared name.");
 
   // Register components in a fixed order (static init order across files is unspecified).
   auto regs = BindingRegistry();

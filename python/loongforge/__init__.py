@@ -13,6 +13,7 @@ from .data import DataFusionLoader
 from . import packing
 from .ckpt import CheckpointVault
 from .comm import NexusSync
+from .forge import Forge, ForgeError
 from .models import Gr00tConfig, Gr00tPolicy, get_config, load_safetensors
 from .memory import MemSculptor, plan_trace, replay_trace, trace_from_snapshot
 from .packing import demo_data, inspect_db, pack
@@ -25,5 +26,5 @@ def build_info() -> Dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "Gr00tConfig", "Gr00tPolicy", "get_config", "load_safetensors", "demo_data", "pack", "inspect_db", "packing", "DataFusionLoader", "CheckpointVault", "NexusSync", "MemSculptor", "plan_trace", "replay_trace",
+__all__ = ["build_info", "Gr00tConfig", "Gr00tPolicy", "get_config", "load_safetensors", "demo_data", "pack", "inspect_db", "packing", "DataFusionLoader", "CheckpointVault", "NexusSync", "Forge", "ForgeError", "MemSculptor", "plan_trace", "replay_trace",
            "trace_from_snapshot", "DataLossError", "ResourceExhaustedError", "__version__"]

@@ -29,6 +29,8 @@ A drop-in replacement for DDP's gradient path (see docs/comm.md):
   RuntimeError naming the first difference.
 * Without torch.distributed initialized (and no group given), NexusSync creates no group and only
   manages the flat buffers (and top-k for sparse groups): finish() is then local.
+* ``broadcast_from=R`` copies rank R's parameters and buffers to every rank at setup, as DDP's
+  constructor does (Note [Starting from one rank's weights]).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["NexusSync", "topk_error_feedback", "scatter_add", "GROUPS"]
+__all__ = ["NexusSync", "topk_error_feedback", "scatter_add", "broadcast_module_state", "GROUPS"]
 
 GROUPS = ("dense", "expert_high", "expert_low")
 _HAS_POST_ACC_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
@@ -157,6 +159,7 @@ class NexusSync:
         check_plan: bool = True,
         skip_single_rank: bool = True,
         param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = None,
+        broadcast_from: Optional[int] = None,
     ) -> None:
         """
         Args:
@@ -182,6 +185,9 @@ class NexusSync:
           skip_single_rank: at world size 1, skip the (identity) all-reduce.
           param_filter: (name, param) -> bool, which trainable params this NexusSync owns
             (None: all); expert-parallel experts are reduced over their own group instead.
+          broadcast_from: a rank of the group whose parameters and buffers (every one of the
+            model's, trainable or not) are copied to the other ranks before anything else; None:
+            none (Note [Starting from one rank's weights]).
         """
         if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
             raise ValueError("bucket_cap_mb and first_bucket_mb must be positive")
@@ -217,6 +223,8 @@ class NexusSync:
         self._expert_index_fn = expert_index_fn or _default_expert_index
         self._low_experts: set = set()
 
+        if broadcast_from is not None:
+            broadcast_module_state(model, broadcast_from, process_group)
         self._named = [(n, p) for n, p in model.named_parameters()
                        if p.requires_grad and (param_filter is None or param_filter(n, p))]
         if not self._named:
@@ -616,6 +624,60 @@ class NexusSync:
         if b.tmp is not None:
             b.buffer.copy_(b.tmp)
         b.buffer.div_(self._world)
+
+
+# Note [Starting from one rank's weights]
+# Averaging gradients keeps replicas equal only if they start equal. Ranks that initialise their
+# model with different seeds (or load different files, or whose buffers such as BatchNorm's running
+# statistics differ) would otherwise each apply the same averaged update to different weights and
+# drift apart silently. DDP's constructor broadcasts rank 0's parameters and buffers for that
+# reason; broadcast_from does the same, once, when NexusSync is built (DDP's broadcast_buffers also
+# re-sends buffers before every forward; here buffers a forward updates stay per rank, as with
+# broadcast_buffers=False). Tensors are sent in one flat message per (device, dtype), written back
+# in place, so parameter identities (what the optimizer holds) do not change.
+def broadcast_module_state(model: torch.nn.Module, src: int = 0,
+                           group: Optional[Any] = None) -> int:
+    """Copies rank `src`'s (a rank of `group`) parameters and buffers into every rank's `model`,
+    in place. Returns the bytes broadcast (0 without torch.distributed or at world size 1)."""
+    if group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return 0
+        group = dist.group.WORLD
+    world = dist.get_world_size(group)
+    if not 0 <= src < world:
+        raise ValueError(f"broadcast_from={src} is not a rank of the group (world size {world})")
+    if world == 1:
+        return 0
+    if group is dist.group.WORLD:
+        global_src = src
+    else:
+        get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+        global_src = get(group, src)
+    tensors = list(model.parameters()) + list(model.buffers())
+    by_kind: Dict[Tuple[torch.device, torch.dtype], List[torch.Tensor]] = {}
+    seen: set = set()
+    for t in tensors:
+        if id(t) in seen or t.numel() == 0:
+            continue
+        seen.add(id(t))
+        by_kind.setdefault((t.device, t.dtype), []).append(t)
+    sent = 0
+    # The same order on every rank: the model's own order, grouped by (device, dtype).
+    for (device, dtype), ts in by_kind.items():
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        try:
+            dist.broadcast(flat, src=global_src, group=group)
+        except RuntimeError as e:
+            raise RuntimeError(f"NexusSync: broadcasting rank {src}'s {dtype} tensors on {device} "
+                               f"failed: {e}") from e
+        offset = 0
+        with torch.no_grad():
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+        sent += flat.numel() * flat.element_size()
+    return sent
 
 
 class _Stats:

@@ -1,4 +1,4 @@
-"""FP8 (e4m3) forward for the frozen encoders' linear layers (``--fp8-frozen``, issue 17 item 3).
+"""FP8 (e4m3) forward for the frozen encoders' linear layers (``--fp8-frozen``).
 
 The vision tower and the frozen language-model layers run forward only (their parameters are
 frozen and no gradient flows into them), so their ``nn.Linear`` layers can be swapped for
@@ -30,13 +30,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import os
 import weakref
 
 import torch
 from torch import nn
 
-from . import _C
+from . import _C, knobs
 from .models.gr00t_layers import _compiling
 
 __all__ = ["E4M3_MAX", "Fp8Unsupported", "Fp8Linear", "apply_fp8_frozen", "check_fp8_support",
@@ -98,8 +97,7 @@ def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 def fused_quantize_available() -> bool:
     """Whether Fp8Linear quantizes activations with the one-kernel ``quantize_rows_fused``: the
     build has it and LOONGFORGE_FP8_FUSED is not 0."""
-    return (hasattr(_C, "compute_quantize_rows_e4m3")
-            and os.environ.get("LOONGFORGE_FP8_FUSED", "1") != "0")
+    return hasattr(_C, "compute_quantize_rows_e4m3") and knobs.get("LOONGFORGE_FP8_FUSED")
 
 
 def quantize_rows_fused(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +125,7 @@ def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 
 # Note [Shared activation quantization]. Sibling layers often read the same activation: q, k
 # and v take the same normed input, and so do an MLP's gate and up. Each Fp8Linear quantized it
-# again (run J4: 90 of the 168 fp32 quantizations of an n16 step at batch 64 repeated a
+# again (measured on an H200: 90 of the 168 fp32 quantizations of an n16 step at batch 64 repeated a
 # sibling's). The last quantization is kept, keyed by the input tensor itself (identity, not
 # address) and its version counter, so a tensor written in place, or a new tensor at a reused
 # address, is quantized afresh; the same input gives the same bytes, so sharing them changes

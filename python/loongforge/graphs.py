@@ -340,7 +340,7 @@ class GraphedStep:
     # [Gradients in the graph pool]) a later bucket's capture cannot put its forward's activations
     # where the gradients live: the first graph's gradients exist while it captures, and it
     # accumulates into them. The pool then grows by about the gradients' size (n16 at batch 16:
-    # 36.4 GiB allocated with a second bucket, 32.5 GiB with one; run J). A batch whose bucket
+    # 36.4 GiB allocated with a second bucket, 32.5 GiB with one, on an H200). A batch whose bucket
     # has no graph therefore runs in the graph of the shortest captured bucket that holds it,
     # when that bucket is at most pad_up times its text length: the extra text is masked padding,
     # as the bucket's own padding is (the same loss up to bf16 rounding), and costs only the
@@ -373,8 +373,13 @@ class GraphedStep:
             return cand, up, ck
         return padded, bucket_len, key
 
+    def _step_keys(self, batch: Mapping[str, torch.Tensor]) -> List[str]:
+        """The batch fields the step reads (static input buffers, graph key); a runner of other
+        batches (loongforge.forge) names its own."""
+        return [k for k in _STEP_KEYS if k in batch]
+
     def _key(self, batch: Mapping[str, torch.Tensor]) -> Tuple[Any, ...]:
-        return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in _STEP_KEYS if k in batch)
+        return tuple((k, tuple(batch[k].shape), batch[k].dtype) for k in self._step_keys(batch))
 
     @staticmethod
     def _describe(key: Tuple[Any, ...]) -> str:
@@ -394,13 +399,13 @@ class GraphedStep:
     # first capture that costs nothing: torch.cuda.graph() empties the default pool's cache as it
     # begins, so the warm-up's blocks go back before the graph pool grows. A bucket first seen
     # later (a batch of shorter text at step 35) would warm up in the default pool while the graph
-    # pool stays reserved, and the run's reserved peak would hold two steps' activations (run H:
-    # 45.1 GiB reserved for 36.6 allocated at batch 16, two buckets; 4.6% at batch 64, one). What
-    # the warm-up is for (cuBLAS handles and workspaces, the side stream's first use, lazy module
-    # state) was done by the first bucket, and another text length changes no kernel's set-up, so
-    # a later bucket is captured at once, into the graph pool, reusing the blocks the first
-    # capture freed. A runner that compiles per shape (--compile-frozen) still needs eager calls
-    # of the new shape (the trainer passes warmup_next=warmup then). A failed capture is not
+    # pool stays reserved, and the run's reserved peak would hold two steps' activations (on an
+    # H200: 45.1 GiB reserved for 36.6 allocated at batch 16, two buckets; 4.6% at batch 64, one).
+    # What the warm-up is for (cuBLAS handles and workspaces, the side stream's first use, lazy
+    # module state) was done by the first bucket, and another text length changes no kernel's
+    # set-up, so a later bucket is captured at once, into the graph pool, reusing the blocks the
+    # first capture freed. A runner that compiles per shape (--compile-frozen) still needs eager
+    # calls of the new shape (the trainer passes warmup_next=warmup then). A failed capture is not
     # retried: on torch 2.11 it leaves the default CUDA generator in capture mode (the capture's
     # epilogue never runs), and a later eager draw from it fails ("Offset increment outside graph
     # capture"); the bucket runs eager, as before.
@@ -484,7 +489,7 @@ class GraphedStep:
     def _capture(self, b: _Bucket, batch: Mapping[str, torch.Tensor],
                  generator: Optional[torch.Generator], loss_scale: float) -> Dict[str, torch.Tensor]:
         self._ensure_grads()
-        b.inputs = {k: torch.empty_like(batch[k]) for k in _STEP_KEYS if k in batch}
+        b.inputs = {k: torch.empty_like(batch[k]) for k in self._step_keys(batch)}
         self._copy_in(b, batch)
         b.noise = self._draw(batch, generator)  # this microbatch's draws, in static buffers
         no_sync = (self.sync.capture_no_sync() if self.sync is not None
@@ -505,7 +510,7 @@ class GraphedStep:
             # Outside the except clause: the exception's traceback, and with it the frames that
             # hold the failed capture's activations, is gone before the eager run allocates (an
             # out-of-memory capture otherwise leaves its blocks allocated under the eager
-            # fallback, which then runs out too: run K, batch 72 under a 40 GiB cap).
+            # fallback, which then runs out too: measured at batch 72 under a 40 GiB cap).
             noise = b.noise
             b.inputs, b.outputs, b.noise = {}, {}, None
             del graph

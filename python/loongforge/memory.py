@@ -23,7 +23,7 @@ import pickle
 import types
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from . import _C
+from . import _C, knobs
 from . import _snapshot_import
 
 Trace = _C.MemTrace
@@ -132,8 +132,8 @@ def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 <
 # ---------------------------------------------------------------------------------------------
 
 def _lib_path() -> str:
-    return os.environ.get("LOONGFORGE_ALLOC_LIB",
-                          os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
+    return (knobs.get("LOONGFORGE_ALLOC_LIB")
+            or os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
 
 
 def _why_unavailable() -> Optional[str]:
@@ -558,7 +558,7 @@ __all__ = ["MemSculptor", "StepHook", "Trace", "trace_from_snapshot", "load_snap
 # Note [The persistent arena]. Parameters, buffers and optimizer state live for the whole run and
 # are known before the first step: their sizes are the plan. Allocated one by one (torch's
 # caching allocator, even inside MemSculptor's pool) they are rounded and split into segments
-# whose tails no other tensor fits: run K measured 0.50 GiB free of n16's 22.7 GiB persistent pool
+# whose tails no other tensor fits: an H200 measured 0.50 GiB free of n16's 22.7 GiB persistent pool
 # at the reserved peak (1.5 points of the run's fragmentation). The arena gives them one
 # allocation, laid out back to back (ARENA_ALIGN bytes apart at most), and rebinds each tensor's
 # ``.data`` to its view: every tensor keeps its identity (the optimizer's, NexusSync's and the

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from . import knobs
 
 __all__ = ["grouped_mm", "grouped_mm_backend", "grouped_mm_reference", "route", "Routing",
            "ExpertParallel", "check_expert_parallel"]
@@ -40,7 +41,7 @@ def grouped_mm_backend(x: Optional[torch.Tensor] = None, w: Optional[torch.Tenso
     a bf16 CUDA problem would use on this build and device."""
     if _TORCH_GMM is None or _gmm_checked is False:
         return "padded_bmm"
-    if os.environ.get("LOONGFORGE_GROUPED_MM", "") == "fallback":
+    if knobs.get("LOONGFORGE_GROUPED_MM") == "fallback":
         return "padded_bmm"
     if x is None or w is None:
         ok = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tupl
 import torch
 import torch.distributed as dist
 
+from . import knobs
 from .flops import FlopsPerShape
 from .graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
 from .models.gr00t import Gr00tConfig, Gr00tPolicy
@@ -290,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flags that cannot work together or values no run can use: one TrainError line each
-    (issue 21, defect 7: no flag may silently do nothing, and no bad value may end in a
+    (no flag may silently do nothing, and no bad value may end in a
     traceback)."""
     if args.mode == "lerobot":  # the LeRobot-style mode's second name
         args.mode = "baseline"
@@ -520,8 +521,8 @@ def _log(d: Dist) -> Callable[[str], None]:
 
 def text_bound(args: argparse.Namespace, cfg: Gr00tConfig, schema: Dict[str, Any],
                log: Callable[[str], None]) -> int:
-    """The loaders' cut for text longer than the model takes (0: none needed). Issue 21,
-    defect 8: a 100k-character instruction grew the trainer to 21 GB."""
+    """The loaders' cut for text longer than the model takes (0: none needed). Without it
+    a 100k-character instruction grew the trainer to 21 GB."""
     longest = int(schema.get("max_tokens", 0))
     limit = cfg.max_text_tokens
     if args.token_pad > limit:
@@ -641,7 +642,7 @@ def build(args: argparse.Namespace) -> Session:
         args.token_pad = min(-(-longest // 8) * 8, cfg.max_text_tokens)
         status["compile"] = (f"whole model, static shapes (text padded to {args.token_pad}, the "
                              "dataset's longest rounded up to 8; --token-pad N to change)")
-    if os.environ.get("LOONGFORGE_TRAIN_LOADER_BUCKETS", "1") == "0":
+    if not knobs.get("LOONGFORGE_TRAIN_LOADER_BUCKETS"):
         loader_buckets = ()  # diagnostics: the step runner pads instead of DataFusion
     try:
         loader = make_loader(args, d, on["datafusion"], loader_buckets, cut)
@@ -722,7 +723,7 @@ def build(args: argparse.Namespace) -> Session:
         # Note [Static shapes for --compile]. With text padded per batch, every new length
         # recompiles the whole model, and from the second one torch compiles it with dynamic
         # shapes; on torch 2.11 that graph's backward failed at its first run in inductor's own
-        # code (a workspace view of the wrong size, run M2). A user of torch.compile pads to one
+        # code (a workspace view of the wrong size, on an H200). A user of torch.compile pads to one
         # length and compiles once: the trainer pads text to the dataset's longest (above) and
         # asks for static shapes.
         kw = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
@@ -984,14 +985,13 @@ class StopSignal:
         self._pending: "deque[Any]" = deque()
         self.saved: List[int] = []  # the steps whose checkpoint was not skipped
         self._timer: Optional[threading.Timer] = None
-        grace = os.environ.get("LOONGFORGE_SIGNAL_GRACE_S", "60")
         try:
-            self.grace_s = float(grace)
-        except ValueError:
-            self.grace_s = math.nan
-        if not (math.isfinite(self.grace_s) and self.grace_s > 0):
+            self.grace_s = knobs.get("LOONGFORGE_SIGNAL_GRACE_S")
+        except ValueError as e:
+            raise TrainError(f"{e} (a positive number of seconds)") from None
+        if not self.grace_s > 0:
             raise TrainError(f"LOONGFORGE_SIGNAL_GRACE_S must be a positive number of seconds, "
-                             f"got {grace!r}")
+                             f"got {self.grace_s:g}")
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -1111,11 +1111,12 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     it = batches()
     # LOONGFORGE_MEM_TRACE=PATH keeps the recorded steps' trace (for `loongforge mem replay`),
     # LOONGFORGE_MEM_RECORD_STEPS=N records N steps instead of min(3, warm-up) (diagnosis).
-    rec_env = os.environ.get("LOONGFORGE_MEM_RECORD_STEPS", "")
-    if rec_env and not (rec_env.isdigit() and int(rec_env) > 0):
-        raise TrainError(f"LOONGFORGE_MEM_RECORD_STEPS must be a positive integer, got {rec_env!r}")
-    mem.record(steps=int(rec_env) if rec_env else max(1, min(3, args.warmup)),
-               trace_path=os.environ.get("LOONGFORGE_MEM_TRACE") or None)
+    try:
+        rec_steps = knobs.get("LOONGFORGE_MEM_RECORD_STEPS")  # 0: the default below
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    mem.record(steps=rec_steps or max(1, min(3, args.warmup)),
+               trace_path=knobs.get("LOONGFORGE_MEM_TRACE") or None)
     rows: List[Dict[str, Any]] = []
     losses: List[Dict[str, Any]] = []
     t_run = time.perf_counter()
@@ -1409,7 +1410,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a bad flag (2, its line already printed)
         return int(e.code or 0)
-    debug = os.environ.get("LOONGFORGE_DEBUG", "") not in ("", "0")
+    try:
+        debug = knobs.get("LOONGFORGE_DEBUG")
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     _WHERE[0] = "start-up"
     try:
         summary = run(args)

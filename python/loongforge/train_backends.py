@@ -149,17 +149,17 @@ def compile_frozen(model: Gr00tPolicy) -> str:
 
 
 # Note [Compiled blocks]. The graphed step is GPU-bound, and its GEMMs already run at 55-64% of
-# the bf16 peak (run J4's profile): what keeps MFU low is everything between them, the norms,
-# GELU and SwiGLU, residual adds, AdaLN modulation, RoPE and the casts that bf16 autocast puts
-# around every matmul (57-67% of the kernel time). torch.compile fuses those into a few Triton
+# the bf16 peak (an eager profile of n16 on an H200): what keeps MFU low is everything between them,
+# the norms, GELU and SwiGLU, residual adds, AdaLN modulation, RoPE and the casts that bf16 autocast
+# puts around every matmul (57-67% of the kernel time). torch.compile fuses those into a few Triton
 # kernels per block, forward and backward, and the kernels are captured in the step's CUDA graph
 # like any other. It compiles each *block*, not the model: every transformer layer of one kind
 # runs the same code, so one compilation serves all of them (torch >= 2.5 lifts a module's
 # parameters to graph inputs instead of specializing on them), and a cold start compiles a
 # handful of small graphs (a SigLIP layer, a frozen Qwen layer, a trainable one twice: the first
 # reads an input that needs no gradient, the others one that does; a cross- and a self-attention
-# DiT block, a VL self-attention block, the mlp1 projector: 8, run M3) instead of one graph of
-# the whole model, whose compilation did not end within 250 s in run L4. Shapes are static
+# DiT block, a VL self-attention block, the mlp1 projector: 8) instead of one graph of
+# the whole model, whose compilation did not end within 250 s on an H200. Shapes are static
 # (dynamic=False): a graph per token bucket, compiled in that bucket's eager warm-up steps before
 # its capture (the trainer gives later buckets warm-up steps too). The compilations go to
 # inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_$USER), so a
@@ -267,7 +267,7 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
 
 class TokenGuard:
     """Keeps token ids outside the model's vocabulary, and text longer than it takes, away from
-    the model (issue 21, defect 8): an id >= vocab_size would index past the embedding table
+    the model: an id >= vocab_size would index past the embedding table
     (an IndexError, or a device-side assert on CUDA), and unbounded text grows activations
     without bound.
 
@@ -423,7 +423,7 @@ class SyncBackend:
         NexusSync) with its flat gradient buckets and this backend's reference to the model.
         NexusSync's hooks close a cycle parameter -> hook -> NexusSync -> model -> parameter
         whose hook link lives in autograd's C++ state: the model then outlives the run unless the
-        garbage collector finds the cycle (issue 16 item 5: MemSculptor closed with the model's
+        garbage collector finds the cycle (seen as MemSculptor closed with the model's
         parameters live). stats() keeps working; the backend cannot reduce afterwards.
         Idempotent."""
         if self._nexus is not None:
@@ -1034,7 +1034,7 @@ def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], An
     after a step's activations were allocated and freed, so the moments (8 bytes a trainable
     parameter, 13.7 GB for n16) would share torch's default pool with the activations. Made
     here, before any activation exists, they live in MemSculptor's persistent pool beside the
-    parameters, counted there, apart from every step's memory. (Measured on n16, run H in
+    parameters, counted there, apart from every step's memory. (Measured on n16 on an H200,
     docs/BENCHMARKS.md: this alone did not lower the run's peak reserved; the gap comes from a
     second bucket's warm-up, see Note [Graphs and MemSculptor].) torch's own initialisation runs
     (a step with zero gradients at learning rate 0 leaves every parameter bit for bit as it

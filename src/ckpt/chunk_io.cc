@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -264,6 +265,17 @@ void Interior(void* p, size_t n, size_t align, uintptr_t* begin, uintptr_t* end)
   *end = (a + n) & ~(align - 1);
 }
 }  // namespace
+
+Status CheckHostBytes(int64_t n, const std::string& what) {
+  struct sysinfo si;
+  if (n < 0 || sysinfo(&si) != 0) return Status::Ok();
+  const uint64_t unit = si.mem_unit ? si.mem_unit : 1;
+  const uint64_t have = (static_cast<uint64_t>(si.totalram) + si.totalswap) * unit;
+  if (static_cast<uint64_t>(n) <= have) return Status::Ok();
+  return ResourceExhaustedError(what + " needs " + std::to_string(n) +
+                                " bytes of host memory; this machine has " + std::to_string(have) +
+                                " (RAM and swap)");
+}
 
 void AdviseHugePages(void* p, size_t n) {
   uintptr_t b, e;

@@ -133,6 +133,12 @@ class HostBuffer {
   bool mapped_ = false;  // mmap'ed (else AllocHost)
 };
 
+// OK when `n` bytes of host memory could exist on this machine (RAM plus swap), else
+// ResourceExhausted naming `what`. A manifest's sizes are checked against each other, not against
+// the machine; asking the allocator for more than it could ever give is an abort under sanitizers
+// and a gamble under overcommit, so the bound is checked before the allocation is attempted.
+Status CheckHostBytes(int64_t n, const std::string& what);
+
 // Advises transparent huge pages for the 2 MiB-aligned interior of [p, p + n) (no-op if THP is
 // off). Only for memory about to be overwritten in full.
 void AdviseHugePages(void* p, size_t n);

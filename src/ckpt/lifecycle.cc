@@ -23,6 +23,7 @@
 
 namespace loongforge {
 namespace ckpt {
+using internal::CheckHostBytes;
 using internal::ChunkDecoder;
 using internal::ChunkRec;
 using internal::ChunkWhat;
@@ -359,12 +360,6 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
 namespace {
 constexpr char kRestorePrefix[] = ".restore.";
 
-std::string HostName() {
-  char h[256] = {};
-  if (::gethostname(h, sizeof(h) - 1) != 0) return "unknown";
-  return h;
-}
-
 // If `name` in `out_dir` is the private directory of a restore (".restore.<pid>@<host>.XXXXXX")
 // whose owner ran on this host and is gone, removes it (its regular files, then itself) and
 // returns true. A live owner's directory, another host's, or anything else is left alone.
@@ -374,11 +369,9 @@ bool RemoveStaleRestoreDir(const std::string& out_dir, const std::string& name) 
   const size_t at = name.find('@', plen);
   const size_t dot = name.rfind('.');
   if (at == std::string::npos || dot == std::string::npos || dot < at || at == plen) return false;
-  const std::string pid_s = name.substr(plen, at - plen);
-  if (pid_s.find_first_not_of("0123456789") != std::string::npos || pid_s.size() > 9) return false;
-  if (name.substr(at + 1, dot - at - 1) != HostName()) return false;
-  const pid_t pid = static_cast<pid_t>(std::stol(pid_s));
-  if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return false;  // alive (or unknown)
+  if (!loongforge::internal::OwnerIsGone(std::string_view(name).substr(plen, dot - plen)))
+    return false;
+  const std::string pid = name.substr(plen, at - plen);
   const std::string path = out_dir + "/" + name;
   struct stat sb;
   if (::lstat(path.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
@@ -439,8 +432,8 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   } else {
     return ErrnoToStatus(errno, "stat " + out_dir).WithContext(ctx);
   }
-  std::string tmpl =
-      out_dir + "/" + kRestorePrefix + std::to_string(::getpid()) + "@" + HostName() + ".XXXXXX";
+  std::string tmpl = out_dir + "/" + kRestorePrefix + std::to_string(::getpid()) + "@" +
+                     loongforge::internal::HostName() + ".XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
@@ -481,7 +474,10 @@ Status CheckpointVault::Impl::RestoreToDirectory(int64_t step, const std::string
   Status s;
   for (size_t i = 0; s.ok() && i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
-    try {  // nbytes was checked against shape and dtype, not against this machine's memory
+    // nbytes was checked against shape and dtype, not against this machine's memory.
+    s = CheckHostBytes(t.nbytes, "tensor '" + t.name + "'");
+    if (!s.ok()) break;
+    try {
       data.resize(static_cast<size_t>(t.nbytes));
     } catch (const std::bad_alloc&) {
       s = ResourceExhaustedError("tensor '" + t.name + "' needs " + std::to_string(t.nbytes) +

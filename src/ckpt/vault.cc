@@ -291,6 +291,9 @@ StatusOr<std::vector<HostTensor>> CheckpointVault::Impl::Restore(int64_t step,
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     out[i].info = Info(m.tensors[i]);
     // nbytes was checked against shape and dtype, not against this machine's memory.
+    LF_RETURN_IF_ERROR(internal::CheckHostBytes(
+        m.tensors[i].nbytes,
+        "restore checkpoint " + std::to_string(step) + ": tensor '" + m.tensors[i].name + "'"));
     try {
       out[i].data.resize(static_cast<size_t>(m.tensors[i].nbytes));
     } catch (const std::bad_alloc&) {

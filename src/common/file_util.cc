@@ -1,14 +1,20 @@
 #include "common/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "loongforge/logging.h"
 
 namespace loongforge {
 namespace internal {
@@ -126,15 +132,61 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string HostName() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof(h) - 1) != 0 || h[0] == '\0') return "unknown";
+  return h;
+}
+
+bool OwnerIsGone(std::string_view owner) {
+  const size_t at = owner.find('@');
+  if (at == 0 || at == std::string_view::npos || at > 9) return false;
+  const std::string_view pid_s = owner.substr(0, at);
+  if (pid_s.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  if (owner.substr(at + 1) != HostName()) return false;
+  const pid_t pid = static_cast<pid_t>(std::strtol(std::string(pid_s).c_str(), nullptr, 10));
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+namespace {
+
+// Removes the regular files "<stem><pid>@<host>.XXXXXX" in `dir` whose owner is gone
+// (OwnerIsGone): what a killed writer of the same target left.
+void RemoveStaleTempFiles(const std::string& dir, const std::string& stem) {
+  DIR* d = ::opendir(dir.empty() ? "." : dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (name.size() <= stem.size() + 7 || name.compare(0, stem.size(), stem) != 0) continue;
+    const std::string_view owner = name.substr(stem.size(), name.size() - stem.size() - 7);
+    if (name[name.size() - 7] == '.' && OwnerIsGone(owner)) stale.emplace_back(name);
+  }
+  ::closedir(d);
+  for (const auto& n : stale) {
+    const std::string p = dir + n;
+    struct stat st;
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::unlink(p.c_str()) == 0)
+      LF_LOG(WARNING) << "removed " << p << ", left by a writer that is no longer running";
+  }
+}
+
+}  // namespace
+
 StatusOr<TempFile> TempFile::CreateNextTo(const std::string& target) {
   size_t slash = target.find_last_of('/');
   std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
   std::string prefix = slash == std::string::npos ? "" : target.substr(0, slash + 1);
   if (base.empty()) return InvalidArgumentError("no file name in output path '" + target + "'");
-  // The temporary name must fit NAME_MAX (255) for any legal target name: a long base is cut
-  // (mkostemp's random suffix keeps it unique).
-  if (base.size() > 200) base.resize(200);
-  std::string templ = prefix + "." + base + ".tmp.XXXXXX";
+  const std::string owner = std::to_string(::getpid()) + "@" + HostName();
+  // The temporary name must fit NAME_MAX for any legal target name: a long base is cut
+  // (mkostemp's random suffix keeps it unique). A host name is at most 64 bytes.
+  const size_t fixed = std::string_view(".").size() + std::string_view(".tmp.").size() +
+                       owner.size() + std::string_view(".XXXXXX").size();
+  if (base.size() + fixed > NAME_MAX) base.resize(NAME_MAX - std::min<size_t>(fixed, NAME_MAX - 1));
+  RemoveStaleTempFiles(prefix, "." + base + ".tmp.");
+  std::string templ = prefix + "." + base + ".tmp." + owner + ".XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   // mkostemp creates with O_EXCL: a planted file or symlink of the same name makes it pick

@@ -26,9 +26,12 @@ Status SyncDir(const std::string& dir);
 // dangling or not) is at `path`. Returns the file descriptor; the caller closes it.
 StatusOr<int> OpenNewFile(const std::string& path);
 
-// A new temporary file in the directory of `target`, named ".<basename>.tmp.XXXXXX" (see
-// Note [Outputs are created, never followed]). Owns its descriptor; a TempFile that was not
-// published removes its file when destroyed, so a failed write leaves nothing behind.
+// A new temporary file in the directory of `target`, named ".<basename>.tmp.<pid>@<host>.XXXXXX"
+// (see Note [Outputs are created, never followed]). Owns its descriptor; a TempFile that was not
+// published removes its file when destroyed, so a failed write leaves nothing behind. A process
+// killed before that leaves its file; the owner in the name lets the next CreateNextTo for the same
+// target remove it once that process is gone (same host, pid no longer running), so a killed
+// export costs its retry nothing. Files of live owners and of other hosts are left alone.
 class TempFile {
  public:
   static StatusOr<TempFile> CreateNextTo(const std::string& target);
@@ -84,6 +87,14 @@ Status CheckReplaceableOutput(const std::string& path, bool force);
 
 // The kind of file `mode` describes, for errors: "directory", "FIFO", "character device", ...
 const char* FileKindName(unsigned mode);
+
+// This machine's host name ("unknown" when it has none). With a pid it names the owner of a
+// staging file or directory, so that a later run can tell a dead owner's leftovers from a live one.
+std::string HostName();
+
+// Whether the staging owner "<pid>@<host>" (as written by a process of this library) is a process
+// of this host that is no longer running. False for a live or unknown owner, or another host.
+bool OwnerIsGone(std::string_view owner);
 
 // The directory part of `path` ("." when it has none).
 std::string DirName(const std::string& path);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -72,6 +73,49 @@ TEST(FileUtil, DiscardedTempFileLeavesNothing) {
   }
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
   std::filesystem::remove_all(dir);
+}
+
+// Guards the owner in temp names: what a killed writer left next to the target is removed by the
+// next writer of that target; a live owner's file, another host's and other names stay.
+TEST(FileUtil, TempFileOfGoneOwnerIsRemovedOnNextCreate) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir() + "/lf_file_util_stale_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  ASSERT_TRUE(fs::create_directories(dir));
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // `child` is now a pid no process has
+  const std::string host = internal::HostName();
+  const std::string gone = dir + "/.out.bin.tmp." + std::to_string(child) + "@" + host + ".aB3dE9";
+  const std::string live =
+      dir + "/.out.bin.tmp." + std::to_string(::getpid()) + "@" + host + ".xY7zQ1";
+  const std::string other_host =
+      dir + "/.out.bin.tmp." + std::to_string(child) + "@not-" + host + ".kL0mN2";
+  const std::string other_target =
+      dir + "/.other.bin.tmp." + std::to_string(child) + "@" + host + ".pQ4rS5";
+  for (const auto& p : {gone, live, other_host, other_target}) std::ofstream(p) << "partial";
+  EXPECT_TRUE(internal::OwnerIsGone(std::to_string(child) + "@" + host));
+  EXPECT_FALSE(internal::OwnerIsGone(std::to_string(::getpid()) + "@" + host));
+  {
+    auto t = internal::TempFile::CreateNextTo(dir + "/out.bin");
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_NE(t->path().find(std::to_string(::getpid()) + "@" + host), std::string::npos)
+        << t->path();
+  }
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other_host));
+  EXPECT_TRUE(fs::exists(other_target));
+  fs::remove_all(dir);
+}
+
+// Guards NAME_MAX: the temp name of a target with a 255-byte name still fits.
+TEST(FileUtil, TempFileOfLongestNameFits) {
+  const std::string dir = testing::TempDir();
+  auto t = internal::TempFile::CreateNextTo(dir + "/" + std::string(255, 'n'));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_LE(t->path().size() - t->path().find_last_of('/') - 1, 255u) << t->path();
 }
 
 // A FIFO nobody writes to must be refused at open, not block the reader forever; a directory

@@ -5,16 +5,20 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <string>
+
+#include "common/env_knobs.h"
 
 namespace loongforge {
 namespace {
 
+// A level outside the knob's choices is warned about (by EnvString, on stderr: logging cannot log
+// its own configuration) and gives INFO.
 LogLevel LevelFromEnv() {
-  const char* v = std::getenv("LOONGFORGE_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::kInfo;
-  if (!strcasecmp(v, "DEBUG")) return LogLevel::kDebug;
-  if (!strcasecmp(v, "WARNING") || !strcasecmp(v, "WARN")) return LogLevel::kWarning;
-  if (!strcasecmp(v, "ERROR")) return LogLevel::kError;
+  const std::string v = EnvString("LOONGFORGE_LOG_LEVEL");
+  if (v == "DEBUG") return LogLevel::kDebug;
+  if (v == "WARNING" || v == "WARN") return LogLevel::kWarning;
+  if (v == "ERROR") return LogLevel::kError;
   return LogLevel::kInfo;
 }
 

@@ -378,8 +378,11 @@ TEST(VideoReader, NonRegularFileIsRefused) {
   fs::create_directories(dir + "/dir.mp4");
   const std::string fifo = dir + "/fifo.mp4";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const auto& [path, kind] :
+  // Plain names, not a structured binding: C++17 does not let a lambda capture those.
+  for (const auto& pk :
        {std::pair<std::string, std::string>{fifo, "FIFO"}, {dir + "/dir.mp4", "directory"}}) {
+    const std::string& path = pk.first;
+    const std::string& kind = pk.second;
     EXPECT_TRUE(ReturnsInTime(
         [&] {
           auto r = VideoReader::Open(path);

@@ -1104,7 +1104,7 @@ void FreeAll(MemAllocator* a, std::vector<void*>* ptrs) {
   ptrs->clear();
 }
 
-// Guards issue 16 (out of memory inside a planned step): the error names the step's signature,
+// Guards out of memory inside a planned step: the error names the step's signature,
 // the bytes asked for, that the step was planned and diverged, and what the backend had free;
 // the step is abandoned, a smaller step then runs, the plans stay intact and no byte leaks.
 TEST(MemAllocator, OutOfMemoryInPlannedStepNamesStepAndBytes) {
@@ -1157,7 +1157,7 @@ TEST(MemAllocator, OutOfMemoryInPlannedStepNamesStepAndBytes) {
   EXPECT_EQ(a->Stats().reserved_bytes, 0);
 }
 
-// Guards issue 16 (out of memory in an unplanned step): a first-sight step cut short by the
+// Guards out of memory in an unplanned step: a first-sight step cut short by the
 // failure is not planned, and a recording keeps only whole steps, so the next plans are sound.
 TEST(MemAllocator, OutOfMemoryInUnplannedStepIsNeitherPlannedNorRecorded) {
   auto a = MakeAllocator(16 * kMiB, kMiB);
@@ -1210,8 +1210,8 @@ TEST(MemAllocator, OutOfMemoryInUnplannedStepIsNeitherPlannedNorRecorded) {
   EXPECT_EQ(s.num_allocs, s.num_frees);
 }
 
-// Guards issue 16: a planned step whose arena cannot be reserved fails at BeginStep with the
-// step's signature and the arena's bytes, and a smaller step then runs.
+// Guards a failed arena reservation: a planned step whose arena cannot be reserved fails at
+// BeginStep with the step's signature and the arena's bytes, and a smaller step then runs.
 TEST(MemAllocator, ArenaReservationFailureNamesStep) {
   auto big = MakeAllocator(64 * kMiB, kMiB);
   big->StartRecording();
@@ -1238,7 +1238,7 @@ TEST(MemAllocator, ArenaReservationFailureNamesStep) {
   EXPECT_EQ(a->Stats().allocated_bytes, 0);
 }
 
-// Guards issue 16 (clean shutdown): with nothing live, Close returns every byte (pools and arena)
+// Guards clean shutdown: with nothing live, Close returns every byte (pools and arena)
 // without a leak report, and the allocator still serves afterwards.
 TEST(MemAllocator, CloseWithNothingLiveReleasesEverything) {
   auto a = MakeAllocator(64 * kMiB, 2 * kMiB);
@@ -1259,7 +1259,7 @@ TEST(MemAllocator, CloseWithNothingLiveReleasesEverything) {
   ASSERT_TRUE(a->Free(*p, 0).ok());
 }
 
-// Guards issue 16 (clean shutdown): a tensor the caller still holds at Close is reported as a
+// Guards clean shutdown: a tensor the caller still holds at Close is reported as a
 // leak (FailedPrecondition naming it), stays valid, and can still be freed; then Close is clean.
 TEST(MemAllocator, CloseReportsWhatTheCallerStillHolds) {
   auto a = MakeAllocator(64 * kMiB, 2 * kMiB);

@@ -143,7 +143,7 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
   EXPECT_TRUE(threw);
 }
 
-// Guards issue 16 on the device: an out-of-memory inside a step throws with the step's signature
+// Guards OOM on the device: an out-of-memory inside a step throws with the step's signature
 // and the bytes asked for, the step is abandoned (lf_end_step says so), a smaller step follows,
 // and lf_close returns every byte, reporting a leak only while an allocation is still held.
 TEST(MemCuda, OutOfMemoryInStepThenClose) {
@@ -194,7 +194,7 @@ TEST(MemCuda, ExitWithLiveAllocationChild) {
   std::printf("child holds a live allocation at exit\n");
 }
 
-// Guards issue 16 (clean shutdown): a process that exits with allocations still live (tensors
+// Guards clean shutdown: a process that exits with allocations still live (tensors
 // that live to the end) logs no live-allocation warning: the allocator state is never destroyed
 // (Note [Process-lifetime state] in torch_allocator.cc).
 TEST(MemCuda, NormalExitWithLiveAllocationIsQuiet) {

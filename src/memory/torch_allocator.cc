@@ -43,6 +43,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "common/env_knobs.h"
 #include "loongforge/logging.h"
 #include "loongforge/memory.h"
 
@@ -97,16 +98,29 @@ std::string LastError() {
   return st.last_error;
 }
 
-size_t EnvMiB(const char* name, size_t def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  return static_cast<size_t>(std::strtoull(v, nullptr, 10)) << 20;
-}
+// The allocator's knobs (src/common/env_knobs.cc declares their ranges: a size in MiB that fits
+// 64 bits of bytes, a non-negative count). A bad value fails the device's initialization with the
+// variable named, rather than running with a limit nobody asked for.
+struct AllocKnobs {
+  size_t limit_bytes = 0;
+  MemAllocator::Options options;
+};
 
-size_t EnvCount(const char* name, size_t def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  return static_cast<size_t>(std::strtoull(v, nullptr, 10));
+StatusOr<AllocKnobs> ReadAllocKnobs() {
+  AllocKnobs k;
+  StatusOr<int64_t> limit = ParseEnvInt("LOONGFORGE_MEM_LIMIT_MB");
+  if (!limit.ok()) return limit.status();
+  StatusOr<int64_t> segment = ParseEnvInt("LOONGFORGE_MEM_SEGMENT_MB");
+  if (!segment.ok()) return segment.status();
+  StatusOr<int64_t> plans = ParseEnvInt("LOONGFORGE_MEM_MAX_PLANS");
+  if (!plans.ok()) return plans.status();
+  StatusOr<bool> unseen = ParseEnvBool("LOONGFORGE_MEM_PLAN_UNSEEN");
+  if (!unseen.ok()) return unseen.status();
+  k.limit_bytes = static_cast<size_t>(*limit) << 20;
+  k.options.segment_bytes = static_cast<size_t>(*segment) << 20;
+  k.options.max_plans = static_cast<size_t>(*plans);
+  k.options.plan_unseen_signatures = *unseen;
+  return k;
 }
 
 MemAllocator* Get(int device) {
@@ -116,7 +130,12 @@ MemAllocator* Get(int device) {
   }
   DeviceState& d = State().devices[device];
   std::call_once(d.once, [&] {
-    auto backend = CreateCudaBackend(device, EnvMiB("LOONGFORGE_MEM_LIMIT_MB", 0));
+    StatusOr<AllocKnobs> knobs = ReadAllocKnobs();
+    if (!knobs.ok()) {
+      d.init_status = knobs.status();
+      return;
+    }
+    auto backend = CreateCudaBackend(device, knobs->limit_bytes);
     if (!backend.ok()) {
       d.init_status = backend.status();
       return;
@@ -126,11 +145,8 @@ MemAllocator* Get(int device) {
       d.init_status = fence.status();
       return;
     }
-    MemAllocator::Options o;
-    o.segment_bytes = EnvMiB("LOONGFORGE_MEM_SEGMENT_MB", 32);
-    o.max_plans = EnvCount("LOONGFORGE_MEM_MAX_PLANS", o.max_plans);
-    o.plan_unseen_signatures = EnvCount("LOONGFORGE_MEM_PLAN_UNSEEN", 1) != 0;
-    d.alloc = std::make_unique<MemAllocator>(o, std::move(*backend), std::move(*fence));
+    d.alloc =
+        std::make_unique<MemAllocator>(knobs->options, std::move(*backend), std::move(*fence));
   });
   if (!d.alloc) SetError(d.init_status.ToString());
   return d.alloc.get();

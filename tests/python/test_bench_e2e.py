@@ -157,7 +157,7 @@ def _load_from(folder, name):
     return m
 
 
-# Guards issue 16's largest-batch search: for any threshold it finds the largest multiple of 8
+# Guards the largest-batch search: for any threshold it finds the largest multiple of 8
 # that fits (doubling, then bisecting), never probes a batch twice, never passes the limit, and
 # says when nothing fits or everything up to the limit does.
 def test_max_batch_search_finds_the_largest_multiple_of_step():

@@ -420,7 +420,7 @@ def test_try_save_skips_while_writer_busy_and_keeps_last_commit(tmp_path):
     v.close()
 
 
-# Guards issue 15 (trainer checkpoints on the slow path): the trainer's Checkpointer saves a CUDA
+# Guards trainer checkpoints on the slow path: the trainer's Checkpointer saves a CUDA
 # model plus AdamW state larger than one staging buffer (d2h_buffer_bytes, 64 MiB) through device
 # staging, and the saved state restores exactly.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

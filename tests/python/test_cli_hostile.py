@@ -179,3 +179,36 @@ def test_exception_at_main_is_one_line(tmp_path):
     assert 0 < r.returncode < 128, (r.returncode, r.stderr[-2000:])
     assert "terminate called" not in r.stderr, r.stderr[-2000:]
     _one_error_line(r, "loongforge bench loader: error: ")
+
+
+# Guards the retry after a killed export: the temp file the killed process was filling is removed
+# by the next export of the same output (its owner pid is gone), and that export succeeds.
+def test_killed_export_leaves_nothing_for_the_retry(tmp_path):
+    import signal
+    import time
+
+    import torch
+
+    cli = _cli()
+    vault = tmp_path / "vault"
+    with loongforge.CheckpointVault(str(vault)) as v:
+        v.save(1, {"w": torch.randn(64 << 20, generator=torch.Generator().manual_seed(0))})
+    out = tmp_path / "x.safetensors"
+    p = subprocess.Popen([cli, "ckpt", "export", str(vault), "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60  # a bound on a hung child, not a timing assertion
+        while not [f for f in tmp_path.iterdir() if f.name.startswith(".x.safetensors.tmp.")]:
+            assert p.poll() is None, "export ended before its temp file was seen"
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    left = [f.name for f in tmp_path.iterdir() if f.name.startswith(".x.safetensors.tmp.")]
+    assert len(left) == 1 and f"{p.pid}@" in left[0], left
+    r = _run("ckpt", "export", vault, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "no longer running" in r.stderr, r.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["vault", "x.safetensors"]
+    assert out.stat().st_size > (256 << 20)

@@ -141,5 +141,5 @@ def test_compiled_policy_matches_eager_with_one_graph_per_kind():
     # One graph per block kind, not one per block, and no graph breaks inside a block: siglip,
     # frozen qwen, trainable qwen twice (the first reads the frozen layers' output, which needs
     # no gradient; the next one's does), dit cross, dit self, vl self-attention and mlp1: 8 for
-    # 13 blocks and the projector (run M3 counted 8).
+    # 13 blocks and the projector.
     assert counter.frame_count == 8 < n_blocks, (counter.frame_count, n_blocks)

@@ -205,7 +205,7 @@ def test_capture_replay_matches_eager():
     assert st["captures"] == 1 and st["replays"] == 3 and not st["capture_failures"], st
 
 
-# Guards "no allocation during replay" (issue 9): once a bucket is captured, a microbatch of it
+# Guards "no allocation during replay": once a bucket is captured, a microbatch of it
 # (copy into the static inputs, noise drawn into static buffers, replay) allocates nothing from
 # torch's caching allocator, the batch being already at the bucket's length.
 @needs_cuda
@@ -326,7 +326,7 @@ def test_fused_step_skips_nonfinite_gradients():
     assert all(torch.isfinite(p).all() for p in params)
 
 
-# ---- captures in MemSculptor's graph pool (issue 16) ---------------------------------------------
+# ---- captures in MemSculptor's graph pool ------------------------------------------------------
 
 
 def _memsculptor_graph_pool():
@@ -354,7 +354,7 @@ def _graphed_run(batches, seed, mem_pool=None, buckets=(8,)):
     return out, step
 
 
-# Guards issue 16, item 1: replays captured into MemSculptor's graph pool give the same loss and
+# Guards: replays captured into MemSculptor's graph pool give the same loss and
 # gradients, bit for bit, as replays in torch's own graph pool; the segments came from MemSculptor
 # and go back to it once the graphs are destroyed.
 @needs_cuda
@@ -390,7 +390,7 @@ def _assert_runs_match(got, ref):
             assert torch.allclose(grads[n], g, rtol=1e-4, atol=1e-6), (i, n)
 
 
-# Guards issue 16 and Note [Later buckets]: two bucket graphs sharing MemSculptor's pool, replayed
+# Guards Note [Later buckets]: two bucket graphs sharing MemSculptor's pool, replayed
 # back to back, each give the eager loss and gradients of their own batch on the same draws
 # (neither overwrites the other's buffers while it runs). "alternate": each bucket gets its
 # warm-up microbatch before any capture; "later": the long bucket first appears after the short one
@@ -597,7 +597,7 @@ print("ok")
 # Guards a failed capture's fallback (in a fresh process: on torch 2.11 a failed capture leaves the
 # default CUDA generator unusable): the microbatch runs eager with the numbers drawn for it, the
 # same loss as an eager run, and the failed capture's tensors are freed before it, not held by
-# the exception's frames (run K: under a memory cap that made the fallback run out too).
+# the exception's frames (seen under a memory cap that made the fallback run out too).
 @needs_cuda
 def test_failed_capture_falls_back_to_eager_and_frees_its_tensors():
     here = os.path.dirname(os.path.abspath(__file__))

@@ -466,7 +466,7 @@ _OOM_TEXT = ("CUDA out of memory (MemSculptor, cuda:0): out of memory in step 'b
              "(13.0 MiB) requested")
 
 
-# Guards issue 16: lf_alloc's exhaustion reaches Python from torch as a plain RuntimeError; inside
+# Guards OOM: lf_alloc's exhaustion reaches Python from torch as a plain RuntimeError; inside
 # step() it becomes torch.cuda.OutOfMemoryError with the same text (signature, bytes), the step is
 # abandoned rather than ended (so it is neither planned nor recorded), and the next step runs.
 def test_step_out_of_memory_abandons_and_raises_oom_error():

@@ -230,7 +230,7 @@ def test_safetensors_round_trip_and_key_report(tmp_path):
     assert os.path.getsize(path) > 4 * sum(p.numel() for p in src.parameters()) * 0.9
 
 
-# Guards: the text bound the trainer cuts to (issue 21, defect 8) cannot be configured away:
+# Guards: the text bound the trainer cuts to cannot be configured away:
 # a zero or negative max_text_tokens (or vocab_size) is refused with the field named.
 def test_config_refuses_nonpositive_text_bounds():
     assert get_config("tiny").max_text_tokens > 0

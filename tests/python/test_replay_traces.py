@@ -105,7 +105,7 @@ def test_real_moe_plan_within_5pct():
     assert max(s["peak_bytes"] for s in sigs) >= plan["lower_bound_bytes"]
 
 
-# Guards the planned replay on real data (issue 4's 3% target): every step stays on a plan of
+# Guards the planned replay on real data (fragmentation within 3%): every step stays on a plan of
 # its signature (Note [Sibling plans]: the T4352/T3264 steps that insert a GEMM workspace have
 # plans of their own, chosen at the first slot where the plans part), and the tensors that
 # outlive each step sit in the arena's two carry zones (Note [Carry zones]) instead of pool

@@ -1,4 +1,4 @@
-"""bench/moe/topk_vs_dense.py (issue 18's top-k vs dense comparison on tiny-moe): the --init-steps
+"""bench/moe/topk_vs_dense.py (the top-k vs dense comparison on tiny-moe): the --init-steps
 start and the summary, on 2 CPU processes with a few steps (the measured runs are in
 docs/BENCHMARKS.md)."""
 import argparse

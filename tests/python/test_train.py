@@ -331,7 +331,7 @@ def test_gpu_resume_continues_loss_curve(train_db, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Hardening (issue 21, defects 7 and 8): no flag silently does nothing, no bad value ends in a
+# Hardening: no flag silently does nothing, no bad value ends in a
 # traceback, and nothing the model cannot take reaches it.
 
 
@@ -502,7 +502,7 @@ def test_text_longer_than_schema_is_cut_by_the_guard():
     assert len(warned) == 1
 
 
-# Guards issue 15 (--ckpt-when-busy): every requested save is either committed or skipped and
+# Guards --ckpt-when-busy: every requested save is either committed or skipped and
 # logged, never lost from the count; wait mode skips none; each committed save reports its bytes
 # written and durable time in the summary and in a metrics row.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
@@ -533,8 +533,8 @@ def test_ckpt_when_busy_accounts_every_save(train_db, tmp_path, when):
     assert set(committed_in_rows) <= set(v.steps())
 
 
-# Guards issue 15: a trainer killed (SIGKILL) while the background writer is writing resumes
-# from the newest committed checkpoint and trains on from there.
+# Guards resuming after a kill: a trainer killed (SIGKILL) while the background writer is writing
+# resumes from the newest committed checkpoint and trains on from there.
 @pytest.mark.skipif(not has_datafusion(), reason="loongforge.data not in this build yet")
 def test_kill_during_background_write_resumes_from_last_commit(train_db, tmp_path):
     import signal

@@ -190,12 +190,12 @@ def test_bench_e2e_profile_passthrough(train_db, tmp_path):
     r = subprocess.run([sys.executable, os.path.join(repo, "bench", "e2e", "run.py"),
                         "--db", train_db, "--config", "tiny", "--image-size", "28",
                         "--batches", "4", "--steps", "4", "--warmup", "1", "--ckpt-every", "0",
-                        "--workers", "0", "--loader-threads", "1", "--modes", "baseline",
+                        "--workers", "0", "--loader-threads", "1", "--modes", "lerobot",
                         "--profile-modules", "2",
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     line = [x for x in r.stdout.splitlines() if "profile of 2 steps" in x]
-    assert len(line) == 1 and line[0].startswith("baseline")
+    assert len(line) == 1 and line[0].startswith("lerobot")
     assert all(f" {p} " in line[0] for p in MODULE_PARTS)
     res = json.load(open(out / "results.json"))
-    assert set(res["module_breakdown"]["4"]["baseline"]["parts"]) == set(MODULE_PARTS) | {"other"}
+    assert set(res["module_breakdown"]["4"]["lerobot"]["parts"]) == set(MODULE_PARTS) | {"other"}

@@ -1,5 +1,5 @@
 """The trainer's clean shutdown: when MemSculptor closes at the end of ``train.run``, nothing of
-the run (model parameters, optimizer state) is still alive (issue 16, item 5: "MemSculptor on
+the run (model parameters, optimizer state) is still alive (otherwise: "MemSculptor on
 cuda:0 closed with 379 live allocations (11.8 GiB) still held by the caller")."""
 from __future__ import annotations
 

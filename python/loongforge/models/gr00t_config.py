@@ -36,7 +36,7 @@ class Gr00tConfig:
     qk_norm: bool = True
     rms_eps: float = 1e-6
     # Longest instruction the trainer feeds (text tokens per sample; longer text is cut, with a
-    # warning): bounds activation memory whatever the dataset holds (issue 21, defect 8).
+    # warning): bounds activation memory whatever the dataset holds.
     max_text_tokens: int = 512
     # Action head.
     vl_self_attn_layers: int = 4

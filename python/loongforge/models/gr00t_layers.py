@@ -96,9 +96,9 @@ def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
 def shared_autocast_input(x: torch.Tensor, *consumers: nn.Module) -> torch.Tensor:
     """x cast once to autocast's dtype for sibling ``nn.Linear`` layers that read it (q, k and v;
     gate and up). Under autocast each of them would cast the fp32 input itself, the same
-    rounding every time, so one cast gives the same bits and saves the others (run J4: copies
-    and casts were 17% of n16's kernel time). Only where that holds exactly: x does not require
-    grad (the frozen layers: no backward through the cast, whose gradient sums would round
+    rounding every time, so one cast gives the same bits and saves the others (measured on an H200:
+    copies and casts were 17% of n16's kernel time). Only where that holds exactly: x does not
+    require grad (the frozen layers: no backward through the cast, whose gradient sums would round
     otherwise), x is fp32, autocast is on, and every consumer is a plain ``nn.Linear`` (an
     Fp8Linear quantizes the fp32 input itself). Otherwise x as it is."""
     if not _share_casts or x.requires_grad or x.dtype != torch.float32 or _compiling():
@@ -115,7 +115,7 @@ def shared_autocast_input(x: torch.Tensor, *consumers: nn.Module) -> torch.Tenso
 # Note [Recomputed norms]. An RMSNorm written as torch ops (x * rsqrt(mean(x^2) + eps), then
 # times its weight) leaves autograd holding its fp32 normalized output for the weight's gradient,
 # and for q_norm / k_norm an fp32 copy of their bf16 input too: n16 keeps about 5 MB a sample in
-# each trainable LLM layer that nothing but these norms needs (issue 16: at batch 72, 1.4 GiB of a
+# each trainable LLM layer that nothing but these norms needs (measured at batch 72: 1.4 GiB of a
 # step that misses a 40 GiB cap). With the switch on, a norm whose output needs a gradient runs
 # under non-reentrant checkpointing: autograd keeps only its input (the residual stream, which
 # the norm's own backward keeps anyway, or the bf16 q and k) and backward recomputes the norm from
