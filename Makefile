@@ -11,11 +11,12 @@ APT_PKGS  := build-essential cmake git pkg-config liblmdb-dev lmdb-utils libturb
              python3-numpy python3-torch python3-torchvision python3-pil python3-pytest \
              libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev \
              python3-lmdb python3-matplotlib libopenblas0-openmp libsnappy-dev zlib1g-dev \
-             libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
+             libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg \
+             python3-pip python3-venv
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONPATH := $(CURDIR)/python:$(PYTHONPATH)
 
-.PHONY: all deps configure build test test-cpp test-python demo bench-loader format clean
+.PHONY: all deps configure build test test-cpp test-python demo bench-loader wheel format clean
 
 all: build
 
@@ -52,6 +53,10 @@ demo: build
 
 bench-loader: build
 	$(PY) bench/loader/run.py --cli $(BUILD)/loongforge
+
+# dist/loongforge-*.whl for $(PY), packed from this build (tools/pep517; nothing from any index).
+wheel: build
+	LOONGFORGE_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pip wheel --no-index --no-deps -w dist .
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu' '*.cuh')

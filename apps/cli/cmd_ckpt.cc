@@ -20,11 +20,13 @@ using ckpt::CheckpointVault;
 
 // The options of every ckpt subcommand; each subcommand declares the ones it reads.
 struct Args {
-  std::optional<std::string> step;  // --step (default: latest), parsed by PickStep
-  std::string out;                  // --out
-  bool all = false;                 // verify --all
-  bool dry_run = false;             // gc --dry-run
-  bool force = false;               // restore / export --force
+  std::optional<std::string> step;      // --step (default: latest), parsed by PickStep
+  std::string out;                      // --out
+  bool all = false;                     // verify --all
+  bool dry_run = false;                 // gc --dry-run
+  bool force = false;                   // restore / export --force
+  bool model_only = false;              // export --model-only
+  std::string strip_prefix = "model/";  // export --strip-prefix (with --model-only)
 };
 
 std::string Human(int64_t b) {
@@ -134,7 +136,11 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
     ProgressBar bar(sub + " " + std::to_string(step), total);
     const ckpt::ProgressFn progress = AdvanceBar(bar);
     if (sub == "export") {
-      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, a.force, progress));
+      ckpt::ExportOptions eo;
+      eo.replace = a.force;
+      eo.model_only = a.model_only;
+      eo.strip_prefix = a.strip_prefix;
+      LF_RETURN_IF_ERROR(v->ExportSafetensors(step, a.out, eo, progress));
       bar.Finish();
       std::printf("wrote %s\n", a.out.c_str());
       return Status::Ok();
@@ -208,6 +214,13 @@ void AddCkpt(CLI::App& root) {
     if (name == "export") {
       app->add_option("--out", a->out, "output .safetensors file (new)")->required();
       app->add_flag("--force", a->force, "replace an existing regular file at --out");
+      CLI::Option* model_only = app->add_flag("--model-only", a->model_only,
+                                              "only the model's tensors, named as in its "
+                                              "state_dict() (load_state_dict takes the file)");
+      app->add_option("--strip-prefix", a->strip_prefix,
+                      "with --model-only: the key path prefix that selects the model's tensors "
+                      "and is removed from their names (default 'model/')")
+          ->needs(model_only);
     }
     if (name == "verify") app->add_flag("--all", a->all, "verify every checkpoint");
     if (name == "gc") app->add_flag("--dry-run", a->dry_run, "only report");

@@ -224,6 +224,21 @@ struct GcStats {
 
 using ProgressFn = std::function<void(int64_t bytes_done)>;
 
+// Options of CheckpointVault::ExportSafetensors.
+struct ExportOptions {
+  // Replace an existing regular file at the output path.
+  bool replace = false;
+  // Write only the tensors whose key path in the saved structure starts with `strip_prefix`,
+  // named by the rest of the path, and nothing else (no optimizer state, no structure chunk, no
+  // LoongForge metadata), so that model.load_state_dict() takes the file's tensors directly.
+  // Key paths are those of loongforge.ckpt's structure chunk ("model/" + the state-dict key for
+  // {"model": model.state_dict(), ...}); tensors sharing storage (tied weights) are written
+  // each as a tensor of its own. A vault without that chunk (saved from C++) matches tensor names.
+  // A prefix that matches no tensor is InvalidArgument naming it.
+  bool model_only = false;
+  std::string strip_prefix = "model/";
+};
+
 class CheckpointVault {
  public:
   // Opens (creating if needed, unless read_only) the vault in `dir`. A writable vault takes an
@@ -292,6 +307,9 @@ class CheckpointVault {
   // is given (AlreadyExists otherwise); a directory, device, FIFO or symlink at `path` is
   // refused (InvalidArgument), never written through.
   Status ExportSafetensors(int64_t step, const std::string& path, bool replace = false,
+                           const ProgressFn& progress = {}) const;
+  // The same with ExportOptions: `model_only` writes a plain state dict (see ExportOptions).
+  Status ExportSafetensors(int64_t step, const std::string& path, const ExportOptions& opts,
                            const ProgressFn& progress = {}) const;
   // Writes every tensor of `step` as OUT/<i>.bin (raw bytes) plus OUT/tensors.json (name, dtype,
   // shape, file of each). OUT is created if missing; an existing non-empty OUT is AlreadyExists

@@ -182,10 +182,17 @@ void BindCkpt(py::module_& m) {
           "Restores into (name, tensor) pairs: contiguous, writable, of the stored size.")
       .def("verify", [](const CheckpointVault& v,
                         int64_t step) { ThrowIfErrorWithoutGil([&] { return v.Verify(step); }); })
-      .def("export_safetensors",
-           [](const CheckpointVault& v, int64_t step, const std::string& path) {
-             ThrowIfErrorWithoutGil([&] { return v.ExportSafetensors(step, path); });
-           })
+      .def(
+          "export_safetensors",
+          [](const CheckpointVault& v, int64_t step, const std::string& path, bool model_only,
+             const std::string& strip_prefix) {
+            ckpt::ExportOptions o;
+            o.model_only = model_only;
+            o.strip_prefix = strip_prefix;
+            ThrowIfErrorWithoutGil([&] { return v.ExportSafetensors(step, path, o); });
+          },
+          py::arg("step"), py::arg("path"), py::arg("model_only") = false,
+          py::arg("strip_prefix") = "model/")
       .def("merge", [](CheckpointVault& v,
                        int64_t step) { ThrowIfErrorWithoutGil([&] { return v.Merge(step); }); })
       .def(

@@ -485,8 +485,24 @@ class CheckpointVault:
     def gc(self, dry_run: bool = False) -> Dict[str, int]:
         return dict(self._v.gc(dry_run))
 
-    def export_safetensors(self, step: int, path: str) -> None:
-        self._v.export_safetensors(_as_step(step), str(path))
+    def export_safetensors(self, step: int, path: str, model_only: bool = False,
+                           strip_prefix: Optional[str] = None) -> None:
+        """Writes checkpoint `step` as one .safetensors file at `path` (a new file).
+
+        By default every tensor is written under its chunk name (``model/...``, ``optimizer/...``)
+        with the structure chunk, so nothing is lost. With ``model_only=True`` only the tensors
+        whose key path starts with `strip_prefix` (default ``"model/"``, the key the trainer saves
+        ``model.state_dict()`` under) are written, named by the rest of the path: the file is a
+        plain state dict for ``model.load_state_dict()``. A prefix matching no tensor raises
+        ValueError naming it and the checkpoint's top-level keys."""
+        if strip_prefix is not None and not model_only:
+            raise ValueError("export_safetensors: strip_prefix selects the model's tensors and is "
+                             "read only with model_only=True")
+        if strip_prefix is not None and not isinstance(strip_prefix, str):
+            raise TypeError(f"export_safetensors: strip_prefix must be a str, got "
+                            f"{type(strip_prefix).__name__}")
+        self._v.export_safetensors(_as_step(step), str(path), model_only=bool(model_only),
+                                   strip_prefix="model/" if strip_prefix is None else strip_prefix)
 
     def stats(self) -> Dict[str, Any]:
         """Figures of the last save: blocking_s (wait_s of it: back-pressure), bytes_total,

@@ -7,10 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/names.h"
 #include "ckpt/vault_impl.h"
@@ -26,21 +30,278 @@ using internal::ChunkWhat;
 using internal::HashKey;
 using internal::Manifest;
 
-Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path, bool replace,
+namespace {
+// The chunk and format line of loongforge.ckpt's structure (Note [The checkpoint structure] in
+// python/loongforge/ckpt.py): the only reader of it here is the model-only export.
+constexpr char kStructureChunk[] = "__loongforge_meta__";
+constexpr char kStructureFormat[] = "loongforge.ckpt.structure/1\n";
+constexpr int kMaxStructureDepth = 512;
+
+// One tensor of an export: the whole of manifest tensor `src`, or (a view of shared storage) the
+// elements of `src` at `offset` + sum(index[i] * stride[i]) for an index within `shape`.
+struct ExportEntry {
+  std::string name;
+  const internal::TensorRec* src = nullptr;
+  bool view = false;
+  std::vector<int64_t> shape, stride;
+  int64_t offset = 0;
+  int64_t nbytes = 0;
+};
+
+// Python writes float("nan") and float("inf") as the bare tokens NaN / Infinity (json.dumps with
+// allow_nan), which are not JSON: they become null outside strings. Only tensors are read from
+// the structure, never those numbers.
+std::string NanTokensToNull(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  bool str = false;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (str) {
+      out.push_back(c);
+      if (c == '\\' && i + 1 < in.size())
+        out.push_back(in[++i]);
+      else if (c == '"')
+        str = false;
+      continue;
+    }
+    if (c == '"') {
+      str = true;
+    } else if (in.compare(i, 3, "NaN") == 0) {
+      out += "null";
+      i += 2;
+      continue;
+    } else if (in.compare(i, 9, "-Infinity") == 0 || in.compare(i, 8, "Infinity") == 0) {
+      out += "null";
+      i += in[i] == '-' ? 8 : 7;
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Collects the tensors of a structure node into `out` as (key path, node), with the key paths
+// loongforge.ckpt's encoder gives them. Returns an error message, empty when the node is sound.
+std::string CollectLeaves(const nlohmann::json& node, const std::string& path, int depth,
+                          std::vector<std::pair<std::string, const nlohmann::json*>>& out) {
+  if (depth > kMaxStructureDepth) return "nested deeper than " + std::to_string(kMaxStructureDepth);
+  if (!node.is_object()) return {};  // a literal: None, bool, number, string
+  const std::string where = path.empty() ? "<root>" : path;
+  if (node.size() != 1 && !node.contains("tensor") && !node.contains("view") &&
+      !node.contains("ndarray"))
+    return where + ": not a structure node";
+  if (node.contains("tensor") || node.contains("view") || node.contains("ndarray")) {
+    out.emplace_back(path, &node);
+    return {};
+  }
+  const std::string tag = node.begin().key();
+  const nlohmann::json& v = node.begin().value();
+  if (tag == "dict" || tag == "odict") {
+    if (!v.is_array()) return where + ": '" + tag + "' is not a list";
+    for (const auto& kv : v) {
+      if (!kv.is_array() || kv.size() != 2 || !(kv[0].is_string() || kv[0].is_number_integer()))
+        return where + ": a dict item is not [str or int key, node]";
+      const std::string k =
+          kv[0].is_string() ? kv[0].get<std::string>() : std::to_string(kv[0].get<int64_t>());
+      std::string e = CollectLeaves(kv[1], path.empty() ? k : path + "/" + k, depth + 1, out);
+      if (!e.empty()) return e;
+    }
+    return {};
+  }
+  if (tag == "list" || tag == "tuple") {
+    if (!v.is_array()) return where + ": '" + tag + "' is not a list";
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::string e = CollectLeaves(v[i], path + "/" + std::to_string(i), depth + 1, out);
+      if (!e.empty()) return e;
+    }
+    return {};
+  }
+  if (tag == "bytes") return {};
+  return where + ": unknown structure node '" + tag + "'";
+}
+
+// Reads int64 list `key` of a view node (each >= 0).
+bool IntList(const nlohmann::json& node, const char* key, std::vector<int64_t>& out) {
+  if (!node.contains(key) || !node[key].is_array()) return false;
+  out.clear();
+  for (const auto& x : node[key]) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0) return false;
+    out.push_back(x.get<int64_t>());
+  }
+  return true;
+}
+
+// Copies the elements of `e` (a view) out of its whole storage `base` into `dst`, row-major: a
+// row at a time where the last dimension is contiguous (the common case: a tied weight is the
+// whole storage), element by element otherwise (a transposed view).
+void GatherView(const ExportEntry& e, const uint8_t* base, int esize, uint8_t* dst) {
+  const size_t nd = e.shape.size();
+  int64_t numel = 1;
+  for (int64_t d : e.shape) numel *= d;
+  if (numel == 0) return;
+  const bool rows = nd > 0 && (e.stride[nd - 1] == 1 || e.shape[nd - 1] == 1);
+  const size_t outer = rows ? nd - 1 : nd;  // dimensions walked one index at a time
+  const int64_t run = rows ? e.shape[nd - 1] : 1;
+  std::vector<int64_t> idx(outer, 0);
+  for (int64_t n = 0; n < numel; n += run) {
+    int64_t at = e.offset;
+    for (size_t d = 0; d < outer; ++d) at += idx[d] * e.stride[d];
+    std::memcpy(dst + n * esize, base + at * esize, static_cast<size_t>(run * esize));
+    for (size_t d = outer; d-- > 0;) {
+      if (++idx[d] < e.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+// Note [Model-only export]
+// A vault saved by loongforge.ckpt holds each tensor as a chunk named by its key path
+// ("model/encoder.weight"), plus the structure chunk that says where each one sits; tensors
+// sharing storage (tied weights) are one chunk of the whole storage and a view node per tensor,
+// and a name taken twice gets "#1". So the model's tensors are found through the structure, not by
+// chunk name: every tensor or view node whose key path starts with the prefix, named by the rest
+// of the path, a view's elements gathered into a tensor of its own (safetensors has no aliasing).
+// The structure is parsed as data (JSON); it names chunks, all of which must be in the manifest.
+Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string& path,
+                                                const ExportOptions& opts,
                                                 const ProgressFn& progress) const {
   const std::string ctx = "export checkpoint " + std::to_string(step) + " to " + path;
   // Checked first (and again by rename's target being a file we just made): a device or FIFO at
   // `path` is never replaced, an existing file only when asked to.
-  LF_RETURN_IF_ERROR_CTX(loongforge::internal::CheckReplaceableOutput(path, replace), ctx);
+  LF_RETURN_IF_ERROR_CTX(loongforge::internal::CheckReplaceableOutput(path, opts.replace), ctx);
   LF_ASSIGN_OR_RETURN(Manifest m, LoadManifest(step));
+  ChunkDecoder dec(seg_dir_);
+  // Decodes every chunk of `t` into `dst` (t.nbytes bytes).
+  auto decode_all = [&](const internal::TensorRec& t, uint8_t* dst) -> Status {
+    for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
+      const ChunkRec& c = t.chunks[ci];
+      LF_RETURN_IF_ERROR(dec.Decode(c, dst, ChunkWhat(step, t.name, ci, c.loc)));
+      dst += c.raw;
+    }
+    return Status::Ok();
+  };
+  std::vector<ExportEntry> entries;
+  if (!opts.model_only) {
+    for (const auto& t : m.tensors) {
+      ExportEntry e;
+      e.name = t.name;
+      e.src = &t;
+      e.nbytes = t.nbytes;
+      entries.push_back(std::move(e));
+    }
+  } else {
+    std::map<std::string, const internal::TensorRec*> by_name;
+    for (const auto& t : m.tensors) by_name[t.name] = &t;
+    const std::string what = "checkpoint " + std::to_string(step) + " in " + dir_;
+    std::vector<std::pair<std::string, const nlohmann::json*>> leaves;
+    std::vector<std::string> roots;  // first key path components, for the error of a bad prefix
+    nlohmann::json doc;
+    auto meta = by_name.find(kStructureChunk);
+    if (meta != by_name.end()) {
+      std::string raw;
+      try {  // nbytes was checked against shape and dtype, not against this machine's memory
+        raw.resize(static_cast<size_t>(meta->second->nbytes));
+      } catch (const std::bad_alloc&) {
+        return ResourceExhaustedError(ctx + ": cannot allocate " +
+                                      std::to_string(meta->second->nbytes) + " bytes for " +
+                                      kStructureChunk);
+      }
+      LF_RETURN_IF_ERROR_CTX(decode_all(*meta->second, reinterpret_cast<uint8_t*>(raw.data())),
+                             ctx);
+      const size_t fl = sizeof(kStructureFormat) - 1;
+      if (raw.compare(0, fl, kStructureFormat) != 0)
+        return DataLossError(ctx + ": " + what + ": chunk " + kStructureChunk +
+                             " does not start with 'loongforge.ckpt.structure/1'");
+      doc = nlohmann::json::parse(NanTokensToNull(raw.substr(fl)), nullptr,
+                                  /*allow_exceptions=*/false);
+      if (doc.is_discarded() || !doc.is_object() || !doc.contains("root"))
+        return DataLossError(ctx + ": " + what + ": chunk " + kStructureChunk +
+                             " is not a JSON object with 'root'");
+      std::string bad = CollectLeaves(doc["root"], "", 0, leaves);
+      if (!bad.empty())
+        return DataLossError(ctx + ": " + what + ": chunk " + kStructureChunk + ": " + bad);
+    } else {
+      for (const auto& t : m.tensors) {
+        nlohmann::json n = {{"tensor", t.name}};
+        doc["leaves"].push_back(n);
+      }
+      size_t i = 0;
+      for (const auto& t : m.tensors) leaves.emplace_back(t.name, &doc["leaves"][i++]);
+    }
+    std::set<std::string> names;
+    for (const auto& [key_path, node] : leaves) {
+      const std::string root = key_path.substr(0, key_path.find('/'));
+      if (std::find(roots.begin(), roots.end(), root) == roots.end()) roots.push_back(root);
+      if (key_path.size() <= opts.strip_prefix.size() ||
+          key_path.compare(0, opts.strip_prefix.size(), opts.strip_prefix) != 0)
+        continue;
+      ExportEntry e;
+      e.name = key_path.substr(opts.strip_prefix.size());
+      if (node->contains("ndarray"))
+        return InvalidArgumentError(ctx + ": " + key_path +
+                                    " is a numpy array; a model-only export writes tensors only "
+                                    "(choose a prefix under which there are only tensors)");
+      const auto& ref = node->contains("view") ? (*node)["view"] : (*node)["tensor"];
+      if (!ref.is_string() || !by_name.count(ref.get<std::string>()) ||
+          ref.get<std::string>() == kStructureChunk)
+        return DataLossError(ctx + ": " + what + ": " + key_path +
+                             " names a chunk the manifest does not hold");
+      e.src = by_name[ref.get<std::string>()];
+      e.nbytes = e.src->nbytes;
+      if (node->contains("view")) {
+        e.view = true;
+        const nlohmann::json& off = (*node)["offset"];
+        if (!IntList(*node, "shape", e.shape) || !IntList(*node, "stride", e.stride) ||
+            e.shape.size() != e.stride.size() || !off.is_number_integer() || off.get<int64_t>() < 0)
+          return DataLossError(ctx + ": " + what + ": " + key_path +
+                               ": a view without non-negative shape, stride and offset");
+        e.offset = off.get<int64_t>();
+        // Every element must lie inside the storage; sizes are capped so nothing overflows.
+        const int esize = DTypeSize(e.src->dtype);
+        const int64_t storage_numel = e.src->nbytes / esize;
+        constexpr int64_t kCap = int64_t{1} << 40;
+        int64_t numel = 1, last = e.offset;
+        bool ok = e.offset < kCap;
+        for (size_t d = 0; ok && d < e.shape.size(); ++d) {
+          ok =
+              e.shape[d] < kCap && e.stride[d] < kCap && (numel == 0 || e.shape[d] <= kCap / numel);
+          if (ok) numel *= e.shape[d];
+          if (ok && e.shape[d] > 0) last += (e.shape[d] - 1) * e.stride[d];
+        }
+        if (!ok || (numel > 0 && last >= storage_numel))
+          return DataLossError(ctx + ": " + what + ": " + key_path + ": a view outside chunk " +
+                               e.src->name + " (" + std::to_string(storage_numel) + " elements)");
+        e.nbytes = numel * esize;
+      } else {
+        e.shape = e.src->shape;
+      }
+      if (!names.insert(e.name).second)
+        return InvalidArgumentError(ctx + ": two tensors would both be named '" + e.name +
+                                    "' after stripping '" + opts.strip_prefix + "'");
+      entries.push_back(std::move(e));
+    }
+    if (entries.empty()) {
+      std::string have;
+      for (size_t i = 0; i < roots.size() && i < 8; ++i) have += (i ? ", '" : "'") + roots[i] + "'";
+      if (roots.size() > 8) have += ", ...";
+      return InvalidArgumentError(
+          ctx + ": no tensor's key path starts with the prefix '" + opts.strip_prefix +
+          "' (the checkpoint's top-level keys: " + (have.empty() ? "none" : have) + ")");
+    }
+  }
   nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
+  if (opts.model_only)
+    header["__metadata__"] = {{"format", "pt"}};
+  else
+    header["__metadata__"] = {{"format", "pt"}, {"loongforge_step", std::to_string(step)}};
   int64_t off = 0;
-  for (const auto& t : m.tensors) {
-    header[t.name] = {{"dtype", DTypeSafetensorsName(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {off, off + t.nbytes}}};
-    off += t.nbytes;
+  for (const auto& e : entries) {
+    header[e.name] = {{"dtype", DTypeSafetensorsName(e.src->dtype)},
+                      {"shape", e.view ? e.shape : e.src->shape},
+                      {"data_offsets", {off, off + e.nbytes}}};
+    off += e.nbytes;
   }
   std::string h = header.dump();
   while (h.size() % 8 != 0) h.push_back(' ');
@@ -53,11 +314,34 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(hl >> (8 * i));
   Status s = f.Write(std::string_view(reinterpret_cast<const char*>(len_le), 8));
   if (s.ok()) s = f.Write(h);
-  // Tensors in manifest order, chunks in order (safetensors data must be contiguous).
+  // Tensors in header order, chunks in order (safetensors data must be contiguous).
   std::vector<uint8_t> scratch(static_cast<size_t>(m.chunk_bytes));
-  ChunkDecoder dec(seg_dir_);
+  std::vector<uint8_t> storage, gathered;  // a view's whole storage (kept for the next view)
+  const internal::TensorRec* storage_of = nullptr;
   int64_t done = 0;
-  for (const auto& t : m.tensors) {
+  for (const auto& e : entries) {
+    if (!s.ok()) break;
+    if (e.view) {
+      try {
+        if (storage_of != e.src) {
+          storage_of = nullptr;
+          storage.resize(static_cast<size_t>(e.src->nbytes));
+          s = decode_all(*e.src, storage.data());
+          if (s.ok()) storage_of = e.src;
+        }
+        gathered.resize(static_cast<size_t>(e.nbytes));
+      } catch (const std::bad_alloc&) {
+        s = ResourceExhaustedError("cannot allocate memory for " + e.name);
+      }
+      if (!s.ok()) break;
+      GatherView(e, storage.data(), DTypeSize(e.src->dtype), gathered.data());
+      s = f.Write(
+          std::string_view(reinterpret_cast<const char*>(gathered.data()), gathered.size()));
+      done += e.nbytes;
+      if (progress) progress(done);
+      continue;
+    }
+    const auto& t = *e.src;
     for (size_t ci = 0; s.ok() && ci < t.chunks.size(); ++ci) {
       const ChunkRec& c = t.chunks[ci];
       s = dec.Decode(c, scratch.data(), ChunkWhat(step, t.name, ci, c.loc));

@@ -459,7 +459,13 @@ Status CheckpointVault::Verify(int64_t step, const ProgressFn& p) const {
 }
 Status CheckpointVault::ExportSafetensors(int64_t step, const std::string& path, bool replace,
                                           const ProgressFn& p) const {
-  return impl_->ExportSafetensors(step, path, replace, p);
+  ExportOptions opts;
+  opts.replace = replace;
+  return impl_->ExportSafetensors(step, path, opts, p);
+}
+Status CheckpointVault::ExportSafetensors(int64_t step, const std::string& path,
+                                          const ExportOptions& opts, const ProgressFn& p) const {
+  return impl_->ExportSafetensors(step, path, opts, p);
 }
 Status CheckpointVault::RestoreToDirectory(int64_t step, const std::string& out_dir, bool replace,
                                            const ProgressFn& p) const {

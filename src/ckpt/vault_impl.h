@@ -137,7 +137,7 @@ class CheckpointVault::Impl {
   static TensorInfo Info(const internal::TensorRec& t);
 
   // lifecycle.cc
-  Status ExportSafetensors(int64_t step, const std::string& path, bool replace,
+  Status ExportSafetensors(int64_t step, const std::string& path, const ExportOptions& opts,
                            const ProgressFn& progress) const;
   Status RestoreToDirectory(int64_t step, const std::string& out_dir, bool replace,
                             const ProgressFn& progress) const;
