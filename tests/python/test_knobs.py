@@ -203,3 +203,16 @@ def test_values_have_their_declared_types(monkeypatch):
 def test_undeclared_name_is_a_key_error():
     with pytest.raises(KeyError, match="LOONGFORGE_NOT_A_KNOB"):
         knobs.get("LOONGFORGE_NOT_A_KNOB")
+
+
+def test_trainer_refuses_a_bad_knob_with_its_name(monkeypatch):
+    from loongforge.train import StopSignal, TrainError
+    from loongforge.train_backends import Dist
+    monkeypatch.setenv("LOONGFORGE_SIGNAL_GRACE_S", "soon")
+    with pytest.raises(TrainError, match="LOONGFORGE_SIGNAL_GRACE_S='soon': not a finite number"):
+        StopSignal(Dist(), 0, "baseline")
+    monkeypatch.setenv("LOONGFORGE_SIGNAL_GRACE_S", "0")
+    with pytest.raises(TrainError, match="LOONGFORGE_SIGNAL_GRACE_S must be a positive number"):
+        StopSignal(Dist(), 0, "baseline")
+    monkeypatch.setenv("LOONGFORGE_SIGNAL_GRACE_S", "2.5")
+    assert StopSignal(Dist(), 0, "baseline").grace_s == 2.5
