@@ -216,3 +216,21 @@ def test_trainer_refuses_a_bad_knob_with_its_name(monkeypatch):
         StopSignal(Dist(), 0, "baseline")
     monkeypatch.setenv("LOONGFORGE_SIGNAL_GRACE_S", "2.5")
     assert StopSignal(Dist(), 0, "baseline").grace_s == 2.5
+
+
+# The trainer's knobs read inside a run end it with one line naming the variable (exit 2), as a
+# bad flag does, not with a traceback.
+def test_trainer_bad_knob_is_a_one_line_error(train_db, monkeypatch, capsys):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from lf_testdb import TINY_TRAIN_ARGS
+    from loongforge import train
+    args = list(TINY_TRAIN_ARGS) + ["--data", train_db, "--mode", "baseline", "--steps", "1"]
+    monkeypatch.setenv("LOONGFORGE_MEM_RECORD_STEPS", "3x")
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "LOONGFORGE_MEM_RECORD_STEPS='3x': not an integer" in err and "Traceback" not in err
+    monkeypatch.delenv("LOONGFORGE_MEM_RECORD_STEPS")
+    monkeypatch.setenv("LOONGFORGE_DEBUG", "maybe")
+    assert train.main(args) == 2
+    assert "LOONGFORGE_DEBUG='maybe': not a boolean" in capsys.readouterr().err
