@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -221,7 +222,6 @@ def test_trainer_refuses_a_bad_knob_with_its_name(monkeypatch):
 # The trainer's knobs read inside a run end it with one line naming the variable (exit 2), as a
 # bad flag does, not with a traceback.
 def test_trainer_bad_knob_is_a_one_line_error(train_db, monkeypatch, capsys):
-    import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from lf_testdb import TINY_TRAIN_ARGS
     from loongforge import train
@@ -234,3 +234,25 @@ def test_trainer_bad_knob_is_a_one_line_error(train_db, monkeypatch, capsys):
     monkeypatch.setenv("LOONGFORGE_DEBUG", "maybe")
     assert train.main(args) == 2
     assert "LOONGFORGE_DEBUG='maybe': not a boolean" in capsys.readouterr().err
+
+
+# MemSculptor's torch allocator library refuses a bad knob at its device's initialization, with
+# the variable named, instead of running under a cap nobody asked for. A fresh process: the
+# library initializes each device once.
+def test_allocator_library_refuses_a_bad_knob():
+    from loongforge import memory
+    lib = memory._lib_path()
+    if not os.path.exists(lib):
+        pytest.skip(f"no {lib} (a CUDA build makes it)")
+    code = ("import ctypes, sys\n"
+            "l = ctypes.CDLL(sys.argv[1])\n"
+            "rc = l.lf_begin_step(0, b'probe')\n"
+            "buf = ctypes.create_string_buffer(512)\n"
+            "l.lf_last_error(buf, 512)\n"
+            "print(rc, buf.value.decode())\n")
+    env = dict(os.environ, LOONGFORGE_MEM_LIMIT_MB="12x")
+    r = subprocess.run([sys.executable, "-c", code, lib], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("-1 ") and "LOONGFORGE_MEM_LIMIT_MB='12x': not an integer" in \
+        r.stdout, r.stdout
