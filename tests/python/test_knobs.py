@@ -256,3 +256,16 @@ def test_allocator_library_refuses_a_bad_knob():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("-1 ") and "LOONGFORGE_MEM_LIMIT_MB='12x': not an integer" in \
         r.stdout, r.stdout
+
+
+# bin/loongforge is a shell script and reads its two knobs itself: its default interpreter is the
+# declared one.
+def test_launcher_default_is_the_declared_one():
+    with open(os.path.join(REPO, "bin", "loongforge"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"\$\{LOONGFORGE_PYTHON:-([^}]*)\}", text)
+    assert m, "bin/loongforge no longer reads LOONGFORGE_PYTHON"
+    declared = {k["name"]: k["default"] for k in knobs.table()}
+    assert m.group(1) == declared["LOONGFORGE_PYTHON"]
+    assert re.search(r"\$\{LOONGFORGE_BUILD:-\$root/build\}", text)
+    assert declared["LOONGFORGE_BUILD"] == ""  # empty: <repo>/build, as the script says
