@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/env_knobs.h"
 #include "test_cli.h"
 
 namespace loongforge {
@@ -102,6 +103,34 @@ TEST(CliArgs, FlagsReachTheLibrary) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("loongforge ", 0), 0u) << r.out;
   fs::remove_all(dir);
+}
+
+// Guards `info --env`: every declared knob is listed with its doc, a set value is shown, and a
+// bad one is named with the reason (the listing still exits 0: it reports, it does not run).
+TEST(CliArgs, InfoEnvListsEveryKnob) {
+  setenv("LOONGFORGE_MEM_SEGMENT_MB", "lots", 1);
+  CliResult r = RunCli("info --env");
+  CliResult j = RunCli("info --env --json");
+  unsetenv("LOONGFORGE_MEM_SEGMENT_MB");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t n = 0;
+  const EnvKnob* t = EnvKnobTable(&n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NE(r.out.find(std::string(t[i].name) + "\n"), std::string::npos) << t[i].name;
+    EXPECT_NE(r.out.find(t[i].doc), std::string::npos) << t[i].name;
+  }
+  EXPECT_NE(r.out.find("LOONGFORGE_MEM_SEGMENT_MB='lots': not an integer"), std::string::npos)
+      << r.out;
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  nlohmann::json rows = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_TRUE(rows.is_array()) << j.out;
+  ASSERT_EQ(rows.size(), n);
+  for (const auto& row : rows) {
+    if (row["name"] == "LOONGFORGE_MEM_SEGMENT_MB") {
+      EXPECT_EQ(row["current"], "lots");
+      EXPECT_EQ(row["valid"], false);
+    }
+  }
 }
 
 }  // namespace
