@@ -133,7 +133,8 @@ Status Run(const std::string& sub, const Args& a, const std::string& dir) {
   if (sub == "export" || sub == "restore") {
     LF_ASSIGN_OR_RETURN(int64_t step, PickStep(a, *v));
     LF_ASSIGN_OR_RETURN(int64_t total, TotalBytes(*v, step));
-    ProgressBar bar(sub + " " + std::to_string(step), total);
+    // A model-only export writes part of the checkpoint: its size is not known up front.
+    ProgressBar bar(sub + " " + std::to_string(step), a.model_only ? 0 : total);
     const ckpt::ProgressFn progress = AdvanceBar(bar);
     if (sub == "export") {
       ckpt::ExportOptions eo;

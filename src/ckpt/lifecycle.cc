@@ -201,7 +201,9 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
     auto meta = by_name.find(kStructureChunk);
     if (meta != by_name.end()) {
       std::string raw;
-      try {  // nbytes was checked against shape and dtype, not against this machine's memory
+      // nbytes was checked against shape and dtype, not against this machine's memory.
+      LF_RETURN_IF_ERROR_CTX(CheckHostBytes(meta->second->nbytes, kStructureChunk), ctx);
+      try {
         raw.resize(static_cast<size_t>(meta->second->nbytes));
       } catch (const std::bad_alloc&) {
         return ResourceExhaustedError(ctx + ": cannot allocate " +
@@ -322,6 +324,9 @@ Status CheckpointVault::Impl::ExportSafetensors(int64_t step, const std::string&
   for (const auto& e : entries) {
     if (!s.ok()) break;
     if (e.view) {
+      if (storage_of != e.src) s = CheckHostBytes(e.src->nbytes, "tensor '" + e.src->name + "'");
+      if (s.ok()) s = CheckHostBytes(e.nbytes, "tensor '" + e.name + "'");
+      if (!s.ok()) break;
       try {
         if (storage_of != e.src) {
           storage_of = nullptr;
