@@ -287,6 +287,15 @@ def test_kernel_wrappers():
     comm.scatter_add(torch.cat([vals, vals]), torch.cat([idx, idx]), dense, num_segments=2,
                      scale=0.5, zero_first=True)
     assert torch.equal(dense[want], vals)
+    # One call over three segments (the sparse bucket's path) gives the bits of three calls in
+    # order, overlapping indices included.
+    segs = [(torch.randn(50), torch.randint(0, 200, (50,), dtype=torch.int32)) for _ in range(3)]
+    one, three = torch.randn(200), torch.zeros(200)
+    comm.scatter_add(torch.cat([v for v, _ in segs]), torch.cat([i for _, i in segs]), one,
+                     num_segments=3, scale=1 / 3, zero_first=True)
+    for r, (v, i) in enumerate(segs):
+        comm.scatter_add(v, i, three, scale=1 / 3, zero_first=(r == 0))
+    assert torch.equal(one, three)
     with pytest.raises(ValueError):
         comm.topk_error_feedback(g, torch.zeros(5), 1)
     with pytest.raises(ValueError, match="index 10000"):
