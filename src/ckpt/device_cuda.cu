@@ -19,7 +19,7 @@
 
 #include "ckpt/device.h"
 #include "ckpt/xxh3_lanes.h"
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 #include "loongforge/metrics.h"
 
 namespace loongforge {

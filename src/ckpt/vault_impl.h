@@ -40,9 +40,9 @@
 #include "ckpt/chunk_sink.h"
 #include "ckpt/device.h"
 #include "ckpt/manifest.h"
+#include "common/queue.h"
+#include "common/thread_pool.h"
 #include "loongforge/ckpt.h"
-#include "loongforge/queue.h"
-#include "loongforge/thread_pool.h"
 
 namespace loongforge {
 namespace ckpt {

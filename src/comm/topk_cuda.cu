@@ -18,7 +18,7 @@
 
 #include "comm/topk_common.h"
 #include "comm/topk_kernels.h"
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 
 namespace loongforge {
 namespace comm {

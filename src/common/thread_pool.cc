@@ -1,4 +1,4 @@
-#include "loongforge/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <pthread.h>
 

@@ -1,4 +1,4 @@
-// Tests of BoundedQueue (include/loongforge/queue.h) and ThreadPool (src/common/thread_pool.cc).
+// Tests of BoundedQueue (include/common/queue.h) and ThreadPool (src/common/thread_pool.cc).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "loongforge/queue.h"
-#include "loongforge/thread_pool.h"
+#include "common/queue.h"
+#include "common/thread_pool.h"
 
 namespace loongforge {
 namespace {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "compute/quant_kernels.h"
-#include "loongforge/cuda_check.h"
 
 namespace loongforge {
 namespace compute {

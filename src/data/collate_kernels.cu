@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "collate.h"
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 
 namespace loongforge {
 namespace data {

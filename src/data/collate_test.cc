@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 
 #include <cmath>
 #include <cstring>

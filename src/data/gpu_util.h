@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 #include "loongforge/status.h"
 
 namespace loongforge {

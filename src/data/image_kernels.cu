@@ -5,9 +5,9 @@
 #include <cmath>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "image_kernels.h"
 #include "image_ops.h"  // JitterPixel: the jitter arithmetic of every loader path
-#include "loongforge/cuda_check.h"
 
 namespace loongforge {
 namespace data {

@@ -2,7 +2,7 @@
 // validation runs everywhere CUDA is compiled in; the numeric tests need a device (GTEST_SKIP).
 #include <gtest/gtest.h>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 

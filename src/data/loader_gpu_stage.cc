@@ -39,11 +39,11 @@
 #include <cstring>
 #include <deque>
 
+#include "common/cuda_check.h"
 #include "gpu_util.h"
 #include "image_kernels.h"
 #include "image_ops.h"
 #include "loader_pipeline.h"
-#include "loongforge/cuda_check.h"
 #include "nvjpeg_decoder.h"
 
 namespace loongforge {

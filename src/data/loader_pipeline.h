@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "collate.h"
+#include "common/queue.h"
+#include "common/thread_pool.h"
 #include "loongforge/dataset.h"
 #include "loongforge/loader.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
-#include "loongforge/queue.h"
-#include "loongforge/thread_pool.h"
 
 namespace loongforge {
 namespace data {

@@ -13,10 +13,10 @@
 #include <mutex>
 #include <thread>
 
+#include "common/cuda_check.h"
 #include "decode_turns.h"
 #include "gpu_util.h"
 #include "image_ops.h"
-#include "loongforge/cuda_check.h"
 #include "loongforge/logging.h"
 
 namespace loongforge {

@@ -71,9 +71,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "image_kernels.h"
 #include "loongforge/status.h"
-#include "loongforge/thread_pool.h"
 
 namespace loongforge {
 namespace data {

@@ -1,7 +1,7 @@
 // Tests of the nvJPEG batch decoder (GPU machine only: builds with nvJPEG, skips without a device).
 #include <gtest/gtest.h>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 #include <turbojpeg.h>

@@ -25,6 +25,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/thread_pool.h"
 #include "dataset/lerobot_internal.h"
 #include "dataset/pack_common.h"
 #include "dataset/parquet/parquet.h"
@@ -33,7 +34,6 @@
 #include "loongforge/metrics.h"
 #include "loongforge/pack.h"
 #include "loongforge/progress.h"
-#include "loongforge/thread_pool.h"
 #include "loongforge/tokenizer.h"
 
 namespace loongforge::data {

@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "loongforge/dataset.h"
 #include "loongforge/status.h"
-#include "loongforge/thread_pool.h"
 #include "loongforge/tokenizer.h"
 
 namespace loongforge::data {

@@ -22,12 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/thread_pool.h"
 #include "dataset/pack_common.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/pack.h"
 #include "loongforge/progress.h"
-#include "loongforge/thread_pool.h"
 #include "loongforge/tokenizer.h"
 
 namespace loongforge::data {

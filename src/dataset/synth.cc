@@ -26,11 +26,11 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "common/thread_pool.h"
 #include "loongforge/logging.h"
 #include "loongforge/metrics.h"
 #include "loongforge/pack.h"
 #include "loongforge/progress.h"
-#include "loongforge/thread_pool.h"
 
 namespace loongforge::data {
 namespace fs = std::filesystem;

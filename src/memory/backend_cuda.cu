@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 #include "loongforge/memory.h"
 
 namespace loongforge {

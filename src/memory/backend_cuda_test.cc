@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "loongforge/cuda_check.h"
+#include "common/cuda_check.h"
 #include "loongforge/memory.h"
 
 namespace loongforge {

@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "loongforge/queue.h"
+#include "common/queue.h"
 
 namespace loongforge {
 
