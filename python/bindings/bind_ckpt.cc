@@ -6,6 +6,7 @@
 
 #include "bindings.h"
 #include "loongforge/ckpt.h"
+#include "option_table.h"
 #include "tensor_convert.h"
 
 namespace loongforge {
@@ -62,37 +63,51 @@ std::vector<ckpt::TensorRef> ToRefs(const py::list& tensors, std::vector<PyTenso
   return refs;
 }
 
+// VaultOptions by Python name (Note [Option tables]); `env` is C++ only.
+const std::vector<OptionField<ckpt::VaultOptions>>& VaultFields() {
+  using O = ckpt::VaultOptions;
+  static const char* const w = "CheckpointVault";
+  static const std::vector<OptionField<O>> fields = {
+      Plain(w, "chunk_bytes", &O::chunk_bytes),
+      Plain(w, "compress", &O::compress),
+      Plain(w, "compress_level", &O::compress_level),
+      Plain(w, "compress_max_ratio", &O::compress_max_ratio),
+      Plain(w, "xor_delta", &O::xor_delta),
+      Plain(w, "keep_last", &O::keep_last),
+      Plain(w, "keep_every", &O::keep_every),
+      Plain(w, "max_inflight", &O::max_inflight),
+      Plain(w, "fsync", &O::fsync),
+      Plain(w, "read_only", &O::read_only),
+      Plain(w, "io_threads", &O::io_threads),
+      Plain(w, "wait_timeout_ms", &O::wait_timeout_ms),
+      Choice(w, "device_staging", &O::device_staging,
+             {{"auto", ckpt::DeviceStaging::kAuto},
+              {"on", ckpt::DeviceStaging::kOn},
+              {"off", ckpt::DeviceStaging::kOff}}),
+      Plain(w, "device_staging_max_bytes", &O::device_staging_max_bytes),
+      Plain(w, "d2h_buffer_bytes", &O::d2h_buffer_bytes),
+      Choice(w, "writer", &O::writer,
+             {{"auto", ckpt::Writer::kAuto},
+              {"posix", ckpt::Writer::kPosix},
+              {"cufile", ckpt::Writer::kCufile}}),
+  };
+  return fields;
+}
+
 void BindCkpt(py::module_& m) {
+  m.def(
+      "vault_options", [] { return OptionDefaults(VaultFields()); },
+      "Every CheckpointVault option and its default (Note [Option tables]).");
   py::class_<CheckpointVault>(m, "CheckpointVault",
                               "Incremental, asynchronous, crash-consistent checkpoints (C++ core).")
-      .def(py::init([](const std::string& dir, int64_t chunk_bytes, bool compress, int level,
-                       bool xor_delta, int keep_last, int keep_every, int max_inflight, bool fsync,
-                       bool read_only, int io_threads, const std::string& device_staging,
-                       int64_t device_staging_max_bytes, int64_t d2h_buffer_bytes,
-                       const std::string& writer) {
+      .def(py::init([](const std::string& dir, const py::kwargs& kw) {
              ckpt::VaultOptions o;
-             o.chunk_bytes = chunk_bytes;
-             o.compress = compress;
-             o.compress_level = level;
-             o.xor_delta = xor_delta;
-             o.keep_last = keep_last;
-             o.keep_every = keep_every;
-             o.max_inflight = max_inflight;
-             o.fsync = fsync;
-             o.read_only = read_only;
-             o.io_threads = io_threads;
-             o.device_staging = ValueOrThrow(ckpt::ParseDeviceStaging(device_staging));
-             o.device_staging_max_bytes = device_staging_max_bytes;
-             o.d2h_buffer_bytes = d2h_buffer_bytes;
-             o.writer = ValueOrThrow(ckpt::ParseWriter(writer));
+             ApplyOptions(VaultFields(), "CheckpointVault", kw, &o);
              return ValueOrThrowWithoutGil([&] { return CheckpointVault::Open(dir, o); });
            }),
-           py::arg("dir"), py::arg("chunk_bytes") = int64_t{4} << 20, py::arg("compress") = false,
-           py::arg("compress_level") = 1, py::arg("xor_delta") = false, py::arg("keep_last") = 0,
-           py::arg("keep_every") = 0, py::arg("max_inflight") = 1, py::arg("fsync") = true,
-           py::arg("read_only") = false, py::arg("io_threads") = 0,
-           py::arg("device_staging") = "auto", py::arg("device_staging_max_bytes") = 0,
-           py::arg("d2h_buffer_bytes") = int64_t{64} << 20, py::arg("writer") = "auto")
+           py::arg("dir"),
+           "Opens or creates the vault at `dir`; keyword arguments are VaultOptions fields "
+           "(vault_options() lists them with their defaults).")
       .def(
           "save",
           [](CheckpointVault& v, int64_t step, const py::list& tensors) {

@@ -18,6 +18,7 @@
 #include "data/image_ops.h"
 #include "dlpack_capsule.h"
 #include "loongforge/loader.h"
+#include "option_table.h"
 #include "tensor_convert.h"
 #ifdef LOONGFORGE_WITH_NVJPEG
 #include "data/nvjpeg_decoder.h"
@@ -44,63 +45,21 @@ py::dict SummaryDict(const HistogramSummary& s) {
 // Note [Loader options]
 // ---------------------
 // LoaderOptions (include/loongforge/loader.h) is the one declaration of the loader's options and
-// their defaults. This table only gives each field its Python name and converts a Python value to
-// it (types come from the member pointers); _C.loader_options() reads the defaults from a
-// default-constructed LoaderOptions, and loongforge.DataFusionLoader forwards its keyword
-// arguments here. Adding a field to the struct means adding one line below.
-struct OptionField {
-  const char* name;
-  std::function<void(LoaderOptions&, py::handle)> set;
-  std::function<py::object(const LoaderOptions&)> get;
-};
+// their defaults; the table below (Note [Option tables] in option_table.h) gives each field its
+// Python name. _C.loader_options() reads the defaults from a default-constructed LoaderOptions,
+// and loongforge.DataFusionLoader forwards its keyword arguments here. Adding a field to the
+// struct means adding one line below.
+using OptionField = loongforge::OptionField<LoaderOptions>;
 
 template <typename T>
 OptionField Plain(const char* name, T LoaderOptions::*m) {
-  return {name,
-          [name, m](LoaderOptions& o, py::handle v) {
-            try {
-              o.*m = v.cast<T>();
-            } catch (const py::cast_error&) {
-              if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-                if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v))
-                  ThrowStatus(InvalidArgumentError(
-                      std::string("DataLoader: option '") + name + "' must be in " +
-                      std::to_string(std::numeric_limits<T>::min()) + ".." +
-                      std::to_string(std::numeric_limits<T>::max()) + ", got " +
-                      py::repr(v).cast<std::string>()));
-              }
-              ThrowStatus(InvalidArgumentError(
-                  std::string("DataLoader: option '") + name + "' cannot take a " +
-                  py::str(v.get_type().attr("__name__")).cast<std::string>() + " (" +
-                  py::repr(v).cast<std::string>() + ")"));
-            }
-          },
-          [m](const LoaderOptions& o) { return py::cast(o.*m); }};
+  return loongforge::Plain("DataLoader", name, m);
 }
 
-// An enum field spelled as one of `names` in Python.
 template <typename E>
 OptionField Choice(const char* name, E LoaderOptions::*m,
                    std::vector<std::pair<std::string, E>> names) {
-  return {name,
-          [name, m, names](LoaderOptions& o, py::handle v) {
-            const std::string got = py::str(v);
-            std::string known;
-            for (const auto& [n, e] : names) {
-              if (n == got) {
-                o.*m = e;
-                return;
-              }
-              known += (known.empty() ? "'" : " or '") + n + "'";
-            }
-            ThrowStatus(InvalidArgumentError(std::string(name) + " must be " + known + ", got '" +
-                                             got + "'"));
-          },
-          [m, names](const LoaderOptions& o) -> py::object {
-            for (const auto& [n, e] : names)
-              if (o.*m == e) return py::str(n);
-            return py::none();
-          }};
+  return loongforge::Choice("DataLoader", name, m, std::move(names));
 }
 
 // LoaderOptions::dtype: a torch.dtype or a dtype name (ToDType), of the kinds CheckImageDType
@@ -175,20 +134,7 @@ const std::vector<OptionField>& OptionFields() {
 LoaderOptions OptionsFromKwargs(const std::string& db, const py::kwargs& kw) {
   LoaderOptions o;
   o.db_path = db;
-  const auto& fields = OptionFields();
-  for (auto item : kw) {
-    const std::string k = py::str(item.first);
-    auto f = std::find_if(fields.begin(), fields.end(),
-                          [&](const OptionField& f) { return k == f.name; });
-    if (f == fields.end()) {
-      std::string known;
-      for (const OptionField& g : fields)
-        known += (known.empty() ? "" : ", ") + std::string(g.name);
-      ThrowStatus(
-          InvalidArgumentError("DataLoader: unknown option '" + k + "' (known: " + known + ")"));
-    }
-    f->set(o, item.second);
-  }
+  ApplyOptions(OptionFields(), "DataLoader", kw, &o);
   return o;
 }
 
@@ -338,13 +284,7 @@ void BindData(py::module_& m) {
       },
       py::arg("device_id") = 0, "(available, reason) for DataLoader(device='cuda').");
   m.def(
-      "loader_options",
-      [] {
-        const LoaderOptions defaults;
-        py::dict d;
-        for (const OptionField& f : OptionFields()) d[f.name] = f.get(defaults);
-        return d;
-      },
+      "loader_options", [] { return OptionDefaults(OptionFields()); },
       "Every DataLoader option and its default (Note [Loader options]).");
   m.def(
       "loader_image_dtype",

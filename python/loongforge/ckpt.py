@@ -33,7 +33,6 @@ _CUDA_COMPILED = bool(_C.build_info().get("cuda", False))
 # The structure chunk: this header line, then JSON (Note [The checkpoint structure]).
 _FORMAT = b"loongforge.ckpt.structure/1\n"
 _MAX_STEP = 2**63 - 1  # the manifest stores steps as int64
-_MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 30
 
 
 def _as_step(step: Any) -> int:
@@ -293,15 +292,19 @@ def _decode(node: Any, path: str, chunks: Dict[str, torch.Tensor]) -> Any:
 class CheckpointVault:
     """A directory of incremental checkpoints (see docs/ckpt.md).
 
-    Args:
+    Args (keyword arguments; ``CheckpointVault.options()`` gives each with its default, which
+    the C++ ``VaultOptions`` declares once):
         dir: vault directory (created if missing).
         chunk_bytes: chunk size for change detection (default 4 MiB; 4 KiB..1 GiB, a multiple
             of 64).
-        compress: zstd each chunk when that saves >= 10%.
+        compress: zstd each chunk when that saves >= 10% (compress_max_ratio: kept when the
+            stored size is below this fraction of the raw size; compress_level: zstd's level).
         xor_delta: store changed chunks as zstd(XOR with the previous version) when smaller.
         keep_last: keep only the newest N checkpoints (0 = keep all); keep_every: plus every M-th.
         max_inflight: saves queued before save() blocks (back-pressure), default 1.
         fsync: make every checkpoint durable (turn off only for benchmarks).
+        read_only: open an existing vault for reading (no writer, no lock).
+        wait_timeout_ms: bound on every wait for the background writer.
         io_threads: threads hashing/copying in save() and reading/verifying in load()
             (0 = min(4, hardware threads)).
         device_staging: "auto" | "on" | "off": where save() snapshots CUDA tensors. With a
@@ -322,25 +325,15 @@ class CheckpointVault:
     loongforge.DataLossError: corrupted data or manifest; loongforge.ResourceExhaustedError: disk full.
     """
 
-    def __init__(self, dir: str, chunk_bytes: int = 4 << 20, compress: bool = False,
-                 xor_delta: bool = False, keep_last: int = 0, keep_every: int = 0,
-                 max_inflight: int = 1, fsync: bool = True, read_only: bool = False,
-                 io_threads: int = 0, device_staging: str = "auto",
-                 device_staging_max_bytes: int = 0, d2h_buffer_bytes: int = 64 << 20,
-                 writer: str = "auto") -> None:
+    def __init__(self, dir: str, **options: Any) -> None:
         self.dir = str(dir)
-        self._read_only = read_only
-        if (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int)
-                or not _MIN_CHUNK <= chunk_bytes <= _MAX_CHUNK):
-            raise ValueError(f"CheckpointVault {self.dir}: chunk_bytes must be an integer in "
-                             f"{_MIN_CHUNK}..{_MAX_CHUNK} (4 KiB..1 GiB), got {chunk_bytes!r}")
-        self._v = _C.CheckpointVault(self.dir, chunk_bytes=chunk_bytes, compress=compress,
-                                     xor_delta=xor_delta, keep_last=keep_last,
-                                     keep_every=keep_every, max_inflight=max_inflight,
-                                     fsync=fsync, read_only=read_only, io_threads=io_threads,
-                                     device_staging=device_staging,
-                                     device_staging_max_bytes=device_staging_max_bytes,
-                                     d2h_buffer_bytes=d2h_buffer_bytes, writer=writer)
+        self._read_only = bool(options.get("read_only", False))
+        self._v = _C.CheckpointVault(self.dir, **options)
+
+    @staticmethod
+    def options() -> Dict[str, Any]:
+        """Every option and its default, as the C++ VaultOptions declares them."""
+        return dict(_C.vault_options())
 
     # ---- saving ----
     def save(self, step: int, state: Any) -> None:

@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -66,17 +67,37 @@ CheckpointVault::Impl::~Impl() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-Status CheckpointVault::Impl::Init() {
-  if (opts_.chunk_bytes < internal::kMinChunkBytes ||
-      opts_.chunk_bytes > internal::kMaxChunkBytes || opts_.chunk_bytes % 64 != 0)
+namespace {
+
+// Every VaultOptions field a caller sets, checked before anything is opened or created.
+Status CheckOptions(const VaultOptions& o) {
+  if (o.chunk_bytes < internal::kMinChunkBytes || o.chunk_bytes > internal::kMaxChunkBytes ||
+      o.chunk_bytes % 64 != 0)
     return InvalidArgumentError(
         "chunk_bytes must be in [4096, 1073741824] and a multiple of 64, got " +
-        std::to_string(opts_.chunk_bytes));
-  if (opts_.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
-  if (opts_.io_threads < 0) return InvalidArgumentError("io_threads must be >= 0");
-  if (opts_.device_staging_max_bytes < 0)
+        std::to_string(o.chunk_bytes));
+  if (o.compress_level < 1 || o.compress_level > ZSTD_maxCLevel())
+    return InvalidArgumentError("compress_level must be in [1, " +
+                                std::to_string(ZSTD_maxCLevel()) + "] (zstd's levels), got " +
+                                std::to_string(o.compress_level));
+  if (!(o.compress_max_ratio > 0 && o.compress_max_ratio <= 1))
+    return InvalidArgumentError("compress_max_ratio must be in (0, 1], got " +
+                                std::to_string(o.compress_max_ratio));
+  if (o.keep_last < 0) return InvalidArgumentError("keep_last must be >= 0");
+  if (o.keep_every < 0) return InvalidArgumentError("keep_every must be >= 0");
+  if (o.max_inflight < 1) return InvalidArgumentError("max_inflight must be >= 1");
+  if (o.io_threads < 0) return InvalidArgumentError("io_threads must be >= 0");
+  if (o.wait_timeout_ms <= 0) return InvalidArgumentError("wait_timeout_ms must be > 0");
+  if (o.device_staging_max_bytes < 0)
     return InvalidArgumentError("device_staging_max_bytes must be >= 0");
-  if (opts_.d2h_buffer_bytes <= 0) return InvalidArgumentError("d2h_buffer_bytes must be > 0");
+  if (o.d2h_buffer_bytes <= 0) return InvalidArgumentError("d2h_buffer_bytes must be > 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckpointVault::Impl::Init() {
+  LF_RETURN_IF_ERROR_CTX(CheckOptions(opts_), "checkpoint vault " + dir_);
   io_threads_ = opts_.io_threads > 0 ? opts_.io_threads : internal::DefaultIoThreads();
   if (!opts_.read_only) LF_RETURN_IF_ERROR(ChooseWriter());
   if (opts_.read_only) {

@@ -318,7 +318,7 @@ def test_cuda_device_staging_cap_falls_back_to_host(tmp_path):
 
 # Guards option validation: a bad device_staging value is a ValueError naming the choices.
 def test_device_staging_option_is_validated(tmp_path):
-    with pytest.raises(ValueError, match="auto, on or off"):
+    with pytest.raises(ValueError, match="'auto' or 'on' or 'off', got 'sometimes'"):
         CheckpointVault(str(tmp_path), device_staging="sometimes")
 
 
@@ -535,11 +535,38 @@ def test_step_and_chunk_bytes_bounds(tmp_path):
             v.save(-1, {"a": torch.ones(2)})
         v.save(2**63 - 1, {"a": torch.ones(2)})
         assert v.latest() == 2**63 - 1
-    for bad in (2**40, 0, -4096, 4095, (1 << 30) + 64, 4096.0):
-        with pytest.raises(ValueError,
-                           match=r"chunk_bytes must be an integer in 4096\.\.1073741824"):
+    for bad in (2**40, 0, -4096, 4095, (1 << 30) + 64):
+        with pytest.raises(ValueError, match=r"vault .*/b: chunk_bytes must be in \[4096, "
+                                             r"1073741824\] and a multiple of 64"):
             CheckpointVault(str(tmp_path / "b"), chunk_bytes=bad)
+    with pytest.raises(ValueError, match=r"option 'chunk_bytes' cannot take a float"):
+        CheckpointVault(str(tmp_path / "b"), chunk_bytes=4096.0)
     assert not os.path.exists(tmp_path / "b")
+
+
+# Guards Note [Option tables] for the vault: every VaultOptions field is settable from Python
+# with the C++ default, an unknown name lists the known ones, and a set option reaches the writer
+# (a higher zstd level stores compressible chunks in fewer bytes).
+def test_vault_options_come_from_one_table(tmp_path):
+    opts = CheckpointVault.options()
+    assert opts["chunk_bytes"] == 4 << 20 and opts["compress"] is False
+    assert opts["compress_level"] == 1 and opts["writer"] == "auto"
+    assert {"compress_max_ratio", "wait_timeout_ms", "keep_last", "device_staging"} <= set(opts)
+    with pytest.raises(ValueError, match=r"unknown option 'chunk_byte' \(known: chunk_bytes, "):
+        CheckpointVault(str(tmp_path / "x"), chunk_byte=4096)
+    with pytest.raises(ValueError, match=r"compress_level must be in \[1, 22\]"):
+        CheckpointVault(str(tmp_path / "x"), compress_level=0)
+    g = torch.Generator().manual_seed(0)
+    state = {"w": (torch.randn(1 << 20, generator=g) * 4).round().to(torch.int16)}
+    stored = {}
+    for level in (1, 19):
+        d = tmp_path / f"z{level}"
+        with CheckpointVault(str(d), compress=True, compress_level=level) as v:
+            v.save(1, state)
+            v.wait()
+            _assert_same(state, v.load(1))
+        stored[level] = sum(f.stat().st_size for f in (d / "segments").iterdir())
+    assert stored[19] < stored[1], stored
 
 
 def _train_args(train_db, ck, mode, steps):

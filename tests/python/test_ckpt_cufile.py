@@ -31,7 +31,7 @@ def test_writer_auto_is_posix_with_reason(tmp_path):
 
 # Guards option validation: a bad writer is a ValueError naming the choices.
 def test_writer_option_is_validated(tmp_path):
-    with pytest.raises(ValueError, match="auto, posix or cufile"):
+    with pytest.raises(ValueError, match="'auto' or 'posix' or 'cufile', got 'gds'"):
         CheckpointVault(str(tmp_path), writer="gds")
 
 
