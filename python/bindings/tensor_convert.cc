@@ -206,6 +206,24 @@ namespace {
 
 void BindTensor(py::module_& m) {
   m.def(
+      "dtypes",
+      [] {
+        py::list out;
+        for (DType d :
+             {DType::kBool, DType::kUInt8, DType::kInt8, DType::kInt16, DType::kInt32,
+              DType::kInt64, DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+          py::dict e;
+          e["name"] = DTypeName(d);
+          e["long_name"] = DTypeLongName(d);
+          e["safetensors"] = DTypeSafetensorsName(d);
+          e["size"] = DTypeSize(d);
+          out.append(e);
+        }
+        return out;
+      },
+      "Every dtype of the C++ core (include/loongforge/tensor.h), each with its short name, its "
+      "torch/numpy name, its safetensors name and its size: the one table the Python side reads.");
+  m.def(
       "dtype_long_name",
       [](const std::string& name) { return DTypeLongName(ValueOrThrow(ParseDType(name))); },
       py::arg("name"),

@@ -147,3 +147,19 @@ def test_dlpack_table_round_trips_every_dtype():
     assert back.stride() == strided.stride() and torch.equal(back, strided)
     with pytest.raises(ValueError, match="unknown dtype 'f8'"):
         _C.dtype_long_name("f8")
+
+
+# Guards the one dtype table: every dtype the core declares names a torch dtype of its size, and
+# safetensors I/O reads its names from that table (an export and a read agree on every dtype).
+def test_dtype_table_is_the_cores():
+    import torch
+
+    from loongforge import _C
+    from loongforge.models import safetensors_io
+
+    table = _C.dtypes()
+    assert len({d["name"] for d in table}) == len(table) == 10
+    for d in table:
+        t = getattr(torch, d["long_name"])
+        assert torch.empty(0, dtype=t).element_size() == d["size"], d
+        assert safetensors_io._ST_DTYPES[d["safetensors"]] is t

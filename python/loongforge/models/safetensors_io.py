@@ -16,11 +16,12 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-_ST_DTYPES: Dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
+from .. import _C
+
+# The safetensors names of the dtypes the core handles, from its one dtype table (include/
+# loongforge/tensor.h), so that a file the vault exports and a file read here agree.
+_ST_DTYPES: Dict[str, torch.dtype] = {d["safetensors"]: getattr(torch, d["long_name"])
+                                      for d in _C.dtypes()}
 _ST_NAMES: Dict[torch.dtype, str] = {v: k for k, v in _ST_DTYPES.items()}
 
 # Prefix rewrites from GR00T checkpoint names to this module tree (first match wins).
