@@ -247,6 +247,15 @@ class DataLoader {
   // Stops the pipeline threads; queued work is discarded; pool buffers stay for reuse.
   void Stop();
 
+  // Map-style access (Note [Sample access] in src/data/loader.cc): sample `sample` of the DB
+  // (0 <= sample < schema().num_samples, whatever rank/world_size/shuffle say) as a batch of one
+  // row, bit for bit the row this loader gives it in `epoch` (its crop and jitter are drawn from
+  // (seed, epoch, sample, camera)). Tokens are padded as a batch of one: to the sample's own
+  // length, token_pad or its bucket. OutOfRange naming the sample and the DB's length; a corrupt
+  // sample is DataLoss/NotFound naming the record whatever on_corrupt says. Independent of the
+  // pipeline Start()/Next() run; calls are serialized. Consecutive samples are prefetched.
+  StatusOr<std::shared_ptr<Batch>> GetSample(int64_t sample, int64_t epoch = 0);
+
   // Resumable position: the next batch Next() would return.
   int64_t epoch() const;
   int64_t next_batch() const;

@@ -297,6 +297,21 @@ void BindData(py::module_& m) {
             return BatchDict(ValueOrThrow(std::move(b)));
           },
           "Next batch as a dict of DLPack capsules, or None at the end of the epoch.")
+      .def(
+          "get_sample",
+          [](DataLoader& d, int64_t sample, int64_t epoch) -> py::object {
+            StatusOr<std::shared_ptr<Batch>> b =
+                CallWithoutGil([&] { return d.GetSample(sample, epoch); });
+            if (!b.ok() && b.status().code() == StatusCode::kOutOfRange) {
+              PyErr_SetString(PyExc_IndexError, b.status().message().c_str());
+              throw py::error_already_set();
+            }
+            return BatchDict(ValueOrThrow(std::move(b)));
+          },
+          py::arg("sample"), py::arg("epoch") = 0,
+          "Sample `sample` as a batch of one row (DataLoader::GetSample); IndexError naming the "
+          "sample and the length when out of range.")
+      .def_property_readonly("num_samples", [](DataLoader& d) { return d.schema().num_samples; })
       .def("stop",
            [](DataLoader& d) {
              py::gil_scoped_release nogil;

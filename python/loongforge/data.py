@@ -209,30 +209,11 @@ class DataFusionLoader:
                 if raw is None:
                     completed = True
                     break
-                batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
-                # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
-                for k in _BOOL_KEYS:
-                    batch[k] = batch[k].view(torch.bool)
-                if self.device.type == "cuda" and not self._gpu:
-                    host = batch
-                    batch = DataFusionBatch(
-                        (k, v.to(self.device, non_blocking=True)) for k, v in host.items())
+                batch, host = self._wrap(raw, non_blocking=True)
+                if host is not None:
                     event = torch.cuda.Event()
                     event.record()
                     in_flight = (host, event)
-                    if self.layout == "NHWC":
-                        batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
-                    if self.dtype != torch.float32:
-                        batch["images"] = batch["images"].to(self.dtype)
-                elif self.device.type == "cpu" and self.layout == "NHWC":
-                    batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
-                if self.device.type == "cpu" and self.dtype != torch.float32:
-                    batch["images"] = batch["images"].to(self.dtype)
-                batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
-                batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
-                batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
-                batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
-                                   self._horizon)
                 self._yielded = int(raw["index"]) + 1
                 self._start_batch = self._yielded
                 yield batch
@@ -244,6 +225,40 @@ class DataFusionLoader:
         # A completed epoch resumes at the start of the next one.
         self._epoch = epoch + 1
         self._start_batch = 0
+
+    def _wrap(self, raw: Dict[str, Any], non_blocking: bool
+              ) -> Tuple[DataFusionBatch, Optional[DataFusionBatch]]:
+        """A batch dict of the C++ loader as this adapter's batch (device, layout, dtype), and
+        the host batch a non_blocking copy still reads (None when nothing was copied)."""
+        batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
+        # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
+        for k in _BOOL_KEYS:
+            batch[k] = batch[k].view(torch.bool)
+        host = None
+        if self.device.type == "cuda" and not self._gpu:
+            host = batch
+            batch = DataFusionBatch(
+                (k, v.to(self.device, non_blocking=non_blocking)) for k, v in host.items())
+            if self.layout == "NHWC":
+                batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+            if self.dtype != torch.float32:
+                batch["images"] = batch["images"].to(self.dtype)
+        elif self.device.type == "cpu" and self.layout == "NHWC":
+            batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            batch["images"] = batch["images"].to(self.dtype)
+        batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
+        batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
+        batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
+        batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
+                           self._horizon)
+        return batch, host
+
+    @property
+    def dataset(self) -> "DataFusionDataset":
+        """Map-style view of the DB: ``loader.dataset[i]`` is sample ``i`` as one row of a batch
+        (see :class:`DataFusionDataset`)."""
+        return DataFusionDataset(self)
 
     def close(self) -> None:
         """Stops the pipeline threads (a finished epoch leaves them prefetching the next one).
@@ -299,3 +314,50 @@ class DataFusionLoader:
     @property
     def corrupt_skipped(self) -> int:
         return int(self._impl.corrupt_skipped)
+
+
+class DataFusionDataset:
+    """Map-style access to a loader's DB, for debugging and for samplers of one's own:
+    ``ds[i]`` is sample ``i`` (0 <= i < ``len(ds)``, every sample of the DB whatever the loader's
+    rank, world size or shuffle; negative indices count from the end) as a dict with the keys,
+    dtypes, device, layout and meaning of one row of the loader's batches, unbatched: ``images``
+    [cams, 3, H, W], ``tokens`` and ``attention_mask`` [L] (padded as a batch of one: to the
+    sample's own length, ``token_pad`` or its token bucket), ``state`` [S], ``action`` [T, A],
+    ``action_mask`` [T], ``sample_index`` (a 0-d tensor).
+
+    The values are those the loader's batches give sample ``i`` in epoch 0 (``sample(i, epoch)``
+    for another epoch): the crop and jitter are drawn from (seed, epoch, sample, camera), so the
+    same ``i`` always gives the same sample. The tensors are copies the caller owns. Out of range:
+    IndexError naming the index and the length; a corrupt sample raises (DataLossError naming the
+    record) whatever ``on_corrupt`` says. Reading ``ds[i]``, ``ds[i + 1]``, ... in order is
+    prefetched (Note [Sample access] in src/data/loader.cc).
+    """
+
+    def __init__(self, loader: DataFusionLoader) -> None:
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return int(self._loader._impl.num_samples)
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return self.sample(index)
+
+    def sample(self, index: int, epoch: int = 0) -> Dict[str, Any]:
+        """Sample ``index`` as the loader's batches give it in ``epoch``."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            try:
+                index = index.__index__()
+            except AttributeError:
+                raise TypeError(f"DataFusionDataset indices must be integers, got "
+                                f"{type(index).__name__}") from None
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"DataFusionDataset index {index} is out of range for a dataset of "
+                             f"{n} samples ({self._loader.db_path})")
+        if self._loader._closed:
+            raise RuntimeError(f"DataFusionLoader({self._loader.db_path!r}) was closed")
+        raw = self._loader._impl.get_sample(i, int(epoch))
+        batch, _ = self._loader._wrap(raw, non_blocking=False)
+        # Copies: the row's buffer goes back to the loader's pool at once.
+        return {k: v[0].clone() for k, v in batch.items()}

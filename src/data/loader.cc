@@ -503,7 +503,20 @@ void Pipeline::StopThreads() {
 // ---------------------------------------------------------------------------------------------
 // DataLoader
 
-struct DataLoader::Impl : internal::Pipeline {};
+// Note [Sample access]
+// --------------------
+// GetSample(i, epoch) serves map-style access (a dataset[i] for debugging and for the user's own
+// samplers) from a second pipeline over the same DB, created on first use, whose sampler is the
+// identity: batch_size 1, no shuffle, no dropped tail, one rank. Its batch i is sample i, decoded,
+// cropped, jittered and collated by the code that makes the batches, so the row is the batched
+// loader's row of sample i in that epoch (the augmentation draws depend on (seed, epoch, sample,
+// camera), not on the batch). It fails on a corrupt sample (on_corrupt error): an index that
+// silently gives nothing has no meaning. Asking for the sample after the last one asked continues
+// the running pipeline, which has prefetched it; any other index restarts it there.
+struct DataLoader::Impl : internal::Pipeline {
+  std::mutex sample_mu;
+  std::unique_ptr<DataLoader> sample_loader;
+};
 
 bool DataLoader::GpuSupport(int device_id, std::string* reason) {
   return internal::GpuStageSupport(device_id, reason);
@@ -839,8 +852,39 @@ LoaderDeviceInfo DataLoader::device_info() const {
 
 void DataLoader::SetConsumerStream(void* stream) { impl_->pool->SetConsumerStream(stream); }
 
+StatusOr<std::shared_ptr<Batch>> DataLoader::GetSample(int64_t sample, int64_t epoch) {
+  Impl& im = *impl_;
+  LF_RETURN_IF_ERROR(CheckSameProcess(im.creator_pid));
+  const int64_t n = im.reader->schema().num_samples;
+  if (sample < 0 || sample >= n)
+    return OutOfRangeError(im.opts.db_path + ": sample " + std::to_string(sample) +
+                           " is out of range for a dataset of " + std::to_string(n) + " samples");
+  if (epoch < 0) return InvalidArgumentError("epoch must be >= 0");
+  std::lock_guard<std::mutex> lock(im.sample_mu);
+  if (!im.sample_loader) {  // Note [Sample access]
+    LoaderOptions o = im.opts;
+    o.batch_size = 1;
+    o.shuffle = false;
+    o.drop_last = false;
+    o.rank = 0;
+    o.world_size = 1;
+    o.on_corrupt = CorruptPolicy::kError;
+    o.threads = 1;
+    o.prefetch = 1;
+    LF_ASSIGN_OR_RETURN(im.sample_loader, Create(o));
+  }
+  DataLoader& d = *im.sample_loader;
+  Impl& s = *d.impl_;
+  if (!(s.running && !s.finished && s.epoch == epoch && s.next_batch == sample))
+    LF_RETURN_IF_ERROR(d.Start(epoch, sample));
+  return d.Next();
+}
+
 void DataLoader::Stop() {
-  if (CheckSameProcess(impl_->creator_pid).ok()) impl_->StopThreads();
+  if (!CheckSameProcess(impl_->creator_pid).ok()) return;
+  impl_->StopThreads();
+  std::lock_guard<std::mutex> lock(impl_->sample_mu);
+  if (impl_->sample_loader) impl_->sample_loader->Stop();
 }
 
 }  // namespace data
