@@ -196,6 +196,9 @@ struct Batch {
   const char* held_by = "ready";
   double wait_ms = 0;       // how long Next() waited for it
   int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
+  // Per row, the task (instruction) text the DB stores for the sample ("" for padding rows);
+  // empty when the DB stores none (Note [Task text] in src/data/loader.cc). Host memory always.
+  std::vector<std::string> task;
   // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
   // `images` holds `image_dtype` elements (bf16 bits when DType::kBFloat16) in `image_layout`. The
   // batch is complete when Next() returns it (Next() waits for its `ready_event`).

@@ -207,6 +207,15 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   d["latency_ms"] = b->latency_ms;
   d["held_by"] = b->held_by;
   d["wait_ms"] = b->wait_ms;
+  if (!b->task.empty()) {  // Note [Task text]; bytes the DB holds are not trusted to be UTF-8
+    py::list task;
+    for (const std::string& t : b->task) {
+      PyObject* s = PyUnicode_DecodeUTF8(t.data(), static_cast<Py_ssize_t>(t.size()), "replace");
+      if (!s) throw py::error_already_set();
+      task.append(py::reinterpret_steal<py::object>(s));
+    }
+    d["task"] = task;
+  }
   return d;
 }
 

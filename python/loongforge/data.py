@@ -1,6 +1,7 @@
 """DataFusion: model-ready robot-learning batches from a packed LMDB, decoded in C++.
 
-``DataFusionLoader`` is an iterable of dicts of torch tensors. The tensors share memory with the
+``DataFusionLoader`` is an iterable of dicts of torch tensors (and ``task``, a list of str, where
+the DB stores task text). The tensors share memory with the
 C++ batch buffers through DLPack (no copy); a buffer is recycled when its tensors are freed, so
 keep a batch only as long as you need it (or ``.clone()`` what you keep).
 
@@ -31,8 +32,9 @@ def loader_options() -> Dict[str, Any]:
 
 
 class DataFusionBatch(dict):
-    """A batch: a dict of tensors (keys as before), plus what a trainer keys CUDA graphs and
-    memory plans on.
+    """A batch: a dict of tensors (keys as before) and, where the DB stores task text, ``task``:
+    a list of str, one per row ("" for padding rows; Note [Task text] in src/data/loader.cc); plus
+    what a trainer keys CUDA graphs and memory plans on.
 
     Attributes:
         bucket: index into the loader's ``token_buckets`` (static shapes), else -1.
@@ -252,6 +254,8 @@ class DataFusionLoader:
         batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
         batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
                            self._horizon)
+        if "task" in raw:  # Note [Task text] in src/data/loader.cc
+            batch["task"] = list(raw["task"])
         return batch, host
 
     @property
@@ -323,7 +327,8 @@ class DataFusionDataset:
     dtypes, device, layout and meaning of one row of the loader's batches, unbatched: ``images``
     [cams, 3, H, W], ``tokens`` and ``attention_mask`` [L] (padded as a batch of one: to the
     sample's own length, ``token_pad`` or its token bucket), ``state`` [S], ``action`` [T, A],
-    ``action_mask`` [T], ``sample_index`` (a 0-d tensor).
+    ``action_mask`` [T], ``sample_index`` (a 0-d tensor), and ``task`` (a str) where the DB
+    stores task text.
 
     The values are those the loader's batches give sample ``i`` in epoch 0 (``sample(i, epoch)``
     for another epoch): the crop and jitter are drawn from (seed, epoch, sample, camera), so the
@@ -360,4 +365,4 @@ class DataFusionDataset:
         raw = self._loader._impl.get_sample(i, int(epoch))
         batch, _ = self._loader._wrap(raw, non_blocking=False)
         # Copies: the row's buffer goes back to the loader's pool at once.
-        return {k: v[0].clone() for k, v in batch.items()}
+        return {k: v[0] if k == "task" else v[0].clone() for k, v in batch.items()}

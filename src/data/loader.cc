@@ -58,6 +58,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -245,6 +247,7 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
       w->state.resize(n);
       w->action.resize(n);
       w->amask.resize(n);
+      w->task.assign(task_source == TaskSource::kNone ? 0 : n, std::string_view());
       w->jpeg.resize(n * cams);
       w->sample_status.assign(n, Status::Ok());
       int64_t bytes = 0;
@@ -298,6 +301,23 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
         get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
         get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
         for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
+        if (task_source == TaskSource::kRecord) {  // Note [Task text]
+          get("task", 0, &w->task[i]);
+        } else if (task_source == TaskSource::kLeRobot) {
+          std::string_view lr;  // f64 timestamp, i64 task_index, i64 index
+          get("lerobot", 24, &lr);
+          if (w->sample_status[i].ok()) {
+            int64_t ti = 0;
+            std::memcpy(&ti, lr.data() + 8, sizeof(ti));
+            auto it = lerobot_tasks.find(ti);
+            if (it == lerobot_tasks.end())
+              w->sample_status[i] = DataLossError(
+                  reader->path() + ": record '" + SampleKey(id, "lerobot") + "' has task_index " +
+                  std::to_string(ti) + ", which the schema's task table lacks");
+            else
+              w->task[i] = it->second;
+          }
+        }
         std::string_view meta;  // int32 episode, step (dataset.h): checked, not delivered
         get("meta", 2 * sizeof(int32_t), &meta);
       }
@@ -452,6 +472,11 @@ void Pipeline::Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* ou
   b.action_dim = sc.action_dim;
   b.horizon = sc.action_horizon;
   b.latency_ms = (NowSeconds() - w.t_start) * 1e3;
+  b.task.clear();
+  if (!w.task.empty()) {  // Note [Task text]: kept rows in order, "" for padding rows
+    b.task.resize(p.rows);
+    for (int o = 0; o < p.n; ++o) b.task[o] = w.task[p.keep[o]];
+  }
   // Hand the slot to the consumer: the Batch keeps the pool alive and returns the slot on release.
   Slot* slot = w.slot;
   w.slot = nullptr;
@@ -598,6 +623,52 @@ Status StageNormalization(const LoaderOptions& o, const Schema& sc, bool* normal
   return Status::Ok();
 }
 
+// Note [Task text]
+// ----------------
+// LeRobot and GR00T batches carry each sample's task text, so the loader delivers it too, from
+// what the DB stores: `pack` and `pack --from-lerobot` write "{id}_task" (the instruction's
+// UTF-8 text, what "{id}_tokens" encodes); a LeRobot DB packed before that has each sample's
+// task_index in "{id}_lerobot" and the task table in the schema's source_meta. A DB with neither
+// (older episode-folder packs, synthetic DBs) stores no text: the tokens cannot stand in for it
+// (Tokenizer::Decode is for display, lossy for other tokenizers than byte-v1), so batches have no
+// task and the loader says so once per DB. Which source applies is decided from sample 0; a
+// later sample without its record is then a corrupt sample naming the record.
+Status FindTaskSource(const RecordReader& reader, internal::Pipeline::TaskSource* source,
+                      std::map<int64_t, std::string>* lerobot_tasks) {
+  using TaskSource = internal::Pipeline::TaskSource;
+  const Schema& sc = reader.schema();
+  *source = TaskSource::kNone;
+  if (sc.num_samples == 0) return Status::Ok();
+  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader.Begin());
+  if (txn.Get(SampleKey(0, "task")).ok()) {
+    *source = TaskSource::kRecord;
+    return Status::Ok();
+  }
+  if (sc.source_format.rfind("lerobot", 0) == 0 && txn.Get(SampleKey(0, "lerobot")).ok()) {
+    nlohmann::json meta = nlohmann::json::parse(sc.source_meta, nullptr, false);
+    if (meta.is_discarded() || !meta.contains("tasks") || !meta["tasks"].is_object())
+      return DataLossError(reader.path() + ": the schema's source_meta has no task table");
+    for (const auto& [k, v] : meta["tasks"].items()) {
+      char* end = nullptr;
+      const long long ti = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || !v.is_string())
+        return DataLossError(reader.path() + ": the schema's source_meta task table has entry '" +
+                             k + "', not task_index -> text");
+      (*lerobot_tasks)[ti] = v.get<std::string>();
+    }
+    *source = TaskSource::kLeRobot;
+    return Status::Ok();
+  }
+  static std::mutex mu;
+  static std::set<std::string> noted;
+  std::lock_guard<std::mutex> lock(mu);
+  if (noted.insert(reader.path()).second)
+    LF_LOG(INFO) << reader.path()
+                 << ": this DB stores no task text (no '00000000_task' record: packed before "
+                    "the loader delivered it); its batches have no 'task' (repack it to get it)";
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
@@ -675,6 +746,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   impl->s3 = internal::CollateLayout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
                                            sc.action_dim, sc.action_horizon);
   for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));
+  LF_RETURN_IF_ERROR(FindTaskSource(*impl->reader, &impl->task_source, &impl->lerobot_tasks));
   bool pin = o.pin_memory;
   if (pin && !internal::PinnedAvailable()) {
     LF_LOG(INFO) << "pin_memory requested but this build has no CUDA: using pageable memory";

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -128,6 +129,7 @@ struct Work {
   std::shared_ptr<SlotPool> pool;
   std::optional<RecordReader::Txn> txn;
   std::vector<std::string_view> tokens, state, action, amask;
+  std::vector<std::string_view> task;  // per sample (Note [Task text]); empty without a source
   std::vector<std::string_view> jpeg;  // [sample * cameras + camera]
   std::vector<Status> sample_status;   // first error of each sample
   Status fatal;  // stops the pipeline whatever the corrupt policy (an instruction too long for
@@ -219,6 +221,10 @@ struct Pipeline {
   std::vector<float> norm_stats;  // staged with every batch: centre_s, scale_s, centre_a, scale_a
   CollateLayout s3;
   std::vector<std::string> camera_modality;
+  // Note [Task text]: where each sample's text comes from; kLeRobot: task_index -> text.
+  enum class TaskSource { kNone, kRecord, kLeRobot };
+  TaskSource task_source = TaskSource::kNone;
+  std::map<int64_t, std::string> lerobot_tasks;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
   MetricsRegistry metrics;

@@ -519,11 +519,11 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       static_assert(sizeof(lr) == 24, "lerobot record layout");
       std::vector<std::string_view> jpegs(cams.size());
       for (size_t c = 0; c < cams.size(); ++c) jpegs[c] = ep.jpegs[c][t];
-      Status st = PutSample(
-          writer.get(), sample, schema.cameras,
-          {AsBytes(chunk), AsBytes(amask), std::move(jpegs), AsBytes(&lr, 1), AsBytes(meta, 2),
-           AsBytes(ep.state.data() + t * state_dim, state_dim), AsBytes(tok->second)},
-          &result.jpeg_bytes);
+      Status st = PutSample(writer.get(), sample, schema.cameras,
+                            {AsBytes(chunk), AsBytes(amask), std::move(jpegs), AsBytes(&lr, 1),
+                             AsBytes(meta, 2), AsBytes(ep.state.data() + t * state_dim, state_dim),
+                             tasks.at(ep.task_index[t]), AsBytes(tok->second)},
+                            &result.jpeg_bytes);
       if (!st.ok()) return fail_all(st);
     }
     all_state.insert(all_state.end(), ep.state.begin(), ep.state.end());
