@@ -114,10 +114,46 @@ OptionField ImageDTypeField() {
           [](const LoaderOptions& o) -> py::object { return py::str(DTypeLongName(o.dtype)); }};
 }
 
+// LoaderOptions::image_size: N (N x N) or (height, width); read back as (height, width). Bounds are
+// Create's.
+OptionField ImageSizeField() {
+  return {"image_size",
+          [](LoaderOptions& o, py::handle v) {
+            auto bad = [&] {
+              ThrowStatus(InvalidArgumentError(
+                  "DataLoader: option 'image_size' must be an int or (height, width), got " +
+                  py::repr(v).cast<std::string>()));
+            };
+            auto side = [&](py::handle x) {
+              if (py::isinstance<py::bool_>(x) || !py::isinstance<py::int_>(x)) bad();
+              long long n = 0;
+              try {
+                n = x.cast<long long>();
+              } catch (const py::cast_error&) {
+                bad();
+              }
+              if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max()) bad();
+              return static_cast<int>(n);
+            };
+            if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v)) {
+              const int n = side(v);
+              o.image_size = {n, n};
+              return;
+            }
+            if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad();
+            const py::sequence s = py::reinterpret_borrow<py::sequence>(v);
+            if (py::len(s) != 2) bad();
+            o.image_size = {side(s[0]), side(s[1])};
+          },
+          [](const LoaderOptions& o) -> py::object {
+            return py::make_tuple(o.image_size[0], o.image_size[1]);
+          }};
+}
+
 const std::vector<OptionField>& OptionFields() {
   static const std::vector<OptionField> fields = {
       Plain("batch_size", &LoaderOptions::batch_size),
-      Plain("image_size", &LoaderOptions::image_size),
+      ImageSizeField(),
       Plain("crop_fraction", &LoaderOptions::crop_fraction),
       Plain("train", &LoaderOptions::train),
       Plain("color_jitter", &LoaderOptions::color_jitter),

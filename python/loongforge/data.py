@@ -83,7 +83,10 @@ class DataFusionLoader:
         pin_memory: page-locked buffers; default True when device is CUDA.
         token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
         layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
-        dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16').
+        dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16'),
+            normalized by mean/std; or torch.uint8: the decoded, cropped, resized (and jittered)
+            pixels 0..255 without normalization (written by the CPU loader; with device='cuda'
+            the CPU loader runs and batches are copied).
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
         timeout_s: every wait inside the pipeline, in seconds (> 0; there is no "no timeout").
         **options: any other loader option (above).
@@ -123,11 +126,13 @@ class DataFusionLoader:
         self.layout, self.dtype = layout, getattr(torch, _C.loader_image_dtype(dtype))
         self._gpu = False
         self._fallback_reason: Optional[str] = None
-        gpu_kwargs: Dict[str, Any] = {}
+        stage_kwargs: Dict[str, Any] = {}
         if self.device.type == "cuda":
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             ok, why = _C.gpu_loader_support(self.device.index)
+            if ok and self.dtype == torch.uint8:
+                ok, why = False, "dtype=uint8 is written by the CPU loader only"
             if gpu_decode is False:
                 self._fallback_reason = "gpu_decode=False"
             elif ok:
@@ -141,11 +146,15 @@ class DataFusionLoader:
             if queue_warning:
                 warnings.warn("DataFusionLoader: " + queue_warning)
             # The CPU loader writes float32 NCHW only: elsewhere this adapter converts.
-            gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
+            stage_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
                               dtype=self.dtype, antialias=antialias)
-        elif antialias:
-            warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
-                          f"({self._fallback_reason or 'device=cpu'})")
+        else:
+            if antialias:
+                warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
+                              f"({self._fallback_reason or 'device=cpu'})")
+            # The CPU loader writes float32 (converted below to bfloat16) or uint8 itself.
+            if self.dtype == torch.uint8:
+                stage_kwargs = dict(dtype=self.dtype)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         if token_pad == "batch_max":
@@ -167,7 +176,7 @@ class DataFusionLoader:
         self._closed = False
         self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
-                                   **options, **gpu_kwargs)
+                                   **options, **stage_kwargs)
         self.db_path = str(db_path)
         self.batch_size = batch_size
         self.seed = int(options.get("seed", known["seed"]))

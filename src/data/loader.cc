@@ -95,9 +95,10 @@ int TokenBucketFor(const std::vector<int>& buckets, int length) {
 }
 
 Status CheckImageDType(DType dtype) {
-  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16) return Status::Ok();
-  return InvalidArgumentError(std::string("loader option 'dtype' must be float32 or bfloat16 (the "
-                                          "image types the loader writes), got ") +
+  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kUInt8)
+    return Status::Ok();
+  return InvalidArgumentError(std::string("loader option 'dtype' must be float32, bfloat16 or "
+                                          "uint8 (the image types the loader writes), got ") +
                               DTypeLongName(dtype));
 }
 
@@ -466,7 +467,9 @@ void Pipeline::Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* ou
   b.token_bucket = p.bucket;
   b.corrupt_skipped = p.dropped;
   b.cameras = static_cast<int>(sc.cameras.size());
-  b.height = b.width = opts.image_size;
+  b.height = opts.image_size[0];
+  b.width = opts.image_size[1];
+  b.image_dtype = opts.dtype;  // the host batch's (a stage's device copy keeps its own)
   b.tokens_len = p.len;
   b.state_dim = sc.state_dim;
   b.action_dim = sc.action_dim;
@@ -673,8 +676,12 @@ Status FindTaskSource(const RecordReader& reader, internal::Pipeline::TaskSource
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
   if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
-  if (o.image_size <= 0 || o.image_size > 4096)
-    return InvalidArgumentError("image_size out of range");
+  if (o.image_size[0] < 1 || o.image_size[0] > 4096 || o.image_size[1] < 1 ||
+      o.image_size[1] > 4096)
+    return InvalidArgumentError(
+        "loader option 'image_size' must be (height, width), each in "
+        "1..4096, got (" +
+        std::to_string(o.image_size[0]) + ", " + std::to_string(o.image_size[1]) + ")");
   if (!(o.crop_fraction > 0.f && o.crop_fraction <= 1.f))
     return InvalidArgumentError("crop_fraction must be in (0, 1]");
   if (o.threads <= 0 || o.threads > kMaxLoaderThreads)
@@ -707,10 +714,14 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   LF_RETURN_IF_ERROR(internal::CheckLanesAndStagger(o.decode_lanes, o.decode_stagger, "decode_"));
   LF_RETURN_IF_ERROR(CheckImageDType(o.dtype));
   const bool gpu = o.device == LoaderDevice::kCuda;
-  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != DType::kFloat32 || o.antialias))
+  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype == DType::kBFloat16 || o.antialias))
     return InvalidArgumentError(
         "layout NHWC, dtype bfloat16 and antialias need device=cuda (the CPU loader writes "
-        "float32 NCHW)");
+        "float32 or uint8 NCHW)");
+  if (gpu && o.dtype == DType::kUInt8)
+    return InvalidArgumentError(
+        "loader option 'dtype' uint8 needs device=cpu (the GPU loader writes float32 or "
+        "bfloat16)");
   if (gpu) {
     std::string why;
     if (!GpuSupport(o.device_id, &why)) return UnavailableError("loader: device=cuda: " + why);
@@ -755,7 +766,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   internal::SlotShape shape;
   shape.b = o.batch_size;
   shape.k = static_cast<int>(sc.cameras.size());
-  shape.hw = o.image_size;
+  shape.ih = o.image_size[0];
+  shape.iw = o.image_size[1];
   shape.l = impl->max_tokens;
   shape.s = sc.state_dim;
   shape.a = sc.action_dim;

@@ -72,10 +72,10 @@ struct Slot {
 
 // Sizes of one batch's arrays, and their layout (every array 256-byte aligned).
 struct SlotShape {
-  int b = 0, k = 0, hw = 0, l = 0, s = 0, a = 0, h = 0;  // rows, cameras, image side, tokens,
-                                                         // state, action, horizon
-  size_t image_elem = 4;                                 // bytes per image element
-  size_t raw = 0;                                        // stage 3 staging bytes (aligned)
+  int b = 0, k = 0, l = 0, s = 0, a = 0, h = 0;  // rows, cameras, tokens, state, action, horizon
+  int ih = 0, iw = 0;                            // image height, width
+  size_t image_elem = 4;                         // bytes per image element
+  size_t raw = 0;                                // stage 3 staging bytes (aligned)
 
   static size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
   // Points b's non-image arrays into p (the layout both host and device copies use).
