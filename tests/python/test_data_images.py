@@ -124,3 +124,29 @@ def test_image_size_types(db, size):
 def test_other_dtypes_refused(db):
     with pytest.raises(ValueError, match="dtype"):
         loongforge.DataFusionLoader(db, 4, dtype=torch.int16)
+
+
+GPU_OK = torch.cuda.is_available() and _C.gpu_loader_support(0)[0]
+
+
+# Guards the GPU loader with non-square output (its kernel against the CPU loader, decoders
+# aside) and uint8 on device='cuda': the CPU loader runs, says why, and copies the same pixels.
+@pytest.mark.skipif(not GPU_OK, reason="GPU loader unavailable")
+def test_gpu_non_square_and_uint8(db):
+    cpu, gpu = _loader(db), _loader(db, device="cuda")
+    assert gpu.gpu_pipeline
+    a, b = next(iter(cpu)), next(iter(gpu))
+    assert b["images"].is_cuda and b["images"].shape == (4, 2, 3, H, W)
+    assert (a["images"] - b["images"].cpu()).abs().mean().item() < 0.04
+    item = gpu.dataset[1]
+    assert item["images"].is_cuda and item["images"].shape == (2, 3, H, W)
+    diff = (item["images"] - b["images"][1]).abs().max().item()
+    print("GPU dataset[1] vs its batch row: max abs diff", diff)
+    assert diff < 0.1
+    u = _loader(db, device="cuda", dtype=torch.uint8)
+    assert not u.gpu_pipeline and "uint8" in u.metrics()["reason"]
+    x = next(iter(u))["images"]
+    assert x.is_cuda and x.dtype == torch.uint8
+    assert torch.equal(x.cpu(), next(iter(_loader(db, dtype=torch.uint8)))["images"])
+    with pytest.raises(RuntimeError, match="uint8"):
+        _loader(db, device="cuda", dtype=torch.uint8, gpu_decode=True)
