@@ -269,6 +269,9 @@ class DataLoader {
   // Static shapes: the token buckets in use (sorted), empty otherwise. Batch::token_bucket indexes
   // this list; a trainer keys CUDA graphs / memory plans on (token_bucket) or tokens_len.
   const std::vector<int>& token_buckets() const;
+  // Whether batches carry Batch::task: the DB stores task text (Note [Task text] in
+  // src/data/loader.cc).
+  bool has_task_text() const;
 
   MetricsRegistry& metrics();
   int64_t corrupt_skipped() const;

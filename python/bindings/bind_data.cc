@@ -367,6 +367,7 @@ void BindData(py::module_& m) {
       .def_property_readonly("next_batch", &DataLoader::next_batch)
       .def_property_readonly("corrupt_skipped", &DataLoader::corrupt_skipped)
       .def_property_readonly("token_buckets", &DataLoader::token_buckets)
+      .def_property_readonly("has_task_text", &DataLoader::has_task_text)
       .def_property_readonly("schema_json", [](DataLoader& d) { return d.schema().ToJson(); })
       .def("metrics",
            [](DataLoader& d) {

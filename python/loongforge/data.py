@@ -22,6 +22,8 @@ from torch.utils.dlpack import from_dlpack
 
 from . import _C, _cuda_env
 
+# DBs whose lack of task text was already warned about (once per process and DB).
+_NO_TASK_NOTED: set = set()
 _BOOL_KEYS = ("attention_mask", "action_mask")
 _TENSOR_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask", "sample_index")
 
@@ -178,6 +180,11 @@ class DataFusionLoader:
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
                                    **options, **stage_kwargs)
         self.db_path = str(db_path)
+        if not self._impl.has_task_text and self.db_path not in _NO_TASK_NOTED:
+            _NO_TASK_NOTED.add(self.db_path)
+            warnings.warn(f"DataFusionLoader: {self.db_path} stores no task text (packed before "
+                          "'pack' wrote it, or synthetic); its batches have no 'task' (repack "
+                          "it with loongforge pack to get it)")
         self.batch_size = batch_size
         self.seed = int(options.get("seed", known["seed"]))
         self.schema: Dict[str, Any] = json.loads(self._impl.schema_json)

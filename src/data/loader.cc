@@ -59,7 +59,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -634,8 +633,9 @@ Status StageNormalization(const LoaderOptions& o, const Schema& sc, bool* normal
 // task_index in "{id}_lerobot" and the task table in the schema's source_meta. A DB with neither
 // (older episode-folder packs, synthetic DBs) stores no text: the tokens cannot stand in for it
 // (Tokenizer::Decode is for display, lossy for other tokenizers than byte-v1), so batches have no
-// task and the loader says so once per DB. Which source applies is decided from sample 0; a
-// later sample without its record is then a corrupt sample naming the record.
+// task (has_task_text() is false; the Python adapter warns once per DB). Which source applies is
+// decided from sample 0; a later sample without its record is then a corrupt sample naming the
+// record.
 Status FindTaskSource(const RecordReader& reader, internal::Pipeline::TaskSource* source,
                       std::map<int64_t, std::string>* lerobot_tasks) {
   using TaskSource = internal::Pipeline::TaskSource;
@@ -662,13 +662,10 @@ Status FindTaskSource(const RecordReader& reader, internal::Pipeline::TaskSource
     *source = TaskSource::kLeRobot;
     return Status::Ok();
   }
-  static std::mutex mu;
-  static std::set<std::string> noted;
-  std::lock_guard<std::mutex> lock(mu);
-  if (noted.insert(reader.path()).second)
-    LF_LOG(INFO) << reader.path()
-                 << ": this DB stores no task text (no '00000000_task' record: packed before "
-                    "the loader delivered it); its batches have no 'task' (repack it to get it)";
+  // Debug only: the CLI's output stays as it was; Python's adapter warns once per DB.
+  LF_LOG(DEBUG) << reader.path()
+                << ": this DB stores no task text (no '00000000_task' record); its batches have "
+                   "no task";
   return Status::Ok();
 }
 
@@ -838,6 +835,9 @@ int64_t DataLoader::batches_per_epoch() const { return impl_->sampler->batches_p
 int64_t DataLoader::epoch() const { return impl_->epoch; }
 int64_t DataLoader::next_batch() const { return impl_->next_batch; }
 const std::vector<int>& DataLoader::token_buckets() const { return impl_->buckets; }
+bool DataLoader::has_task_text() const {
+  return impl_->task_source != internal::Pipeline::TaskSource::kNone;
+}
 MetricsRegistry& DataLoader::metrics() { return impl_->metrics; }
 int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
 

@@ -124,12 +124,15 @@ def test_task_padding_rows(episode_db, tmp_path):
     assert b["task"] == [texts[0], texts[2], texts[3], ""]
 
 
-# Guards a DB that stores no text: no `task` key (the batch keeps its tensors), one note per DB.
-def test_no_task_text_noted_once(tmp_path, capfd):
+# Guards a DB that stores no text: no `task` key (the batch keeps its tensors), one warning per
+# DB, and a DB that has it says so.
+def test_no_task_text_noted_once(tmp_path, episode_db):
     db = make_db(str(tmp_path / "db"), samples=8)
-    for _ in range(2):
-        ld = DataFusionLoader(db, 4, image_size=16, threads=1)
-        b = next(iter(ld))
-        assert "task" not in b and "task" not in ld.dataset[0]
-    err = capfd.readouterr().err
-    assert err.count("stores no task text") == 1, err
+    with pytest.warns(UserWarning, match="stores no task text") as w:
+        for _ in range(2):
+            ld = DataFusionLoader(db, 4, image_size=16, threads=1)
+            b = next(iter(ld))
+            assert "task" not in b and "task" not in ld.dataset[0]
+            assert not ld._impl.has_task_text
+    assert sum("task text" in str(x.message) for x in w) == 1
+    assert DataFusionLoader(episode_db[0], 4, image_size=16)._impl.has_task_text
