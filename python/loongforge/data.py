@@ -65,8 +65,8 @@ class DataFusionLoader:
     The loader's options are declared once, in C++ (``LoaderOptions`` in
     include/loongforge/loader.h, documented in docs/data.md); ``loader_options()`` lists every one
     with its default. Pass any of them by keyword: an unknown name raises TypeError naming it, a bad
-    value ValueError naming the option. The most used: ``image_size``, ``crop_fraction``,
-    ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
+    value ValueError naming the option. The most used: ``image_size`` (N or (H, W)),
+    ``crop_fraction``, ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
     ``drop_last``; ``threads`` (decode threads), ``prefetch`` (batches in flight); static batches:
     ``token_buckets`` (every batch has ``batch_size`` rows, tokens padded to the smallest
     bucket >= its longest instruction; batches carry ``.bucket`` / ``.shape_key``), ``static_shapes``,

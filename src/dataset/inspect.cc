@@ -102,6 +102,9 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
   auto tok = MakeTokenizer(s.tokenizer);
   js["text"] =
       tok.ok() ? (*tok)->Decode(tokens) : "(tokenizer '" + s.tokenizer + "' not available)";
+  // The stored text (packs that write "{id}_task"), which the loader's `task` is.
+  if (auto task = txn.Get(SampleKey(sample_id, "task")); task.ok())
+    js["task"] = std::string(task->data(), task->size());
   LF_ASSIGN_OR_RETURN(auto state,
                       ReadArray<float>(txn, SampleKey(sample_id, "state"), s.state_dim));
   js["state"] = state;
@@ -214,6 +217,7 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
   if (x["tokens"].size() > 24) toks += " ...";
   line("  tokens (%zu) [%s]\n", x["tokens"].size(), toks.c_str());
   o += "  text   \"" + x["text"].get<std::string>() + "\"\n";
+  if (x.contains("task")) o += "  task   \"" + x["task"].get<std::string>() + "\"\n";
   line("  state  %s\n", Floats(x["state"]).c_str());
   line("  action[0] %s\n", Floats(x["action_row0"]).c_str());
   std::string mask;

@@ -88,6 +88,7 @@ def test_pack_stores_and_loader_delivers_task(episode_db):
     got, ld = _all_tasks(db, seed=5)
     assert got == dict(enumerate(texts))
     assert ld.dataset[4]["task"] == texts[4]
+    assert packing.inspect_db(db, 4)["sample"]["task"] == texts[4]
     # The text is what the tokens encode (byte-v1: byte b -> b + 3 between bos and eos).
     b = next(iter(DataFusionLoader(db, 4, image_size=16, threads=1, shuffle=False)))
     for row, t in enumerate(b["task"]):
