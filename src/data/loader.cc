@@ -477,7 +477,11 @@ void Pipeline::Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* ou
   b.task.clear();
   if (!w.task.empty()) {  // Note [Task text]: kept rows in order, "" for padding rows
     b.task.resize(p.rows);
-    for (int o = 0; o < p.n; ++o) b.task[o] = w.task[p.keep[o]];
+    for (int o = 0; o < p.n; ++o) {
+      // An empty record's view may have no data pointer: never copy from it.
+      const std::string_view t = w.task[p.keep[o]];
+      if (!t.empty()) b.task[o].assign(t.data(), t.size());
+    }
   }
   // Hand the slot to the consumer: the Batch keeps the pool alive and returns the slot on release.
   Slot* slot = w.slot;

@@ -104,7 +104,7 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
       tok.ok() ? (*tok)->Decode(tokens) : "(tokenizer '" + s.tokenizer + "' not available)";
   // The stored text (packs that write "{id}_task"), which the loader's `task` is.
   if (auto task = txn.Get(SampleKey(sample_id, "task")); task.ok())
-    js["task"] = std::string(task->data(), task->size());
+    js["task"] = task->empty() ? std::string() : std::string(task->data(), task->size());
   LF_ASSIGN_OR_RETURN(auto state,
                       ReadArray<float>(txn, SampleKey(sample_id, "state"), s.state_dim));
   js["state"] = state;
