@@ -48,11 +48,13 @@ struct BenchFlags {
   int epochs = 1, max_batches = 0, warmup = 3;
   std::string device = "cpu";
   bool no_dct = false, json = false;
+  int image_side = 0;  // --image-size N: N x N output; 0 keeps LoaderOptions::image_size
 };
 
 Status BenchLoader(LoaderOptions o, const BenchFlags& f) {
   const int epochs = f.epochs, max_batches = f.max_batches, warmup = f.warmup;
   o.dct_scaling = !f.no_dct;
+  if (f.image_side > 0) o.image_size = {f.image_side, f.image_side};
   if (f.device == "cuda") o.device = LoaderDevice::kCuda;
   auto dl = DataLoader::Create(o);
   if (!dl.ok()) return dl.status();
@@ -105,7 +107,7 @@ Status BenchLoader(LoaderOptions o, const BenchFlags& f) {
     std::printf("], \"metrics\": %s}\n", (*dl)->metrics().ToJson().c_str());
   } else {
     std::printf("DataFusion loader: %s, batch %d, %d threads, %dx%d out\n", o.db_path.c_str(),
-                o.batch_size, o.threads, o.image_size, o.image_size);
+                o.batch_size, o.threads, o.image_size[1], o.image_size[0]);
     std::printf("  samples/s          %.1f  (images/s %.1f)\n", sps, images / wall);
     std::printf("  interval ms        p50 %.2f  p99 %.2f  std %.2f (%.1f%% of mean)\n", iv.p50,
                 iv.p99, iv.std, iv.mean > 0 ? 100 * iv.std / iv.mean : 0);
@@ -144,9 +146,8 @@ void AddBench(CLI::App& root) {
   app->add_option("--prefetch", o->prefetch, "batches in flight")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  app->add_option("--image-size", o->image_size, "output side")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  app->add_option("--image-size", f->image_side, "output side (default 224)")
+      ->check(CLI::Range(1, 4096));
   app->add_option("--epochs", f->epochs, "epochs to run")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -10,6 +10,8 @@
 //   "{sample_id:08d}_amask"      uint8[action_horizon]: 1 where the future step exists in the
 //   episode
 //   "{sample_id:08d}_meta"       int32[2]: episode index, step index
+//   "{sample_id:08d}_task"       UTF-8 text of the instruction the tokens encode (DBs packed
+//                                before it have none: Note [Task text] in src/data/loader.cc)
 //
 // Readers open the environment read-only with MDB_NOLOCK|MDB_RDONLY semantics suitable after
 // fork (no lock file writes, each reader thread its own read transaction) and get values as

@@ -86,7 +86,8 @@ constexpr int kMaxLoaderThreads = 256;
 struct LoaderOptions {
   std::string db_path;
   int batch_size = 32;
-  int image_size = 224;         // output H = W
+  // Output (height, width), each in 1..4096 (Python: image_size=N for N x N, or (H, W)).
+  std::array<int, 2> image_size = {224, 224};
   float crop_fraction = 0.95f;  // side fraction kept by the (random or centre) crop
   bool train = true;            // random crop offsets (train) or centre crop (eval)
   bool color_jitter = false;    // GR00T: brightness 0.3, contrast 0.4, saturation 0.5, hue 0.08
@@ -128,8 +129,10 @@ struct LoaderOptions {
   LoaderDevice device = LoaderDevice::kCpu;
   int device_id = 0;
   ImageLayout layout = ImageLayout::kNCHW;
-  // Element type of Batch::images: DType::kFloat32 or DType::kBFloat16 (kCuda only); Create
-  // refuses any other with InvalidArgument naming the option.
+  // Element type of Batch::images: DType::kFloat32 or DType::kBFloat16 (kCuda only), normalized
+  // by mean/std; or DType::kUInt8 (kCpu only): the decoded, cropped, resized (and jittered)
+  // pixels 0..255, rounded, without normalization. Create refuses any other with InvalidArgument
+  // naming the option.
   DType dtype = DType::kFloat32;
   bool antialias = false;  // triangle filter widened by the downscale factor
   bool hw_decode = true;   // use the JPEG engine when the GPU has one
@@ -166,8 +169,9 @@ const char* HeldBy(int64_t started, int64_t read, int64_t published, int64_t con
 StatusOr<std::vector<int>> SortTokenBuckets(std::vector<int> buckets);
 int TokenBucketFor(const std::vector<int>& buckets, int length);
 
-// Checks `dtype` as LoaderOptions::dtype: DType::kFloat32 or DType::kBFloat16, else
-// InvalidArgument naming the option. Create checks it; a binding checks a caller's value with it.
+// Checks `dtype` as LoaderOptions::dtype: DType::kFloat32, DType::kBFloat16 or DType::kUInt8,
+// else InvalidArgument naming the option (which device writes which: LoaderOptions::dtype). Create
+// checks it; a binding checks a caller's value with it.
 Status CheckImageDType(DType dtype);
 
 // One model-ready batch. Buffers are owned by the loader's pool; a batch returns to the pool when
@@ -180,7 +184,7 @@ struct Batch {
   int token_bucket = -1;  // static shapes: index into token_buckets (tokens_len == that bucket)
   int cameras = 0, height = 0, width = 0;
   int tokens_len = 0, state_dim = 0, action_dim = 0, horizon = 0;
-  float* images = nullptr;            // [rows, cameras, 3, height, width]
+  float* images = nullptr;            // [rows, cameras, 3, height, width] of image_dtype
   int64_t* tokens = nullptr;          // [rows, tokens_len], 0-padded
   uint8_t* attention_mask = nullptr;  // [rows, tokens_len]
   float* state = nullptr;             // [rows, state_dim]
@@ -196,6 +200,9 @@ struct Batch {
   const char* held_by = "ready";
   double wait_ms = 0;       // how long Next() waited for it
   int corrupt_skipped = 0;  // samples of this batch dropped under the skip policy
+  // Per row, the task (instruction) text the DB stores for the sample ("" for padding rows);
+  // empty when the DB stores none (Note [Task text] in src/data/loader.cc). Host memory always.
+  std::vector<std::string> task;
   // GPU loader: every pointer above is device memory of `device_id` (DLPack device_type 2), and
   // `images` holds `image_dtype` elements (bf16 bits when DType::kBFloat16) in `image_layout`. The
   // batch is complete when Next() returns it (Next() waits for its `ready_event`).
@@ -247,12 +254,24 @@ class DataLoader {
   // Stops the pipeline threads; queued work is discarded; pool buffers stay for reuse.
   void Stop();
 
+  // Map-style access (Note [Sample access] in src/data/loader.cc): sample `sample` of the DB
+  // (0 <= sample < schema().num_samples, whatever rank/world_size/shuffle say) as a batch of one
+  // row, bit for bit the row this loader gives it in `epoch` (its crop and jitter are drawn from
+  // (seed, epoch, sample, camera)). Tokens are padded as a batch of one: to the sample's own
+  // length, token_pad or its bucket. OutOfRange naming the sample and the DB's length; a corrupt
+  // sample is DataLoss/NotFound naming the record whatever on_corrupt says. Independent of the
+  // pipeline Start()/Next() run; calls are serialized. Consecutive samples are prefetched.
+  StatusOr<std::shared_ptr<Batch>> GetSample(int64_t sample, int64_t epoch = 0);
+
   // Resumable position: the next batch Next() would return.
   int64_t epoch() const;
   int64_t next_batch() const;
   // Static shapes: the token buckets in use (sorted), empty otherwise. Batch::token_bucket indexes
   // this list; a trainer keys CUDA graphs / memory plans on (token_bucket) or tokens_len.
   const std::vector<int>& token_buckets() const;
+  // Whether batches carry Batch::task: the DB stores task text (Note [Task text] in
+  // src/data/loader.cc).
+  bool has_task_text() const;
 
   MetricsRegistry& metrics();
   int64_t corrupt_skipped() const;

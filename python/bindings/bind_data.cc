@@ -73,10 +73,46 @@ OptionField ImageDTypeField() {
           [](const LoaderOptions& o) -> py::object { return py::str(DTypeLongName(o.dtype)); }};
 }
 
+// LoaderOptions::image_size: N (N x N) or (height, width); read back as (height, width). Bounds are
+// Create's.
+OptionField ImageSizeField() {
+  return {"image_size",
+          [](LoaderOptions& o, py::handle v) {
+            auto bad = [&] {
+              ThrowStatus(InvalidArgumentError(
+                  "DataLoader: option 'image_size' must be an int or (height, width), got " +
+                  py::repr(v).cast<std::string>()));
+            };
+            auto side = [&](py::handle x) {
+              if (py::isinstance<py::bool_>(x) || !py::isinstance<py::int_>(x)) bad();
+              long long n = 0;
+              try {
+                n = x.cast<long long>();
+              } catch (const py::cast_error&) {
+                bad();
+              }
+              if (n < std::numeric_limits<int>::min() || n > std::numeric_limits<int>::max()) bad();
+              return static_cast<int>(n);
+            };
+            if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v)) {
+              const int n = side(v);
+              o.image_size = {n, n};
+              return;
+            }
+            if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) bad();
+            const py::sequence s = py::reinterpret_borrow<py::sequence>(v);
+            if (py::len(s) != 2) bad();
+            o.image_size = {side(s[0]), side(s[1])};
+          },
+          [](const LoaderOptions& o) -> py::object {
+            return py::make_tuple(o.image_size[0], o.image_size[1]);
+          }};
+}
+
 const std::vector<OptionField>& OptionFields() {
   static const std::vector<OptionField> fields = {
       Plain("batch_size", &LoaderOptions::batch_size),
-      Plain("image_size", &LoaderOptions::image_size),
+      ImageSizeField(),
       Plain("crop_fraction", &LoaderOptions::crop_fraction),
       Plain("train", &LoaderOptions::train),
       Plain("color_jitter", &LoaderOptions::color_jitter),
@@ -153,6 +189,15 @@ py::dict BatchDict(std::shared_ptr<Batch> b) {
   d["latency_ms"] = b->latency_ms;
   d["held_by"] = b->held_by;
   d["wait_ms"] = b->wait_ms;
+  if (!b->task.empty()) {  // Note [Task text]; bytes the DB holds are not trusted to be UTF-8
+    py::list task;
+    for (const std::string& t : b->task) {
+      PyObject* s = PyUnicode_DecodeUTF8(t.data(), static_cast<Py_ssize_t>(t.size()), "replace");
+      if (!s) throw py::error_already_set();
+      task.append(py::reinterpret_steal<py::object>(s));
+    }
+    d["task"] = task;
+  }
   return d;
 }
 
@@ -243,6 +288,21 @@ void BindData(py::module_& m) {
             return BatchDict(ValueOrThrow(std::move(b)));
           },
           "Next batch as a dict of DLPack capsules, or None at the end of the epoch.")
+      .def(
+          "get_sample",
+          [](DataLoader& d, int64_t sample, int64_t epoch) -> py::object {
+            StatusOr<std::shared_ptr<Batch>> b =
+                CallWithoutGil([&] { return d.GetSample(sample, epoch); });
+            if (!b.ok() && b.status().code() == StatusCode::kOutOfRange) {
+              PyErr_SetString(PyExc_IndexError, b.status().message().c_str());
+              throw py::error_already_set();
+            }
+            return BatchDict(ValueOrThrow(std::move(b)));
+          },
+          py::arg("sample"), py::arg("epoch") = 0,
+          "Sample `sample` as a batch of one row (DataLoader::GetSample); IndexError naming the "
+          "sample and the length when out of range.")
+      .def_property_readonly("num_samples", [](DataLoader& d) { return d.schema().num_samples; })
       .def("stop",
            [](DataLoader& d) {
              py::gil_scoped_release nogil;
@@ -253,6 +313,7 @@ void BindData(py::module_& m) {
       .def_property_readonly("next_batch", &DataLoader::next_batch)
       .def_property_readonly("corrupt_skipped", &DataLoader::corrupt_skipped)
       .def_property_readonly("token_buckets", &DataLoader::token_buckets)
+      .def_property_readonly("has_task_text", &DataLoader::has_task_text)
       .def_property_readonly("schema_json", [](DataLoader& d) { return d.schema().ToJson(); })
       .def("metrics",
            [](DataLoader& d) {

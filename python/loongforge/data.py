@@ -1,6 +1,7 @@
 """DataFusion: model-ready robot-learning batches from a packed LMDB, decoded in C++.
 
-``DataFusionLoader`` is an iterable of dicts of torch tensors. The tensors share memory with the
+``DataFusionLoader`` is an iterable of dicts of torch tensors (and ``task``, a list of str, where
+the DB stores task text). The tensors share memory with the
 C++ batch buffers through DLPack (no copy); a buffer is recycled when its tensors are freed, so
 keep a batch only as long as you need it (or ``.clone()`` what you keep).
 
@@ -21,6 +22,8 @@ from torch.utils.dlpack import from_dlpack
 
 from . import _C, _cuda_env
 
+# DBs whose lack of task text was already warned about (once per process and DB).
+_NO_TASK_NOTED: set = set()
 _BOOL_KEYS = ("attention_mask", "action_mask")
 _TENSOR_KEYS = ("images", "tokens", "attention_mask", "state", "action", "action_mask", "sample_index")
 
@@ -31,8 +34,9 @@ def loader_options() -> Dict[str, Any]:
 
 
 class DataFusionBatch(dict):
-    """A batch: a dict of tensors (keys as before), plus what a trainer keys CUDA graphs and
-    memory plans on.
+    """A batch: a dict of tensors (keys as before) and, where the DB stores task text, ``task``:
+    a list of str, one per row ("" for padding rows; Note [Task text] in src/data/loader.cc); plus
+    what a trainer keys CUDA graphs and memory plans on.
 
     Attributes:
         bucket: index into the loader's ``token_buckets`` (static shapes), else -1.
@@ -61,8 +65,8 @@ class DataFusionLoader:
     The loader's options are declared once, in C++ (``LoaderOptions`` in
     include/loongforge/loader.h, documented in docs/data.md); ``loader_options()`` lists every one
     with its default. Pass any of them by keyword: an unknown name raises TypeError naming it, a bad
-    value ValueError naming the option. The most used: ``image_size``, ``crop_fraction``,
-    ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
+    value ValueError naming the option. The most used: ``image_size`` (N or (H, W)),
+    ``crop_fraction``, ``color_jitter``, ``train``; the sampler's ``seed``, ``rank``, ``world_size``, ``shuffle``,
     ``drop_last``; ``threads`` (decode threads), ``prefetch`` (batches in flight); static batches:
     ``token_buckets`` (every batch has ``batch_size`` rows, tokens padded to the smallest
     bucket >= its longest instruction; batches carry ``.bucket`` / ``.shape_key``), ``static_shapes``,
@@ -81,7 +85,10 @@ class DataFusionLoader:
         pin_memory: page-locked buffers; default True when device is CUDA.
         token_pad: 'batch_max' (pad to the longest in the batch) or a fixed length.
         layout: 'NCHW' (images [B, cams, 3, H, W]) or 'NHWC' ([B, cams, H, W, 3]).
-        dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16').
+        dtype: image dtype, torch.float32 or torch.bfloat16 (or its name, 'bfloat16'/'bf16'),
+            normalized by mean/std; or torch.uint8: the decoded, cropped, resized (and jittered)
+            pixels 0..255 without normalization (written by the CPU loader; with device='cuda'
+            the CPU loader runs and batches are copied).
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
         timeout_s: every wait inside the pipeline, in seconds (> 0; there is no "no timeout").
         **options: any other loader option (above).
@@ -121,11 +128,13 @@ class DataFusionLoader:
         self.layout, self.dtype = layout, getattr(torch, _C.loader_image_dtype(dtype))
         self._gpu = False
         self._fallback_reason: Optional[str] = None
-        gpu_kwargs: Dict[str, Any] = {}
+        stage_kwargs: Dict[str, Any] = {}
         if self.device.type == "cuda":
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             ok, why = _C.gpu_loader_support(self.device.index)
+            if ok and self.dtype == torch.uint8:
+                ok, why = False, "dtype=uint8 is written by the CPU loader only"
             if gpu_decode is False:
                 self._fallback_reason = "gpu_decode=False"
             elif ok:
@@ -139,11 +148,15 @@ class DataFusionLoader:
             if queue_warning:
                 warnings.warn("DataFusionLoader: " + queue_warning)
             # The CPU loader writes float32 NCHW only: elsewhere this adapter converts.
-            gpu_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
+            stage_kwargs = dict(device="cuda", device_id=self.device.index, layout=layout,
                               dtype=self.dtype, antialias=antialias)
-        elif antialias:
-            warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
-                          f"({self._fallback_reason or 'device=cpu'})")
+        else:
+            if antialias:
+                warnings.warn("DataFusionLoader: antialias needs the GPU loader; ignored "
+                              f"({self._fallback_reason or 'device=cpu'})")
+            # The CPU loader writes float32 (converted below to bfloat16) or uint8 itself.
+            if self.dtype == torch.uint8:
+                stage_kwargs = dict(dtype=self.dtype)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         if token_pad == "batch_max":
@@ -165,8 +178,13 @@ class DataFusionLoader:
         self._closed = False
         self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
-                                   **options, **gpu_kwargs)
+                                   **options, **stage_kwargs)
         self.db_path = str(db_path)
+        if not self._impl.has_task_text and self.db_path not in _NO_TASK_NOTED:
+            _NO_TASK_NOTED.add(self.db_path)
+            warnings.warn(f"DataFusionLoader: {self.db_path} stores no task text (packed before "
+                          "'pack' wrote it, or synthetic); its batches have no 'task' (repack "
+                          "it with loongforge pack to get it)")
         self.batch_size = batch_size
         self.seed = int(options.get("seed", known["seed"]))
         self.schema: Dict[str, Any] = json.loads(self._impl.schema_json)
@@ -209,30 +227,11 @@ class DataFusionLoader:
                 if raw is None:
                     completed = True
                     break
-                batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
-                # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
-                for k in _BOOL_KEYS:
-                    batch[k] = batch[k].view(torch.bool)
-                if self.device.type == "cuda" and not self._gpu:
-                    host = batch
-                    batch = DataFusionBatch(
-                        (k, v.to(self.device, non_blocking=True)) for k, v in host.items())
+                batch, host = self._wrap(raw, non_blocking=True)
+                if host is not None:
                     event = torch.cuda.Event()
                     event.record()
                     in_flight = (host, event)
-                    if self.layout == "NHWC":
-                        batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
-                    if self.dtype != torch.float32:
-                        batch["images"] = batch["images"].to(self.dtype)
-                elif self.device.type == "cpu" and self.layout == "NHWC":
-                    batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
-                if self.device.type == "cpu" and self.dtype != torch.float32:
-                    batch["images"] = batch["images"].to(self.dtype)
-                batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
-                batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
-                batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
-                batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
-                                   self._horizon)
                 self._yielded = int(raw["index"]) + 1
                 self._start_batch = self._yielded
                 yield batch
@@ -244,6 +243,42 @@ class DataFusionLoader:
         # A completed epoch resumes at the start of the next one.
         self._epoch = epoch + 1
         self._start_batch = 0
+
+    def _wrap(self, raw: Dict[str, Any], non_blocking: bool
+              ) -> Tuple[DataFusionBatch, Optional[DataFusionBatch]]:
+        """A batch dict of the C++ loader as this adapter's batch (device, layout, dtype), and
+        the host batch a non_blocking copy still reads (None when nothing was copied)."""
+        batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
+        # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
+        for k in _BOOL_KEYS:
+            batch[k] = batch[k].view(torch.bool)
+        host = None
+        if self.device.type == "cuda" and not self._gpu:
+            host = batch
+            batch = DataFusionBatch(
+                (k, v.to(self.device, non_blocking=non_blocking)) for k, v in host.items())
+            if self.layout == "NHWC":
+                batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+            if self.dtype != torch.float32:
+                batch["images"] = batch["images"].to(self.dtype)
+        elif self.device.type == "cpu" and self.layout == "NHWC":
+            batch["images"] = batch["images"].permute(0, 1, 3, 4, 2).contiguous()
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            batch["images"] = batch["images"].to(self.dtype)
+        batch.bucket, batch.size = int(raw["bucket"]), int(raw["size"])
+        batch.epoch, batch.index = int(raw["epoch"]), int(raw["index"])
+        batch.held_by, batch.wait_ms = str(raw["held_by"]), float(raw["wait_ms"])
+        batch.shape_key = (int(raw["rows"]), self._cameras, int(raw["tokens_len"]),
+                           self._horizon)
+        if "task" in raw:  # Note [Task text] in src/data/loader.cc
+            batch["task"] = list(raw["task"])
+        return batch, host
+
+    @property
+    def dataset(self) -> "DataFusionDataset":
+        """Map-style view of the DB: ``loader.dataset[i]`` is sample ``i`` as one row of a batch
+        (see :class:`DataFusionDataset`)."""
+        return DataFusionDataset(self)
 
     def close(self) -> None:
         """Stops the pipeline threads (a finished epoch leaves them prefetching the next one).
@@ -299,3 +334,51 @@ class DataFusionLoader:
     @property
     def corrupt_skipped(self) -> int:
         return int(self._impl.corrupt_skipped)
+
+
+class DataFusionDataset:
+    """Map-style access to a loader's DB, for debugging and for samplers of one's own:
+    ``ds[i]`` is sample ``i`` (0 <= i < ``len(ds)``, every sample of the DB whatever the loader's
+    rank, world size or shuffle; negative indices count from the end) as a dict with the keys,
+    dtypes, device, layout and meaning of one row of the loader's batches, unbatched: ``images``
+    [cams, 3, H, W], ``tokens`` and ``attention_mask`` [L] (padded as a batch of one: to the
+    sample's own length, ``token_pad`` or its token bucket), ``state`` [S], ``action`` [T, A],
+    ``action_mask`` [T], ``sample_index`` (a 0-d tensor), and ``task`` (a str) where the DB
+    stores task text.
+
+    The values are those the loader's batches give sample ``i`` in epoch 0 (``sample(i, epoch)``
+    for another epoch): the crop and jitter are drawn from (seed, epoch, sample, camera), so the
+    same ``i`` always gives the same sample. The tensors are copies the caller owns. Out of range:
+    IndexError naming the index and the length; a corrupt sample raises (DataLossError naming the
+    record) whatever ``on_corrupt`` says. Reading ``ds[i]``, ``ds[i + 1]``, ... in order is
+    prefetched (Note [Sample access] in src/data/loader.cc).
+    """
+
+    def __init__(self, loader: DataFusionLoader) -> None:
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return int(self._loader._impl.num_samples)
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return self.sample(index)
+
+    def sample(self, index: int, epoch: int = 0) -> Dict[str, Any]:
+        """Sample ``index`` as the loader's batches give it in ``epoch``."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            try:
+                index = index.__index__()
+            except AttributeError:
+                raise TypeError(f"DataFusionDataset indices must be integers, got "
+                                f"{type(index).__name__}") from None
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"DataFusionDataset index {index} is out of range for a dataset of "
+                             f"{n} samples ({self._loader.db_path})")
+        if self._loader._closed:
+            raise RuntimeError(f"DataFusionLoader({self._loader.db_path!r}) was closed")
+        raw = self._loader._impl.get_sample(i, int(epoch))
+        batch, _ = self._loader._wrap(raw, non_blocking=False)
+        # Copies: the row's buffer goes back to the loader's pool at once.
+        return {k: v[0] if k == "task" else v[0].clone() for k, v in batch.items()}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "loongforge/logging.h"
@@ -119,11 +120,11 @@ inline float SourceCoord(int d, float scale, float origin, float lo, float hi) {
   return std::min(std::max(s, lo), hi);
 }
 
-}  // namespace
-
-void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
-                         const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
-                         float* out) {
+// The fused pass of CropResizeNormalize and CropResizeToUint8: the same taps and jitter, then
+// either normalized floats or the pixel values rounded to uint8.
+template <typename Out>
+void CropResizeInto(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                    const Jitter& jitter, float gray_mean, const NormalizeParams& norm, Out* out) {
   const float sx = box.w / out_w, sy = box.h / out_h;
   const float xhi = std::min(box.x0 + box.w - 1, static_cast<float>(src.width - 1));
   const float yhi = std::min(box.y0 + box.h - 1, static_cast<float>(src.height - 1));
@@ -155,9 +156,9 @@ void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int
     float wy = s - y0;
     const uint8_t* r0 = src.pixels.data() + y0 * stride;
     const uint8_t* r1 = src.pixels.data() + y1 * stride;
-    float* o0 = out + static_cast<size_t>(dy) * out_w;
-    float* o1 = o0 + plane;
-    float* o2 = o1 + plane;
+    Out* o0 = out + static_cast<size_t>(dy) * out_w;
+    Out* o1 = o0 + plane;
+    Out* o2 = o1 + plane;
     for (int dx = 0; dx < out_w; ++dx) {
       const uint8_t* a = r0 + xoff0[dx];
       const uint8_t* b = r0 + xoff1[dx];
@@ -171,11 +172,31 @@ void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int
         v[ch] = top + (bot - top) * wy;
       }
       if (jitter.enabled) ApplyJitter(jitter, gray_mean, v);
-      o0[dx] = v[0] * scale[0] + bias[0];
-      o1[dx] = v[1] * scale[1] + bias[1];
-      o2[dx] = v[2] * scale[2] + bias[2];
+      if constexpr (std::is_same_v<Out, uint8_t>) {
+        // Bilinear weights of bytes stay in 0..255 but for float rounding: clamp, round.
+        o0[dx] = static_cast<uint8_t>(Clamp255(v[0]) + 0.5f);
+        o1[dx] = static_cast<uint8_t>(Clamp255(v[1]) + 0.5f);
+        o2[dx] = static_cast<uint8_t>(Clamp255(v[2]) + 0.5f);
+      } else {
+        o0[dx] = v[0] * scale[0] + bias[0];
+        o1[dx] = v[1] * scale[1] + bias[1];
+        o2[dx] = v[2] * scale[2] + bias[2];
+      }
     }
   }
+}
+
+}  // namespace
+
+void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                         const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
+                         float* out) {
+  CropResizeInto(src, box, out_w, out_h, jitter, gray_mean, norm, out);
+}
+
+void CropResizeToUint8(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                       const Jitter& jitter, float gray_mean, uint8_t* out) {
+  CropResizeInto(src, box, out_w, out_h, jitter, gray_mean, NormalizeParams{}, out);
 }
 
 void CropResizeNormalizeReference(const RgbImage& src, const CropBox& box, int out_w, int out_h,

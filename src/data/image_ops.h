@@ -191,6 +191,10 @@ class JpegDecoder {
 void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
                          const Jitter& jitter, float gray_mean, const NormalizeParams& norm,
                          float* out);
+// The same crop, resize and jitter without normalization: the pixel values (0..255) rounded to
+// uint8 [3, out_h, out_w] (LoaderOptions::dtype uint8).
+void CropResizeToUint8(const RgbImage& src, const CropBox& box, int out_w, int out_h,
+                       const Jitter& jitter, float gray_mean, uint8_t* out);
 
 // Mean gray (0.2989 R + 0.587 G + 0.114 B, 0..255) of `box`, sampled every `step` pixels: the
 // contrast mean of Note [Colour jitter], taken on the source crop rather than on the resized image

@@ -58,6 +58,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -93,9 +94,10 @@ int TokenBucketFor(const std::vector<int>& buckets, int length) {
 }
 
 Status CheckImageDType(DType dtype) {
-  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16) return Status::Ok();
-  return InvalidArgumentError(std::string("loader option 'dtype' must be float32 or bfloat16 (the "
-                                          "image types the loader writes), got ") +
+  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kUInt8)
+    return Status::Ok();
+  return InvalidArgumentError(std::string("loader option 'dtype' must be float32, bfloat16 or "
+                                          "uint8 (the image types the loader writes), got ") +
                               DTypeLongName(dtype));
 }
 
@@ -245,6 +247,7 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
       w->state.resize(n);
       w->action.resize(n);
       w->amask.resize(n);
+      w->task.assign(task_source == TaskSource::kNone ? 0 : n, std::string_view());
       w->jpeg.resize(n * cams);
       w->sample_status.assign(n, Status::Ok());
       int64_t bytes = 0;
@@ -298,6 +301,23 @@ void Pipeline::FetchLoop(int64_t ep, int64_t start) {
         get("action", sizeof(float) * sc.action_dim * sc.action_horizon, &w->action[i]);
         get("amask", static_cast<size_t>(sc.action_horizon), &w->amask[i]);
         for (int c = 0; c < cams; ++c) get(camera_modality[c], 0, &w->jpeg[i * cams + c]);
+        if (task_source == TaskSource::kRecord) {  // Note [Task text]
+          get("task", 0, &w->task[i]);
+        } else if (task_source == TaskSource::kLeRobot) {
+          std::string_view lr;  // f64 timestamp, i64 task_index, i64 index
+          get("lerobot", 24, &lr);
+          if (w->sample_status[i].ok()) {
+            int64_t ti = 0;
+            std::memcpy(&ti, lr.data() + 8, sizeof(ti));
+            auto it = lerobot_tasks.find(ti);
+            if (it == lerobot_tasks.end())
+              w->sample_status[i] = DataLossError(
+                  reader->path() + ": record '" + SampleKey(id, "lerobot") + "' has task_index " +
+                  std::to_string(ti) + ", which the schema's task table lacks");
+            else
+              w->task[i] = it->second;
+          }
+        }
         std::string_view meta;  // int32 episode, step (dataset.h): checked, not delivered
         get("meta", 2 * sizeof(int32_t), &meta);
       }
@@ -446,12 +466,23 @@ void Pipeline::Publish(Work& w, const CollatePlan& p, std::shared_ptr<Batch>* ou
   b.token_bucket = p.bucket;
   b.corrupt_skipped = p.dropped;
   b.cameras = static_cast<int>(sc.cameras.size());
-  b.height = b.width = opts.image_size;
+  b.height = opts.image_size[0];
+  b.width = opts.image_size[1];
+  b.image_dtype = opts.dtype;  // the host batch's (a stage's device copy keeps its own)
   b.tokens_len = p.len;
   b.state_dim = sc.state_dim;
   b.action_dim = sc.action_dim;
   b.horizon = sc.action_horizon;
   b.latency_ms = (NowSeconds() - w.t_start) * 1e3;
+  b.task.clear();
+  if (!w.task.empty()) {  // Note [Task text]: kept rows in order, "" for padding rows
+    b.task.resize(p.rows);
+    for (int o = 0; o < p.n; ++o) {
+      // An empty record's view may have no data pointer: never copy from it.
+      const std::string_view t = w.task[p.keep[o]];
+      if (!t.empty()) b.task[o].assign(t.data(), t.size());
+    }
+  }
   // Hand the slot to the consumer: the Batch keeps the pool alive and returns the slot on release.
   Slot* slot = w.slot;
   w.slot = nullptr;
@@ -503,7 +534,20 @@ void Pipeline::StopThreads() {
 // ---------------------------------------------------------------------------------------------
 // DataLoader
 
-struct DataLoader::Impl : internal::Pipeline {};
+// Note [Sample access]
+// --------------------
+// GetSample(i, epoch) serves map-style access (a dataset[i] for debugging and for the user's own
+// samplers) from a second pipeline over the same DB, created on first use, whose sampler is the
+// identity: batch_size 1, no shuffle, no dropped tail, one rank. Its batch i is sample i, decoded,
+// cropped, jittered and collated by the code that makes the batches, so the row is the batched
+// loader's row of sample i in that epoch (the augmentation draws depend on (seed, epoch, sample,
+// camera), not on the batch). It fails on a corrupt sample (on_corrupt error): an index that
+// silently gives nothing has no meaning. Asking for the sample after the last one asked continues
+// the running pipeline, which has prefetched it; any other index restarts it there.
+struct DataLoader::Impl : internal::Pipeline {
+  std::mutex sample_mu;
+  std::unique_ptr<DataLoader> sample_loader;
+};
 
 bool DataLoader::GpuSupport(int device_id, std::string* reason) {
   return internal::GpuStageSupport(device_id, reason);
@@ -585,12 +629,60 @@ Status StageNormalization(const LoaderOptions& o, const Schema& sc, bool* normal
   return Status::Ok();
 }
 
+// Note [Task text]
+// ----------------
+// LeRobot and GR00T batches carry each sample's task text, so the loader delivers it too, from
+// what the DB stores: `pack` and `pack --from-lerobot` write "{id}_task" (the instruction's
+// UTF-8 text, what "{id}_tokens" encodes); a LeRobot DB packed before that has each sample's
+// task_index in "{id}_lerobot" and the task table in the schema's source_meta. A DB with neither
+// (older episode-folder packs, synthetic DBs) stores no text: the tokens cannot stand in for it
+// (Tokenizer::Decode is for display, lossy for other tokenizers than byte-v1), so batches have no
+// task (has_task_text() is false; the Python adapter warns once per DB). Which source applies is
+// decided from sample 0; a later sample without its record is then a corrupt sample naming the
+// record.
+Status FindTaskSource(const RecordReader& reader, internal::Pipeline::TaskSource* source,
+                      std::map<int64_t, std::string>* lerobot_tasks) {
+  using TaskSource = internal::Pipeline::TaskSource;
+  const Schema& sc = reader.schema();
+  *source = TaskSource::kNone;
+  if (sc.num_samples == 0) return Status::Ok();
+  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader.Begin());
+  if (txn.Get(SampleKey(0, "task")).ok()) {
+    *source = TaskSource::kRecord;
+    return Status::Ok();
+  }
+  if (sc.source_format.rfind("lerobot", 0) == 0 && txn.Get(SampleKey(0, "lerobot")).ok()) {
+    nlohmann::json meta = nlohmann::json::parse(sc.source_meta, nullptr, false);
+    if (meta.is_discarded() || !meta.contains("tasks") || !meta["tasks"].is_object())
+      return DataLossError(reader.path() + ": the schema's source_meta has no task table");
+    for (const auto& [k, v] : meta["tasks"].items()) {
+      char* end = nullptr;
+      const long long ti = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || !v.is_string())
+        return DataLossError(reader.path() + ": the schema's source_meta task table has entry '" +
+                             k + "', not task_index -> text");
+      (*lerobot_tasks)[ti] = v.get<std::string>();
+    }
+    *source = TaskSource::kLeRobot;
+    return Status::Ok();
+  }
+  // Debug only: the CLI's output stays as it was; Python's adapter warns once per DB.
+  LF_LOG(DEBUG) << reader.path()
+                << ": this DB stores no task text (no '00000000_task' record); its batches have "
+                   "no task";
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o) {
   if (o.batch_size <= 0) return InvalidArgumentError("batch_size must be > 0");
-  if (o.image_size <= 0 || o.image_size > 4096)
-    return InvalidArgumentError("image_size out of range");
+  if (o.image_size[0] < 1 || o.image_size[0] > 4096 || o.image_size[1] < 1 ||
+      o.image_size[1] > 4096)
+    return InvalidArgumentError(
+        "loader option 'image_size' must be (height, width), each in "
+        "1..4096, got (" +
+        std::to_string(o.image_size[0]) + ", " + std::to_string(o.image_size[1]) + ")");
   if (!(o.crop_fraction > 0.f && o.crop_fraction <= 1.f))
     return InvalidArgumentError("crop_fraction must be in (0, 1]");
   if (o.threads <= 0 || o.threads > kMaxLoaderThreads)
@@ -623,10 +715,14 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   LF_RETURN_IF_ERROR(internal::CheckLanesAndStagger(o.decode_lanes, o.decode_stagger, "decode_"));
   LF_RETURN_IF_ERROR(CheckImageDType(o.dtype));
   const bool gpu = o.device == LoaderDevice::kCuda;
-  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype != DType::kFloat32 || o.antialias))
+  if (!gpu && (o.layout != ImageLayout::kNCHW || o.dtype == DType::kBFloat16 || o.antialias))
     return InvalidArgumentError(
         "layout NHWC, dtype bfloat16 and antialias need device=cuda (the CPU loader writes "
-        "float32 NCHW)");
+        "float32 or uint8 NCHW)");
+  if (gpu && o.dtype == DType::kUInt8)
+    return InvalidArgumentError(
+        "loader option 'dtype' uint8 needs device=cpu (the GPU loader writes float32 or "
+        "bfloat16)");
   if (gpu) {
     std::string why;
     if (!GpuSupport(o.device_id, &why)) return UnavailableError("loader: device=cuda: " + why);
@@ -662,6 +758,7 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   impl->s3 = internal::CollateLayout::Make(o.batch_size, impl->max_tokens, sc.state_dim,
                                            sc.action_dim, sc.action_horizon);
   for (const auto& c : sc.cameras) impl->camera_modality.push_back(CameraModality(c));
+  LF_RETURN_IF_ERROR(FindTaskSource(*impl->reader, &impl->task_source, &impl->lerobot_tasks));
   bool pin = o.pin_memory;
   if (pin && !internal::PinnedAvailable()) {
     LF_LOG(INFO) << "pin_memory requested but this build has no CUDA: using pageable memory";
@@ -670,7 +767,8 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
   internal::SlotShape shape;
   shape.b = o.batch_size;
   shape.k = static_cast<int>(sc.cameras.size());
-  shape.hw = o.image_size;
+  shape.ih = o.image_size[0];
+  shape.iw = o.image_size[1];
   shape.l = impl->max_tokens;
   shape.s = sc.state_dim;
   shape.a = sc.action_dim;
@@ -741,6 +839,9 @@ int64_t DataLoader::batches_per_epoch() const { return impl_->sampler->batches_p
 int64_t DataLoader::epoch() const { return impl_->epoch; }
 int64_t DataLoader::next_batch() const { return impl_->next_batch; }
 const std::vector<int>& DataLoader::token_buckets() const { return impl_->buckets; }
+bool DataLoader::has_task_text() const {
+  return impl_->task_source != internal::Pipeline::TaskSource::kNone;
+}
 MetricsRegistry& DataLoader::metrics() { return impl_->metrics; }
 int64_t DataLoader::corrupt_skipped() const { return impl_->c_corrupt->load(); }
 
@@ -839,8 +940,39 @@ LoaderDeviceInfo DataLoader::device_info() const {
 
 void DataLoader::SetConsumerStream(void* stream) { impl_->pool->SetConsumerStream(stream); }
 
+StatusOr<std::shared_ptr<Batch>> DataLoader::GetSample(int64_t sample, int64_t epoch) {
+  Impl& im = *impl_;
+  LF_RETURN_IF_ERROR(CheckSameProcess(im.creator_pid));
+  const int64_t n = im.reader->schema().num_samples;
+  if (sample < 0 || sample >= n)
+    return OutOfRangeError(im.opts.db_path + ": sample " + std::to_string(sample) +
+                           " is out of range for a dataset of " + std::to_string(n) + " samples");
+  if (epoch < 0) return InvalidArgumentError("epoch must be >= 0");
+  std::lock_guard<std::mutex> lock(im.sample_mu);
+  if (!im.sample_loader) {  // Note [Sample access]
+    LoaderOptions o = im.opts;
+    o.batch_size = 1;
+    o.shuffle = false;
+    o.drop_last = false;
+    o.rank = 0;
+    o.world_size = 1;
+    o.on_corrupt = CorruptPolicy::kError;
+    o.threads = 1;
+    o.prefetch = 1;
+    LF_ASSIGN_OR_RETURN(im.sample_loader, Create(o));
+  }
+  DataLoader& d = *im.sample_loader;
+  Impl& s = *d.impl_;
+  if (!(s.running && !s.finished && s.epoch == epoch && s.next_batch == sample))
+    LF_RETURN_IF_ERROR(d.Start(epoch, sample));
+  return d.Next();
+}
+
 void DataLoader::Stop() {
-  if (CheckSameProcess(impl_->creator_pid).ok()) impl_->StopThreads();
+  if (!CheckSameProcess(impl_->creator_pid).ok()) return;
+  impl_->StopThreads();
+  std::lock_guard<std::mutex> lock(impl_->sample_mu);
+  if (impl_->sample_loader) impl_->sample_loader->Stop();
 }
 
 }  // namespace data

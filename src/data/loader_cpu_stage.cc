@@ -20,9 +20,10 @@ class HostSlotMemory : public SlotMemory {
   explicit HostSlotMemory(bool pin) : pin_(pin) {}
 
   StatusOr<Slot*> Allocate(const SlotShape& shape) override {
-    // Float32 images, then the tail every stage lays out alike (SlotShape), then the staging.
-    const size_t hw = shape.hw;
-    const size_t img = SlotShape::Align(sizeof(float) * shape.b * shape.k * 3 * hw * hw);
+    // Images (float32 or uint8), then the tail every stage lays out alike (SlotShape), then the
+    // staging.
+    const size_t img = SlotShape::Align(shape.image_elem * shape.b * shape.k * 3 * shape.ih *
+                                        static_cast<size_t>(shape.iw));
     const size_t tail = shape.TailBytes();
     auto* slot = new Slot();
     slot->bytes = img + tail + shape.raw;
@@ -113,14 +114,14 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
     thread_local RgbImage rgb;
     const Schema& sc = p_.reader->schema();
     const int cams = static_cast<int>(sc.cameras.size());
-    const int out = p_.opts.image_size;
+    const int out_h = p_.opts.image_size[0], out_w = p_.opts.image_size[1];
     const std::string_view jpeg = w->jpeg[static_cast<size_t>(sample) * cams + camera];
     const int64_t id = w->samples[sample];
     // Ask the decoder for an image whose crop is still >= the output size.
     int min_w = 0, min_h = 0;
     if (p_.opts.dct_scaling) {
-      min_w = static_cast<int>(std::ceil(out / p_.opts.crop_fraction));
-      min_h = min_w;
+      min_w = static_cast<int>(std::ceil(out_w / p_.opts.crop_fraction));
+      min_h = static_cast<int>(std::ceil(out_h / p_.opts.crop_fraction));
     }
     Status s = decoder.Decode(
         jpeg, min_w, min_h, &rgb,
@@ -141,10 +142,15 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
         j = internal::DrawJitter(&rng);  // Note [Colour jitter] (image_ops.h)
         gray = internal::MeanGray(rgb, box, 4);
       }
-      internal::NormalizeParams norm{p_.opts.mean, p_.opts.std};
-      float* dst =
-          w->slot->batch.images + (static_cast<size_t>(sample) * cams + camera) * 3 * out * out;
-      internal::CropResizeNormalize(rgb, box, out, out, j, gray, norm, dst);
+      const size_t at = (static_cast<size_t>(sample) * cams + camera) * 3 * out_h * out_w;
+      if (p_.opts.dtype == DType::kUInt8) {
+        auto* dst = reinterpret_cast<uint8_t*>(w->slot->batch.images) + at;
+        internal::CropResizeToUint8(rgb, box, out_w, out_h, j, gray, dst);
+      } else {
+        internal::NormalizeParams norm{p_.opts.mean, p_.opts.std};
+        internal::CropResizeNormalize(rgb, box, out_w, out_h, j, gray, norm,
+                                      w->slot->batch.images + at);
+      }
       p_.c_images->fetch_add(1);
     } else {
       w->SetError(static_cast<size_t>(sample), std::move(s));
@@ -157,20 +163,23 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
 Status CpuStage::Collate(Work& w, std::shared_ptr<Batch>* out) {
   const Schema& sc = p_.reader->schema();
   const int cams = static_cast<int>(sc.cameras.size());
-  const size_t img_elems = static_cast<size_t>(3) * p_.opts.image_size * p_.opts.image_size;
+  // Bytes of one camera's image.
+  const size_t img_elems = static_cast<size_t>(3) * p_.opts.image_size[0] * p_.opts.image_size[1] *
+                           DTypeSize(p_.opts.dtype);
   Batch& b = w.slot->batch;
+  auto* images = reinterpret_cast<uint8_t*>(b.images);
   CollatePlan p;
   LF_RETURN_IF_ERROR(p_.PlanCollate(w, &p));
   for (int o = 0; o < p.n; ++o) {
     const size_t i = static_cast<size_t>(p.keep[o]);
     // Move decoded images down over a skipped sample.
     if (static_cast<size_t>(o) != i)
-      std::memmove(b.images + static_cast<size_t>(o) * cams * img_elems,
-                   b.images + i * cams * img_elems, sizeof(float) * cams * img_elems);
+      std::memmove(images + static_cast<size_t>(o) * cams * img_elems,
+                   images + i * cams * img_elems, cams * img_elems);
   }
   if (p.rows > p.n)  // static shapes: padding rows are zero
-    std::memset(b.images + static_cast<size_t>(p.n) * cams * img_elems, 0,
-                sizeof(float) * (p.rows - p.n) * cams * img_elems);
+    std::memset(images + static_cast<size_t>(p.n) * cams * img_elems, 0,
+                (p.rows - p.n) * cams * img_elems);
   internal::CollateOut o3;
   o3.tokens = b.tokens;
   o3.attention_mask = b.attention_mask;

@@ -76,9 +76,9 @@ class GpuSlotMemory : public SlotMemory {
       : device_id_(o.device_id), layout_(o.layout), dtype_(o.dtype) {}
 
   StatusOr<Slot*> Allocate(const SlotShape& shape) override {
-    const size_t b_ = shape.b, k_ = shape.k, hw_ = shape.hw, image_elem_ = shape.image_elem;
+    const size_t b_ = shape.b, k_ = shape.k, image_elem_ = shape.image_elem;
     auto Align = SlotShape::Align;
-    const size_t img = Align(image_elem_ * b_ * k_ * 3 * hw_ * hw_);
+    const size_t img = Align(image_elem_ * b_ * k_ * 3 * shape.ih * static_cast<size_t>(shape.iw));
     const size_t tail = shape.TailBytes();
     const size_t tasks = Align(sizeof(GpuImageTask) * b_ * k_);
     const size_t raw = shape.raw;
@@ -482,7 +482,8 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, res.ready, 0));
     LF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(xform, slot->released, 0));
     internal::GpuResizeParams p;
-    p.out_w = p.out_h = p_.opts.image_size;
+    p.out_h = p_.opts.image_size[0];
+    p.out_w = p_.opts.image_size[1];
     p.out_count = std::max<int>(1, static_cast<int>(n) * cams);
     p.layout = p_.opts.layout == ImageLayout::kNHWC ? internal::OutLayout::kNHWC
                                                     : internal::OutLayout::kNCHW;
@@ -496,8 +497,8 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
   }
   // Static shapes: rows past the kept samples are zero images.
   if (plan.rows > plan.n) {
-    const size_t img_bytes = static_cast<size_t>(cams) * 3 * p_.opts.image_size *
-                             p_.opts.image_size * DTypeSize(p_.opts.dtype);
+    const size_t img_bytes = static_cast<size_t>(cams) * 3 * p_.opts.image_size[0] *
+                             p_.opts.image_size[1] * DTypeSize(p_.opts.dtype);
     LF_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(reinterpret_cast<uint8_t*>(slot->dev_batch.images) + plan.n * img_bytes, 0,
                         (plan.rows - plan.n) * img_bytes, xform));

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -71,10 +72,10 @@ struct Slot {
 
 // Sizes of one batch's arrays, and their layout (every array 256-byte aligned).
 struct SlotShape {
-  int b = 0, k = 0, hw = 0, l = 0, s = 0, a = 0, h = 0;  // rows, cameras, image side, tokens,
-                                                         // state, action, horizon
-  size_t image_elem = 4;                                 // bytes per image element
-  size_t raw = 0;                                        // stage 3 staging bytes (aligned)
+  int b = 0, k = 0, l = 0, s = 0, a = 0, h = 0;  // rows, cameras, tokens, state, action, horizon
+  int ih = 0, iw = 0;                            // image height, width
+  size_t image_elem = 4;                         // bytes per image element
+  size_t raw = 0;                                // stage 3 staging bytes (aligned)
 
   static size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
   // Points b's non-image arrays into p (the layout both host and device copies use).
@@ -128,6 +129,7 @@ struct Work {
   std::shared_ptr<SlotPool> pool;
   std::optional<RecordReader::Txn> txn;
   std::vector<std::string_view> tokens, state, action, amask;
+  std::vector<std::string_view> task;  // per sample (Note [Task text]); empty without a source
   std::vector<std::string_view> jpeg;  // [sample * cameras + camera]
   std::vector<Status> sample_status;   // first error of each sample
   Status fatal;  // stops the pipeline whatever the corrupt policy (an instruction too long for
@@ -219,6 +221,10 @@ struct Pipeline {
   std::vector<float> norm_stats;  // staged with every batch: centre_s, scale_s, centre_a, scale_a
   CollateLayout s3;
   std::vector<std::string> camera_modality;
+  // Note [Task text]: where each sample's text comes from; kLeRobot: task_index -> text.
+  enum class TaskSource { kNone, kRecord, kLeRobot };
+  TaskSource task_source = TaskSource::kNone;
+  std::map<int64_t, std::string> lerobot_tasks;
   std::shared_ptr<SlotPool> pool;
   std::unique_ptr<ThreadPool> decode_pool;
   MetricsRegistry metrics;

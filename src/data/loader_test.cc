@@ -314,6 +314,18 @@ TEST_F(LoaderTest, OptionBounds) {
       {[](LoaderOptions& o) { o.timeout_ms = -1000; }, "got -1000"},
       {[](LoaderOptions& o) { o.prefetch = 1 << 20; }, "'prefetch' must be in 1..1024"},
       {[](LoaderOptions& o) { o.max_consecutive_corrupt = -1; }, "max_consecutive_corrupt"},
+      {[](LoaderOptions& o) {
+         o.image_size = {0, 32};
+       },
+       "'image_size' must be (height, width)"},
+      {[](LoaderOptions& o) {
+         o.image_size = {32, -4};
+       },
+       "got (32, -4)"},
+      {[](LoaderOptions& o) {
+         o.image_size = {4097, 32};
+       },
+       "each in 1..4096"},
   };
   for (const Case& c : cases) {
     LoaderOptions o = SmallLoaderOptions(db);
@@ -322,6 +334,75 @@ TEST_F(LoaderTest, OptionBounds) {
     EXPECT_EQ(dl.status().code(), StatusCode::kInvalidArgument) << c.text;
     EXPECT_NE(dl.status().message().find(c.text), std::string::npos) << dl.status();
   }
+}
+
+// Guards map-style access (Note [Sample access]): GetSample(i, epoch) is bit for bit the row of
+// sample i in that epoch's batches (random crops and jitter on), in any order of calls; an index
+// past the end is OutOfRange naming it and the length.
+TEST_F(LoaderTest, GetSampleEqualsBatchRow) {
+  std::string db = Db({});
+  LoaderOptions o = SmallLoaderOptions(db);
+  o.color_jitter = true;
+  o.token_pad = 64;
+  auto dl = DataLoader::Create(o);
+  ASSERT_TRUE(dl.ok()) << dl.status();
+  const size_t img = static_cast<size_t>(2) * 3 * 32 * 32;  // TestDb: 2 cameras
+  int rows = 0;
+  for (int64_t ep : {0, 2})
+    ForEachBatch(**dl, ep, 0, nullptr, [&](const Batch& b) {
+      ASSERT_EQ(b.cameras, 2);
+      for (int r = 0; r < b.size; ++r) {
+        auto s = (*dl)->GetSample(b.sample_index[r], ep);
+        ASSERT_TRUE(s.ok()) << s.status();
+        const Batch& x = **s;
+        ASSERT_EQ(x.size, 1);
+        ASSERT_EQ(x.tokens_len, b.tokens_len);
+        EXPECT_EQ(x.sample_index[0], b.sample_index[r]);
+        EXPECT_EQ(std::memcmp(x.images, b.images + r * img, img * sizeof(float)), 0)
+            << "sample " << b.sample_index[r] << " epoch " << ep;
+        EXPECT_EQ(std::memcmp(x.tokens, b.tokens + r * b.tokens_len, 8 * b.tokens_len), 0);
+        EXPECT_EQ(std::memcmp(x.state, b.state + r * b.state_dim, 4 * b.state_dim), 0);
+        ++rows;
+      }
+    });
+  EXPECT_EQ(rows, 80);
+  const int64_t n = (*dl)->schema().num_samples;
+  auto past = (*dl)->GetSample(n);
+  EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(past.status().message().find("sample " + std::to_string(n) +
+                                         " is out of range for a dataset of " + std::to_string(n) +
+                                         " samples"),
+            std::string::npos)
+      << past.status();
+  EXPECT_EQ((*dl)->GetSample(-1).status().code(), StatusCode::kOutOfRange);
+}
+
+// Guards non-square uint8 output: [rows, cams, 3, H, W] bytes that are the float path's pixels
+// ((x / 255 - 0.5) / 0.5) rounded, from the same decode, crop and resize.
+TEST_F(LoaderTest, Uint8NonSquareIsTheFloatPathsPixels) {
+  std::string db = Db({});
+  LoaderOptions o = InOrder(db);
+  o.image_size = {20, 36};
+  auto fl = DataLoader::Create(o);
+  o.dtype = DType::kUInt8;
+  auto u8 = DataLoader::Create(o);
+  ASSERT_TRUE(fl.ok() && u8.ok()) << fl.status() << u8.status();
+  ASSERT_TRUE((*fl)->Start(0).ok() && (*u8)->Start(0).ok());
+  auto a = (*fl)->Next();
+  auto b = (*u8)->Next();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*b)->height, 20);
+  EXPECT_EQ((*b)->width, 36);
+  EXPECT_EQ((*b)->image_dtype, DType::kUInt8);
+  const auto* px = reinterpret_cast<const uint8_t*>((*b)->images);
+  const size_t n = static_cast<size_t>((*b)->rows) * (*b)->cameras * 3 * 20 * 36;
+  int off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = ((*a)->images[i] * 0.5f + 0.5f) * 255.f;
+    off += std::fabs(v - px[i]) > 0.51f;
+  }
+  EXPECT_EQ(off, 0);
+  EXPECT_EQ((*b)->Tensors()[0].second.dtype, DType::kUInt8);
 }
 
 // Guards the UBSan finding: an empty instruction (0-byte tokens record, whose view may carry no

@@ -19,7 +19,7 @@ inline LoaderOptions SmallLoaderOptions(const std::string& db) {
   LoaderOptions o;
   o.db_path = db;
   o.batch_size = 4;
-  o.image_size = 32;
+  o.image_size = {32, 32};
   o.threads = 2;
   o.prefetch = 2;
   o.seed = 5;

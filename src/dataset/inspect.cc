@@ -75,7 +75,24 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
   nlohmann::json js;
   js["id"] = sample_id;
   LF_ASSIGN_OR_RETURN(auto meta, ReadArray<int32_t>(txn, SampleKey(sample_id, "meta"), 2));
-  js["episode"] = meta[0];
+  // Episodes are named by the source's episode_index, the number read_episode takes (LeRobot's
+  // own naming): a LeRobot pack's episode table maps the sample to it, since DBs packed before the
+  // meta record held that index hold the episode's position in the pack there.
+  int64_t episode = meta[0];
+  if (s.source_format.rfind("lerobot", 0) == 0) {
+    nlohmann::json sm = nlohmann::json::parse(s.source_meta, nullptr, false);
+    episode = -1;
+    if (!sm.is_discarded() && sm.contains("episodes") && sm["episodes"].is_array())
+      for (const auto& e : sm["episodes"]) {
+        const int64_t first = e.value("first_sample", int64_t{-1});
+        if (first >= 0 && sample_id >= first && sample_id < first + e.value("length", int64_t{0}))
+          episode = e.value("episode_index", int64_t{-1});
+      }
+    if (episode < 0)
+      return DataLossError(path + ": sample " + std::to_string(sample_id) +
+                           " is in no episode of the schema's source_meta episode table");
+  }
+  js["episode"] = episode;
   js["step"] = meta[1];
   const std::string tokens_key = SampleKey(sample_id, "tokens");
   LF_ASSIGN_OR_RETURN(std::string_view token_record, txn.Get(tokens_key));
@@ -85,6 +102,9 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
   auto tok = MakeTokenizer(s.tokenizer);
   js["text"] =
       tok.ok() ? (*tok)->Decode(tokens) : "(tokenizer '" + s.tokenizer + "' not available)";
+  // The stored text (packs that write "{id}_task"), which the loader's `task` is.
+  if (auto task = txn.Get(SampleKey(sample_id, "task")); task.ok())
+    js["task"] = task->empty() ? std::string() : std::string(task->data(), task->size());
   LF_ASSIGN_OR_RETURN(auto state,
                       ReadArray<float>(txn, SampleKey(sample_id, "state"), s.state_dim));
   js["state"] = state;
@@ -189,14 +209,15 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
          HumanBytes(m["total_bytes"].get<double>()).c_str(),
          HumanBytes(m["mean_bytes"].get<double>()).c_str());
   const auto& x = j["sample"];
-  line("sample %lld (episode %d, step %d):\n", x["id"].get<long long>(), x["episode"].get<int>(),
-       x["step"].get<int>());
+  line("sample %lld (episode %lld, step %d):\n", x["id"].get<long long>(),
+       x["episode"].get<long long>(), x["step"].get<int>());
   std::string toks;
   for (size_t i = 0; i < x["tokens"].size() && i < 24; ++i)
     toks += (i ? " " : "") + std::to_string(x["tokens"][i].get<int>());
   if (x["tokens"].size() > 24) toks += " ...";
   line("  tokens (%zu) [%s]\n", x["tokens"].size(), toks.c_str());
   o += "  text   \"" + x["text"].get<std::string>() + "\"\n";
+  if (x.contains("task")) o += "  task   \"" + x["task"].get<std::string>() + "\"\n";
   line("  state  %s\n", Floats(x["state"]).c_str());
   line("  action[0] %s\n", Floats(x["action_row0"]).c_str());
   std::string mask;

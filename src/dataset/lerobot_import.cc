@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -492,6 +493,10 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
     EpisodeOut ep = std::move(*next);
     if (!ep.status.ok()) return fail_all(ep.status);
     const int64_t n = ep.length;
+    if (eps[e]->episode_index > INT32_MAX)
+      return fail_all(InvalidArgumentError(
+          root + "/meta: episode_index " + std::to_string(eps[e]->episode_index) +
+          " does not fit the int32 episode of the '_meta' record"));
     json row = {{"episode_index", eps[e]->episode_index}, {"first_sample", sample}, {"length", n}};
     ep_table.push_back(row);
     for (int64_t t = 0; t < n; ++t, ++sample) {
@@ -511,7 +516,9 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       FillActionChunk(
           t, n, o.horizon, action_dim, [&](int64_t s) { return ep.action.data() + s * action_dim; },
           chunk.data(), amask.data());
-      const int32_t meta[2] = {static_cast<int32_t>(e), static_cast<int32_t>(t)};
+      // The source's episode_index, as LeRobot, inspect and ReadEpisode name the episode.
+      const int32_t meta[2] = {static_cast<int32_t>(eps[e]->episode_index),
+                               static_cast<int32_t>(t)};
       struct {
         double timestamp;
         int64_t task_index, index;
@@ -519,11 +526,11 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
       static_assert(sizeof(lr) == 24, "lerobot record layout");
       std::vector<std::string_view> jpegs(cams.size());
       for (size_t c = 0; c < cams.size(); ++c) jpegs[c] = ep.jpegs[c][t];
-      Status st = PutSample(
-          writer.get(), sample, schema.cameras,
-          {AsBytes(chunk), AsBytes(amask), std::move(jpegs), AsBytes(&lr, 1), AsBytes(meta, 2),
-           AsBytes(ep.state.data() + t * state_dim, state_dim), AsBytes(tok->second)},
-          &result.jpeg_bytes);
+      Status st = PutSample(writer.get(), sample, schema.cameras,
+                            {AsBytes(chunk), AsBytes(amask), std::move(jpegs), AsBytes(&lr, 1),
+                             AsBytes(meta, 2), AsBytes(ep.state.data() + t * state_dim, state_dim),
+                             tasks.at(ep.task_index[t]), AsBytes(tok->second)},
+                            &result.jpeg_bytes);
       if (!st.ok()) return fail_all(st);
     }
     all_state.insert(all_state.end(), ep.state.begin(), ep.state.end());

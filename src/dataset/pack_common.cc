@@ -75,6 +75,7 @@ Status PutSample(RecordWriter* writer, int64_t id, const std::vector<std::string
     LF_RETURN_IF_ERROR(writer->Put(SampleKey(id, "lerobot"), records.lerobot));
   LF_RETURN_IF_ERROR(writer->Put(SampleKey(id, "meta"), records.meta));
   LF_RETURN_IF_ERROR(writer->Put(SampleKey(id, "state"), records.state));
+  LF_RETURN_IF_ERROR(writer->Put(SampleKey(id, "task"), records.task));
   return writer->Put(SampleKey(id, "tokens"), records.tokens);
 }
 

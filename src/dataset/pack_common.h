@@ -60,10 +60,12 @@ void FillActionChunk(int64_t t, int64_t n, int horizon, int dims, const ActionAt
 struct SampleRecords {
   std::string_view action, amask;
   std::vector<std::string_view> jpegs;
-  std::string_view lerobot, meta, state, tokens;
+  std::string_view lerobot, meta, state;
+  std::string_view task;  // the instruction's text (UTF-8), what `tokens` encodes
+  std::string_view tokens;
 };
 
-// Puts the records of sample `id` in key order (action, amask, cam_*, lerobot, meta, state,
+// Puts the records of sample `id` in key order (action, amask, cam_*, lerobot, meta, state, task,
 // tokens: LMDB appends keys in order cheaply) and adds the JPEG bytes to *jpeg_bytes. The
 // writer's error, naming the DB, on failure.
 Status PutSample(RecordWriter* writer, int64_t id, const std::vector<std::string>& cameras,

@@ -480,11 +480,12 @@ StatusOr<PackResult> PackEpisodes(const PackOptions& o) {
         s.step, static_cast<int64_t>(steps.size()), o.horizon, schema.action_dim,
         [&](int64_t t) { return steps[t].action.data(); }, chunk.data(), amask.data());
     const int32_t meta[2] = {s.episode_index, s.step};
-    Status st = PutSample(writer.get(), static_cast<int64_t>(i), cams,
-                          {AsBytes(chunk), AsBytes(amask),
-                           std::vector<std::string_view>(frames.jpegs.begin(), frames.jpegs.end()),
-                           /*lerobot=*/{}, AsBytes(meta, 2), AsBytes(row.state), AsBytes(tokens)},
-                          &result.jpeg_bytes);
+    Status st = PutSample(
+        writer.get(), static_cast<int64_t>(i), cams,
+        {AsBytes(chunk), AsBytes(amask),
+         std::vector<std::string_view>(frames.jpegs.begin(), frames.jpegs.end()),
+         /*lerobot=*/{}, AsBytes(meta, 2), AsBytes(row.state), row.instruction, AsBytes(tokens)},
+        &result.jpeg_bytes);
     if (!st.ok()) return fail(st);
     bar.Add(1);
   }

@@ -237,15 +237,15 @@ def test_image_dtype_and_stream_through_the_converter(db):
     assert _loader(db, dtype="bfloat16").dtype == torch.bfloat16
     b = next(iter(_loader(db, dtype=torch.bfloat16)))
     assert b["images"].dtype == torch.bfloat16 and b["tokens"].dtype == torch.int64
-    with pytest.raises(ValueError, match="option 'dtype' must be float32 or bfloat16 .*, got int64"):
+    with pytest.raises(ValueError, match="option 'dtype' must be float32, bfloat16 or uint8 .*, got int64"):
         _loader(db, dtype=torch.int64)
     with pytest.raises(ValueError, match="option 'dtype': unknown dtype 'f8'"):
         _loader(db, dtype="f8")
     with pytest.raises(ValueError, match="option 'dtype' must be a torch.dtype or a dtype name"):
         _loader(db, dtype=3)
-    with pytest.raises(ValueError, match="option 'dtype' must be float32 or bfloat16 .*, got float16"):
+    with pytest.raises(ValueError, match="option 'dtype' must be float32, bfloat16 or uint8 .*, got float16"):
         _C.DataLoader(db, dtype=torch.float16)
-    # The CPU loader writes float32 only; bfloat16 is the GPU loader's (or the adapter's cast).
+    # The CPU loader writes float32 or uint8; bfloat16 is the GPU loader's (or the adapter's cast).
     with pytest.raises(ValueError, match="need device=cuda"):
         _C.DataLoader(db, dtype="bf16")
     impl = _C.DataLoader(db, batch_size=4)
