@@ -49,6 +49,8 @@ from .train_backends import (Checkpointer, Dist, NonFiniteError, TrainError, opt
 __all__ = ["Forge", "ForgeError", "ForgeLoader", "NonFiniteError"]
 
 _PRECISIONS = ("fp32", "bf16")
+# Entries of a DataFusion batch that are Python values, not tensors (the task text, one str a row).
+_TEXT_KEYS = ("task",)
 _DEVICES = ("auto", "cpu", "cuda")
 _GRAPHS = ("auto", "on", "off")
 # Layers whose frozen weights precision="bf16" stores in bf16. Norms and embeddings keep their
@@ -684,12 +686,15 @@ class _Step:
         r = self._runner
         if self._fallback is not None or not self._graphs:
             out = r._eager(dict(batch), None, 1.0)
-        elif any(not isinstance(v, torch.Tensor) for v in batch.values()):
+        elif any(not isinstance(v, torch.Tensor) for k, v in batch.items()
+                 if k not in _TEXT_KEYS):
             self._graph_log("[cuda-graph] batch runs eager: it holds values that are not "
                             "tensors (a graph replays with the tensors it captured)")
             out = r._eager(dict(batch), None, 1.0)
         else:
-            out = r(batch, None, 1.0)
+            # A DataFusion batch's text ('task') is not a graph input: the graphed loss_fn sees
+            # the tensors only (graphs="off" for a loss_fn that reads the text).
+            out = r({k: v for k, v in batch.items() if k not in _TEXT_KEYS}, None, 1.0)
             if r.capture_failures and self._fallback is None:
                 self._graph_log("[cuda-graph] runs eager: " + r.capture_failures[-1])
         loss = out["loss"].clone()
