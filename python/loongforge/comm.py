@@ -23,8 +23,10 @@ A drop-in replacement for DDP's gradient path (see docs/comm.md):
   Sparse groups (``sparse_groups``, default the low-load experts) with ``topk_ratio``: top-k with
   error feedback in C++/CUDA (``loongforge._C``), values+indices exchanged by all_gather and
   scatter-added (averaged) back into the bucket.
-* Collectives run on torch.distributed (Gloo on CPU, NCCL on GPU). Every wait is bounded by
-  ``timeout_s``; a failed or timed-out collective raises RuntimeError naming the bucket.
+* Collectives run on torch.distributed (Gloo on CPU, NCCL on GPU). On Gloo every wait is
+  bounded by ``timeout_s``; a failed or timed-out collective raises RuntimeError naming the
+  bucket. On NCCL a wait only orders the current stream after the collective (the host does not
+  block), so the bound is the process group's timeout, enforced by NCCL's watchdog.
   Bucket plans are compared across ranks at setup (hash all_gather); a mismatch raises
   RuntimeError naming the first difference.
 * Without torch.distributed initialized (and no group given), NexusSync creates no group and only
@@ -180,7 +182,8 @@ class NexusSync:
           topk_value_dtype: dtype of sent top-k values (default: the grad dtype).
           comm_stream_priority: CUDA priority of the stream collectives are issued from (lower is
             higher priority).
-          timeout_s: bound on every wait in finish() (Gloo); errors name the bucket.
+          timeout_s: bound on every wait in finish() on Gloo (on NCCL: the process group's
+            timeout); errors name the bucket.
           check_plan: compare bucket plans across ranks at setup.
           skip_single_rank: at world size 1, skip the (identity) all-reduce.
           param_filter: (name, param) -> bool, which trainable params this NexusSync owns
