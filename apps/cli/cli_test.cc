@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "common/env_knobs.h"
+#include "loongforge/env_knobs.h"
 #include "test_cli.h"
 
 namespace loongforge {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "cli.h"
-#include "common/env_knobs.h"
 #include "loongforge/build_info.h"
+#include "loongforge/env_knobs.h"
 
 namespace loongforge {
 namespace cli {

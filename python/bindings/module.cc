@@ -13,8 +13,8 @@
 #include <new>
 
 #include "bindings.h"
-#include "common/env_knobs.h"
 #include "loongforge/build_info.h"
+#include "loongforge/env_knobs.h"
 
 namespace loongforge {
 

@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/env_knobs.h"  // LOONGFORGE_CUDA_SYNC
+#include "loongforge/env_knobs.h"  // LOONGFORGE_CUDA_SYNC
 #include "loongforge/logging.h"
 #include "loongforge/status.h"
 

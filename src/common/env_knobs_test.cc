@@ -1,4 +1,4 @@
-#include "common/env_knobs.h"
+#include "loongforge/env_knobs.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/env_knobs.h"
+#include "loongforge/env_knobs.h"
 
 namespace loongforge {
 namespace {

@@ -43,7 +43,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "common/env_knobs.h"
+#include "loongforge/env_knobs.h"
 #include "loongforge/logging.h"
 #include "loongforge/memory.h"
 
