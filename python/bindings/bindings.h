@@ -19,6 +19,11 @@ namespace loongforge {
 namespace py = pybind11;
 
 using BindingFn = void (*)(py::module_&);
+
+// loongforge._C.testing: hooks into the core's internals for tests and benchmarks (the loader's CPU
+// transform, the batch JPEG decoder, what the core sees of a tensor). Kept apart so that _C's own
+// names are the product's; created on first use, the same submodule for every caller.
+py::module_ TestingModule(py::module_& m);
 std::vector<std::pair<std::string, BindingFn>>& BindingRegistry();
 struct BindingRegistrar {
   BindingRegistrar(const char* name, BindingFn fn) { BindingRegistry().emplace_back(name, fn); }

@@ -23,6 +23,12 @@ std::vector<std::pair<std::string, BindingFn>>& BindingRegistry() {
   return r;
 }
 
+py::module_ TestingModule(py::module_& m) {
+  if (py::hasattr(m, "testing")) return m.attr("testing").cast<py::module_>();
+  return m.def_submodule("testing",
+                         "Hooks into the C++ core's internals for tests and benchmarks; not API.");
+}
+
 // With LOONGFORGE_CRASH_BACKTRACE=1, a fatal signal prints the native stack (frames as
 // object+offset, for addr2line) before the process dies. For debugging crashes in worker threads,
 // which Python's faulthandler cannot show.

@@ -229,7 +229,8 @@ void BindTensor(py::module_& m) {
       py::arg("name"),
       "The torch/numpy name of a LoongForge dtype name (\"bf16\" -> \"bfloat16\"); "
       "ValueError for an unknown one.");
-  m.def(
+  py::module_ testing = TestingModule(m);
+  testing.def(
       "tensor_info",
       [](py::object obj, const std::string& name) {
         const PyTensor t = ToTensorViewOrThrow(obj, name);
@@ -246,7 +247,7 @@ void BindTensor(py::module_& m) {
       py::arg("tensor"), py::arg("name") = "tensor",
       "What the C++ core sees of a tensor (for tests and debugging): dtype, shape, strides, "
       "device, contiguous, stream, read_only.");
-  m.def(
+  testing.def(
       "tensor_reexport",
       [](py::object obj) {
         // The capsule that keeps the producer's memory alive travels in the owner; it is released

@@ -56,15 +56,15 @@ class _ForeignTensor:
 # torch 1.13 cannot export), numpy producers and raw capsules all arrive as the core expects.
 def test_converter_sees_what_torch_sees():
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
-    info = _C.tensor_info(base.t(), "t")
+    info = _C.testing.tensor_info(base.t(), "t")
     assert info["dtype"] == "f32" and info["shape"] == [6, 4] and info["strides"] == [1, 6]
     assert not info["contiguous"] and info["device"] == "cpu" and info["stream"] == 0
-    assert _C.tensor_info(torch.zeros(3, dtype=torch.bool))["dtype"] == "bool"
-    assert _C.tensor_info(torch.zeros(3, dtype=torch.bfloat16))["dtype"] == "bf16"
+    assert _C.testing.tensor_info(torch.zeros(3, dtype=torch.bool))["dtype"] == "bool"
+    assert _C.testing.tensor_info(torch.zeros(3, dtype=torch.bfloat16))["dtype"] == "bf16"
     w = torch.ones(5, requires_grad=True)  # exported through detach(): same memory
-    assert _C.tensor_info(w)["shape"] == [5]
-    assert _C.tensor_info(np.zeros((2, 3), dtype=np.int16))["dtype"] == "i16"
-    assert _C.tensor_info(torch.utils.dlpack.to_dlpack(torch.zeros(7)))["shape"] == [7]
+    assert _C.testing.tensor_info(w)["shape"] == [5]
+    assert _C.testing.tensor_info(np.zeros((2, 3), dtype=np.int16))["dtype"] == "i16"
+    assert _C.testing.tensor_info(torch.utils.dlpack.to_dlpack(torch.zeros(7)))["shape"] == [7]
     # A slice's data pointer (DLPack byte offset included) is where the core writes.
     dense = torch.zeros(10)
     comm.scatter_add(torch.tensor([2.0]), torch.tensor([1], dtype=torch.int32), dense[4:])
@@ -79,7 +79,7 @@ def test_converter_rejects_non_tensors_by_name():
     with pytest.raises(ValueError, match="tensor 'grad' has dtype complex64"):
         comm.topk_error_feedback(torch.zeros(4, dtype=torch.complex64), torch.zeros(4), 1)
     with pytest.raises(ValueError, match="DLPack device type 4"):
-        _C.tensor_info(_ForeignTensor(4, device_type=4), "x")
+        _C.testing.tensor_info(_ForeignTensor(4, device_type=4), "x")
 
 
 # Guards the checks that moved from comm.py into C++: wrong dtype, non-contiguous and wrong-device
@@ -139,11 +139,11 @@ def test_dlpack_table_round_trips_every_dtype():
     for short in ("u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"):
         dtype = getattr(torch, _C.dtype_long_name(short))
         t = torch.arange(6).to(dtype).reshape(2, 3)
-        back = from_dlpack(_C.tensor_reexport(t))
+        back = from_dlpack(_C.testing.tensor_reexport(t))
         assert back.dtype == dtype and back.data_ptr() == t.data_ptr(), short
-        assert torch.equal(back, t) and _C.tensor_info(t)["dtype"] == short
+        assert torch.equal(back, t) and _C.testing.tensor_info(t)["dtype"] == short
     strided = torch.arange(12.0).reshape(3, 4).t()
-    back = from_dlpack(_C.tensor_reexport(strided))
+    back = from_dlpack(_C.testing.tensor_reexport(strided))
     assert back.stride() == strided.stride() and torch.equal(back, strided)
     with pytest.raises(ValueError, match="unknown dtype 'f8'"):
         _C.dtype_long_name("f8")
