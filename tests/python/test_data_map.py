@@ -123,3 +123,21 @@ def test_items_owned_and_closed(db):
         ld.dataset[3]
     del ld
     assert torch.equal(item["images"], ref)
+
+
+# Guards the sampler use: torch's DataLoader over the map view, with a sampler of one's own and
+# its default collate, gives the loader's rows of those samples (token_pad: equal lengths).
+def test_torch_dataloader_over_the_view(db):
+    ld = _loader(db, token_pad=8)
+    order = [7, 3, 3, 20, 0, 11]
+    dl = torch.utils.data.DataLoader(ld.dataset, batch_size=3, sampler=order)
+    got = list(dl)
+    assert [b["sample_index"].tolist() for b in got] == [order[:3], order[3:]]
+    rows = {}
+    for b in ld:
+        for r, i in enumerate(b["sample_index"].tolist()):
+            rows[i] = {k: v[r] for k, v in b.items()}
+    for b in got:
+        for r, i in enumerate(b["sample_index"].tolist()):
+            for k in ("images", "tokens", "attention_mask", "state", "action", "action_mask"):
+                assert torch.equal(b[k][r], rows[i][k]), (i, k)
