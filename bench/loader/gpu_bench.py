@@ -13,7 +13,7 @@
      static batches (token buckets); bf16/NHWC output; A/B rows with one other throughput switch
      off each (prefault|reserve_slots|stage3_on_device); the default and pre_lanes again last, to
      show run-to-run noise;
-  2. nvJPEG decode only (_C.NvJpegDecoder): hardware backend at batch 64 and 256, one batch at a
+  2. nvJPEG decode only (_C.testing.NvJpegDecoder): hardware backend at batch 64 and 256, one batch at a
      time with per-batch state re-initialization (as before lanes) and with state reuse, and with
      2 (3) batches in flight on lane threads, their calls concurrent (stagger 0: the ceiling the
      loader can reach) or taking turns (stagger 1); CUDA backend, auto split;
@@ -351,7 +351,7 @@ def main() -> None:
 
         def nvjpeg_only(batch, in_flight=1, **kw):
             def go():
-                dec = _C.NvJpegDecoder(**{"stagger": 0.0, **kw})
+                dec = _C.testing.NvJpegDecoder(**{"stagger": 0.0, **kw})
                 chunks = [frames[i % len(frames):i % len(frames) + batch]
                           for i in range(0, len(frames) * 4, batch)]
                 chunks = [c for c in chunks if len(c) == batch] or [frames[:batch]]

@@ -1,8 +1,8 @@
 // Bindings of DataFusion's loader: _C.DataLoader yields dicts of DLPack capsules (host memory, or
 // CUDA device memory with device='cuda'), exported from Batch::Tensors() by the one producer
 // (dlpack_capsule.h); dtypes and streams given from Python go through the converter
-// (tensor_convert.h). _C.NvJpegDecoder exposes the batch decoder alone (for benchmarks) in builds
-// with nvJPEG.
+// (tensor_convert.h). _C.testing.NvJpegDecoder exposes the batch decoder alone (for benchmarks) in
+// builds with nvJPEG.
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -365,18 +365,19 @@ void BindData(py::module_& m) {
       "that is not positive.");
   m.def("token_bucket_for", &TokenBucketFor, py::arg("buckets"), py::arg("length"),
         "Index of the smallest of the sorted `buckets` >= length (the loader's choice), or -1.");
-  m.def(
-      "_crop_resize_normalize",
+  py::module_ testing = TestingModule(m);
+  testing.def(
+      "crop_resize_normalize",
       [](const py::bytes& rgb, int width, int height, std::array<float, 4> box, int out_w,
          int out_h, std::optional<std::array<float, 4>> jitter, float gray_mean,
          std::array<float, 3> mean, std::array<float, 3> std) {
         // Tests only: the CPU loader's fused transform (internal::CropResizeNormalize).
         const std::string_view px = rgb;
         if (width <= 0 || height <= 0 || px.size() != static_cast<size_t>(width) * height * 3)
-          ThrowStatus(InvalidArgumentError("_crop_resize_normalize: rgb is not width*height*3"));
+          ThrowStatus(InvalidArgumentError("crop_resize_normalize: rgb is not width*height*3"));
         if (out_w <= 0 || out_h <= 0 || box[2] < 1 || box[3] < 1 || box[0] < 0 || box[1] < 0 ||
             box[0] + box[2] > width || box[1] + box[3] > height)
-          ThrowStatus(InvalidArgumentError("_crop_resize_normalize: bad box or output size"));
+          ThrowStatus(InvalidArgumentError("crop_resize_normalize: bad box or output size"));
         internal::RgbImage img;
         img.pixels.assign(px.begin(), px.end());
         img.width = width;
@@ -397,16 +398,16 @@ void BindData(py::module_& m) {
       py::arg("out_h"), py::arg("jitter") = py::none(), py::arg("gray_mean") = 0.f,
       py::arg("mean") = std::array<float, 3>{0.5f, 0.5f, 0.5f},
       py::arg("std") = std::array<float, 3>{0.5f, 0.5f, 0.5f},
-      "Tests only: the CPU loader's crop + bilinear resize + colour jitter (brightness, contrast, "
+      "The CPU loader's crop + bilinear resize + colour jitter (brightness, contrast, "
       "saturation, hue: Note [Colour jitter]) + normalize of an RGB8 HWC image; float32 [3, out_h, "
       "out_w] as bytes. `box` = (x0, y0, w, h); `gray_mean` is contrast's mean gray (0..255).");
-  m.def(
-      "_mean_gray",
+  testing.def(
+      "mean_gray",
       [](const py::bytes& rgb, int width, int height, std::array<float, 4> box, int step) {
         const std::string_view px = rgb;
         if (width <= 0 || height <= 0 || step <= 0 ||
             px.size() != static_cast<size_t>(width) * height * 3)
-          ThrowStatus(InvalidArgumentError("_mean_gray: rgb is not width*height*3"));
+          ThrowStatus(InvalidArgumentError("mean_gray: rgb is not width*height*3"));
         internal::RgbImage img;
         img.pixels.assign(px.begin(), px.end());
         img.width = width;
@@ -414,7 +415,7 @@ void BindData(py::module_& m) {
         return internal::MeanGray(img, internal::CropBox{box[0], box[1], box[2], box[3]}, step);
       },
       py::arg("rgb"), py::arg("width"), py::arg("height"), py::arg("box"), py::arg("step") = 4,
-      "Tests only: the loader's contrast mean (internal::MeanGray) of `box`, every `step` pixels.");
+      "The loader's contrast mean (internal::MeanGray) of `box`, every `step` pixels.");
 
 #ifdef LOONGFORGE_WITH_NVJPEG
   using internal::NvJpegBatchDecoder;
@@ -436,7 +437,7 @@ void BindData(py::module_& m) {
   };
   auto name_of = [](size_t i) { return "image " + std::to_string(i); };
   py::class_<PyNvJpegDecoder>(
-      m, "NvJpegDecoder",
+      TestingModule(m), "NvJpegDecoder",
       "nvJPEG batch decoder alone (benchmarks): decode() is synchronous; submit()/collect() keep "
       "up to `lanes` batches in flight (async=True: one lane thread each)")
       .def(py::init([](int device, float hw_ratio, bool hw, bool async, int lanes, bool reuse,

@@ -41,7 +41,7 @@ def _torchvision(img, box, out, jitter):
 
 def _twin(img, box, out, jitter, gray_mean):
     h, w = img.shape[:2]
-    raw = _C._crop_resize_normalize(img.tobytes(), w, h, [float(v) for v in box], out[0], out[1],
+    raw = _C.testing.crop_resize_normalize(img.tobytes(), w, h, [float(v) for v in box], out[0], out[1],
                                     jitter, gray_mean)
     y = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(3, out[1], out[0])
     return y * 0.5 + 0.5  # undo the (0.5, 0.5) normalization
@@ -87,8 +87,8 @@ def test_loader_contrast_mean_close_to_torchvision():
     box, out = (3, 2, 60, 45), (32, 24)
     _, want = _torchvision(img, box, out, None)
     fbox = [float(v) for v in box]
-    assert abs(_C._mean_gray(img.tobytes(), 64, 48, fbox, 4) - want) <= 1.0
-    assert abs(_C._mean_gray(img.tobytes(), 64, 48, fbox, 1) - want) <= 0.25
+    assert abs(_C.testing.mean_gray(img.tobytes(), 64, 48, fbox, 4) - want) <= 1.0
+    assert abs(_C.testing.mean_gray(img.tobytes(), 64, 48, fbox, 1) - want) <= 0.25
 
 
 # Guards against a hue that is a no-op or applied to the wrong channel order: a pure red pixel

@@ -126,14 +126,14 @@ def test_gpu_static_buckets_match_cpu(db):
 # the synchronous decode(), a third batch in flight is refused, and drain() leaves it usable.
 @needs_gpu
 def test_nvjpeg_decoder_lanes_in_order():
-    if not hasattr(_C, "NvJpegDecoder"):
+    if not hasattr(_C.testing, "NvJpegDecoder"):
         pytest.skip("this build has no nvJPEG")
     frames = [_synth.jpeg(_synth.frame(96 + 8 * i, 64, i), quality=85) for i in range(12)]
     batches = [frames[:4], frames[4:6] + [b"not a jpeg"], frames[6:12]]
-    sync = _C.NvJpegDecoder(hw_ratio=1.0)
+    sync = _C.testing.NvJpegDecoder(hw_ratio=1.0)
     want = [sync.decode(b) for b in batches]
     assert want == [4, 2, 6]
-    dec = _C.NvJpegDecoder(hw_ratio=1.0, async_=True, lanes=2)
+    dec = _C.testing.NvJpegDecoder(hw_ratio=1.0, async_=True, lanes=2)
     dec.submit(batches[0])
     dec.submit(batches[1])
     with pytest.raises(RuntimeError, match="not collected"):

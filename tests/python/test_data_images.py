@@ -78,7 +78,7 @@ def test_transform_matches_reference_on_same_pixels(db):
     rgb = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
     h, w = rgb.shape[:2]
     box = (float(w - int(w * CROP)) // 2, float(h - int(h * CROP)) // 2, w * CROP, h * CROP)
-    out = np.frombuffer(_C._crop_resize_normalize(rgb.tobytes(), w, h, box, W, H, mean=(0, 0, 0),
+    out = np.frombuffer(_C.testing.crop_resize_normalize(rgb.tobytes(), w, h, box, W, H, mean=(0, 0, 0),
                                                   std=(1, 1, 1)), np.float32).reshape(3, H, W)
     ref = _reference(db, 3, 1)
     assert np.abs(out.astype(np.float64) * 255 - ref.numpy()).max() < 1e-2
