@@ -7,23 +7,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import loongforge  # noqa: E402
-from lf_testdata import make_db  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    return make_db(str(tmp_path_factory.mktemp("data") / "db"))
-
-
-@pytest.fixture(scope="module")
-def bad_db(tmp_path_factory):
-    return make_db(str(tmp_path_factory.mktemp("bad") / "db"), corrupt=[5])
-
-
-def _loader(db, **kw):
-    kw.setdefault("image_size", 32)
-    kw.setdefault("threads", 2)
-    return loongforge.DataFusionLoader(db, 4, seed=3, **kw)
+# The DBs and the loader settings of test_data.py: the same samples, read map-style here.
+from test_data import _loader, bad_db, db  # noqa: E402,F401
 
 
 def _assert_row_equals(batch, row, item):
