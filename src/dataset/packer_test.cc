@@ -198,7 +198,9 @@ TEST(Pack, DemoDataRoundTrip) {
   EXPECT_EQ(s.vocab_size, 259);
   auto keys = (*reader)->Keys();
   ASSERT_TRUE(keys.ok());
-  EXPECT_EQ(static_cast<int64_t>(keys->size()), s.num_samples * 7 + 1);  // 2 cams + 5 + schema
+  // 2 cams + state, action, action mask, tokens, meta, task text + schema.
+  EXPECT_EQ(static_cast<int64_t>(keys->size()), s.num_samples * 8 + 1);
+  EXPECT_NE(std::find(keys->begin(), keys->end(), SampleKey(0, "task")), keys->end());
 
   ByteTokenizer tok;
   auto txn = (*reader)->Begin();

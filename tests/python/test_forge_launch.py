@@ -1,6 +1,6 @@
-"""Forge at world size 2: two real CPU ranks (gloo) started by `python -m loongforge.launch`,
+"""Forge at world sizes 2 and 4: real CPU ranks (gloo) started by `python -m loongforge.launch`,
 each initialising its model with its own seed. After setup every rank holds rank 0's parameters
-and buffers; K steps on the two halves of each global batch give the losses (all-reduced mean)
+and buffers; K steps on the ranks' shares of each global batch give the losses (all-reduced mean)
 and parameters of one rank training on the whole global batches; a checkpoint saved by the two
 ranks resumes at world 2 and is refused at world 1."""
 from __future__ import annotations
@@ -90,15 +90,35 @@ def flat_state(model):
     return {k: v.detach().double().flatten().tolist() for k, v in model.state_dict().items()}
 
 
-def _launch(tmp_path, mode, *extra):
+def _launch(tmp_path, mode, *extra, nproc=2):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(here=HERE, rows=GLOBAL_ROWS))
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "loongforge.launch", "--nproc", "2", "--",
+    r = subprocess.run([sys.executable, "-m", "loongforge.launch", "--nproc", str(nproc), "--",
                         str(script), str(tmp_path), mode, *extra], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    return [json.loads((tmp_path / f"{mode}_rank{i}.json").read_text()) for i in range(2)]
+    return [json.loads((tmp_path / f"{mode}_rank{i}.json").read_text()) for i in range(nproc)]
+
+
+def _one_rank_reference():
+    """The same steps on one rank with the global batch: losses and the final state."""
+    torch.set_num_threads(1)
+    model, opt = policy_and_optimizer(seed=100)
+    forge = lf.Forge(device="cpu")
+    forge.setup(model, opt)
+    step = forge.compile_step(mean_loss, clip=1.0)
+    ref = [float(step(b)) for b in forge.loader(global_batches())]
+    forge.close()
+    return ref, flat_state(model)
+
+
+def _assert_matches_one_rank(rank0, ref, ref_state):
+    for i, (a, b) in enumerate(zip(rank0["losses"], ref)):
+        assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
+    for k, v in ref_state.items():
+        torch.testing.assert_close(torch.tensor(rank0["after"][k]), torch.tensor(v),
+                                   rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
@@ -111,18 +131,7 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert ranks[0]["steps"] == STEPS and ranks[0]["world"] == 2
 
-    torch.set_num_threads(1)
-    model, opt = policy_and_optimizer(seed=100)
-    forge = lf.Forge(device="cpu")
-    forge.setup(model, opt)
-    step = forge.compile_step(mean_loss, clip=1.0)
-    ref = [float(step(b)) for b in forge.loader(global_batches())]
-    forge.close()
-    for i, (a, b) in enumerate(zip(ranks[0]["losses"], ref)):
-        assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
-    for k, v in flat_state(model).items():
-        torch.testing.assert_close(torch.tensor(ranks[0]["after"][k]), torch.tensor(v),
-                                   rtol=1e-5, atol=1e-6, msg=k)
+    _assert_matches_one_rank(ranks[0], *_one_rank_reference())
 
     # The checkpoint of step 2 resumes at world 2: the last two steps again, the same figures.
     resumed = _launch(tmp_path, "resume")
@@ -139,6 +148,18 @@ def test_two_ranks_match_one_rank_on_the_global_batch(tmp_path):
 
 
 @pytest.mark.skipif(not has_datafusion(), reason="this build has no DataFusion loader")
+# Guards the same at world size 4 (two rows a rank): four ranks from four seeds end equal to each
+# other and to one rank on the global batch.
+def test_four_ranks_match_one_rank_on_the_global_batch(tmp_path):
+    ranks = _launch(tmp_path, "fresh", nproc=4)
+    assert len({json.dumps(r["before"]["cnn.0.weight"]) for r in ranks}) == 4
+    assert all(r["setup"] == ranks[0]["before"] for r in ranks)
+    assert all(r["after"] == ranks[0]["after"] and r["losses"] == ranks[0]["losses"]
+               for r in ranks)
+    assert ranks[0]["world"] == 4
+    _assert_matches_one_rank(ranks[0], *_one_rank_reference())
+
+
 def test_db_loader_is_sharded_by_rank(train_db, tmp_path):
     """forge.loader(path) passes the process group's rank and world size to DataFusionLoader:
     the two ranks read disjoint halves of the epoch."""
