@@ -7,6 +7,7 @@ Python has none).
 from __future__ import annotations
 
 import io
+import os
 from typing import Iterable
 
 import numpy as np
@@ -38,3 +39,22 @@ def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, hei
     _synth.commit_schema(txn, samples, cams, width, height, state_dim, action_dim, horizon,
                          "tests/python/lf_testdata.py")
     return path
+
+
+LEROBOT_V21 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "lerobot",
+                           "v2.1")
+
+
+def pack_lerobot_fixture(out: str, **options) -> str:
+    """The committed LeRobot v2.1 fixture packed into `out` (64x48 frames, threads=1 unless
+    `options` say otherwise); skips the calling test when the fixture or FFmpeg is absent."""
+    import pytest
+
+    from loongforge import packing
+
+    if not os.path.isfile(os.path.join(LEROBOT_V21, "meta", "info.json")):
+        pytest.skip("LeRobot v2.1 fixture absent (tests/data/lerobot/make_fixtures.py)")
+    if not packing.have_video_decoder():
+        pytest.skip("this build lacks FFmpeg (pack --from-lerobot cannot decode videos)")
+    packing.pack_lerobot(LEROBOT_V21, out, **{"size": (64, 48), "threads": 1, **options})
+    return out

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from loongforge import _C, packing  # noqa: E402
 from loongforge.data import DataFusionLoader  # noqa: E402
+from lf_testdata import pack_lerobot_fixture  # noqa: E402
 from lf_testdata import make_db  # noqa: E402
 
 LEROBOT = os.path.join(os.path.dirname(__file__), "..", "data", "lerobot", "v2.1")
@@ -49,13 +50,8 @@ def _lerobot_texts():
 
 @pytest.fixture(scope="module")
 def lerobot_db(tmp_path_factory):
-    if not os.path.isfile(os.path.join(LEROBOT, "meta", "info.json")):
-        pytest.skip("LeRobot v2.1 fixture absent (tests/data/lerobot/make_fixtures.py)")
-    if not packing.have_video_decoder():
-        pytest.skip("this build lacks FFmpeg (pack --from-lerobot cannot decode videos)")
-    out = str(tmp_path_factory.mktemp("task_lerobot") / "db")
-    packing.pack_lerobot(LEROBOT, out, size=(64, 48), quality=90, horizon=4, threads=1)
-    return out
+    return pack_lerobot_fixture(str(tmp_path_factory.mktemp("task_lerobot") / "db"), quality=90,
+                                horizon=4)
 
 
 def _without_task_records(src, dst):

@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from lf_testdata import pack_lerobot_fixture
 from loongforge import _C, packing
 
 LEROBOT = os.path.join(os.path.dirname(__file__), "..", "data", "lerobot", "v2.1")
@@ -14,13 +15,8 @@ LENGTHS = {0: 12, 1: 16, 2: 20}  # meta/episodes.jsonl of the fixture
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
-    if not os.path.isfile(os.path.join(LEROBOT, "meta", "info.json")):
-        pytest.skip("LeRobot v2.1 fixture absent (tests/data/lerobot/make_fixtures.py)")
-    if not packing.have_video_decoder():
-        pytest.skip("this build lacks FFmpeg (pack --from-lerobot cannot decode videos)")
-    out = str(tmp_path_factory.mktemp("episodes") / "db")
-    packing.pack_lerobot(LEROBOT, out, episodes="1,2", size=(64, 48), horizon=4, threads=1)
-    return out
+    return pack_lerobot_fixture(str(tmp_path_factory.mktemp("episodes") / "db"), episodes="1,2",
+                                horizon=4)
 
 
 def _expected():

@@ -33,8 +33,9 @@ loongforge.pack(d + "/src", d + "/db", horizon=4)
 ld = loongforge.DataFusionLoader(d + "/db", 2, seed=0, image_size=16, threads=1)
 batch = next(iter(ld))
 assert batch["tokens"].shape[0] == 2 and batch["state"].shape == (2, 3), {
-    k: tuple(v.shape) for k, v in batch.items()}
-assert all(isinstance(v, torch.Tensor) for v in batch.values())
+    k: tuple(v.shape) for k, v in batch.items() if k != "task"}
+assert all(isinstance(v, torch.Tensor) for k, v in batch.items() if k != "task")
+assert len(batch["task"]) == 2 and all(isinstance(t, str) for t in batch["task"])
 print("OK", info["version"], here)
 """
 

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+from lf_testdata import pack_lerobot_fixture
 from loongforge import packing
 from loongforge.data import DataFusionLoader
 
@@ -44,13 +45,8 @@ def raw_rows():
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
-    if not os.path.isfile(os.path.join(ROOT, "meta", "info.json")):
-        pytest.skip("LeRobot v2.1 fixture absent (tests/data/lerobot/make_fixtures.py)")
-    if not packing.have_video_decoder():
-        pytest.skip("this build lacks FFmpeg (pack --from-lerobot cannot decode videos)")
-    out = str(tmp_path_factory.mktemp("lerobot_loader") / "db")
-    packing.pack_lerobot(ROOT, out, size=(64, 48), quality=90, horizon=HORIZON, threads=1)
-    return out
+    return pack_lerobot_fixture(str(tmp_path_factory.mktemp("lerobot_loader") / "db"),
+                                quality=90, horizon=HORIZON)
 
 
 def load_all(db: str, **options):
