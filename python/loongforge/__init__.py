@@ -11,6 +11,7 @@ from . import _C
 from ._C import DataLossError, ResourceExhaustedError
 from .data import DataFusionLoader
 from . import packing
+from . import sample_rng
 from .ckpt import CheckpointVault
 from .comm import NexusSync
 from .forge import Forge, ForgeError, NonFiniteError
@@ -26,5 +27,5 @@ def build_info() -> Dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "Gr00tConfig", "Gr00tPolicy", "get_config", "load_safetensors", "demo_data", "pack", "inspect_db", "packing", "DataFusionLoader", "CheckpointVault", "NexusSync", "Forge", "ForgeError", "NonFiniteError", "MemSculptor", "plan_trace", "replay_trace",
+__all__ = ["build_info", "Gr00tConfig", "Gr00tPolicy", "get_config", "load_safetensors", "demo_data", "pack", "inspect_db", "packing", "sample_rng", "DataFusionLoader", "CheckpointVault", "NexusSync", "Forge", "ForgeError", "NonFiniteError", "MemSculptor", "plan_trace", "replay_trace",
            "trace_from_snapshot", "DataLossError", "ResourceExhaustedError", "__version__"]
