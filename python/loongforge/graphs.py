@@ -237,6 +237,8 @@ class GraphedStep:
                  mem_pool: Any = None, warmup_next: Optional[int] = None,
                  grads_in_pool: bool = False, pad_up: float = 1.0) -> None:
         self.model, self.device = model, device
+        # (batch, out) -> (noise, u) instead of the generator's draws; None: the generator.
+        self.noise_fn: Optional[Callable[..., Any]] = None
         self.runner = runner if runner is not None else model
         self.buckets = tuple(token_buckets)
         self.warmup = max(1, int(warmup))
@@ -430,6 +432,8 @@ class GraphedStep:
     def _draw(self, batch: Mapping[str, torch.Tensor], generator: Optional[torch.Generator],
               out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.noise_fn is not None:  # the trainer's per-sample noise (train.SampleNoise)
+            return self.noise_fn(batch, out)
         b, horizon = batch["action"].shape[:2]
         return self.model.draw_noise(int(b), int(horizon), batch["action"].device, generator, out)
 

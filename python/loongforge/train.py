@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NoReturn, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a step whose loss or gradient norm is not finite is skipped (no "
                    "update); after N such steps in a row the run stops with an error (exit 1)")
     p.add_argument("--seed", type=_int(0, SEED_MAX), default=0)
+    p.add_argument("--noise", choices=("stream", "per-sample"), default="stream",
+                   help="where the flow-matching noise and time come from: 'stream', one "
+                        "generator per rank; 'per-sample', drawn from (seed, epoch, sample index) "
+                        "by loongforge.sample_rng, so a sample's numbers do not depend on the "
+                        "world size or the batch it lands in (Note [Noise that belongs to the "
+                        "sample])")
     p.add_argument("--image-size", type=_int(1, 1 << 16), default=None,
                    help="override the config's image size")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -359,6 +365,38 @@ def check_args(args: argparse.Namespace) -> None:
 # The run
 
 
+# Note [Noise that belongs to the sample]
+# A generator per rank gives a sample noise that depends on which rank it landed on and what that
+# rank drew before it: the same run on 1, 2 or 4 ranks then trains on different noise. With
+# --noise per-sample the flow-matching noise and time of a sample are drawn from (seed, epoch,
+# sample index) (loongforge.sample_rng), like DataFusion's augmentation, so a run with a global
+# batch split over N ranks draws what one rank with the whole batch draws. The epoch is the one the
+# batch came from (set by the loop as it hands the batch out); padding rows (sample index -1) draw
+# sample 0's numbers, which their masks keep out of the loss.
+class SampleNoise:
+    """(noise [B, horizon, max_action_dim], u [B]) for a batch, as Gr00tPolicy.draw_noise gives
+    them, drawn per sample (Note [Noise that belongs to the sample])."""
+
+    def __init__(self, seed: int, action_dim: int) -> None:
+        self.seed, self.action_dim, self.epoch = int(seed), int(action_dim), 0
+
+    def __call__(self, batch: Mapping[str, torch.Tensor],
+                 out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+        from . import sample_rng
+
+        idx = batch["sample_index"].reshape(-1).clamp(min=0)
+        horizon = int(batch["action"].shape[1])
+        noise = sample_rng.normal(idx, (horizon, self.action_dim), seed=self.seed,
+                                  epoch=self.epoch, stream=0)
+        u = sample_rng.uniform(idx, (), seed=self.seed, epoch=self.epoch, stream=1)
+        if out is None:
+            return noise, u
+        out[0].copy_(noise)
+        out[1].copy_(u)
+        return out
+
+
 @dataclasses.dataclass
 class Session:
     """Everything ``build`` puts together for ``train_loop``."""
@@ -378,6 +416,7 @@ class Session:
     opt: torch.optim.Optimizer
     sched: Any
     noise_gen: torch.Generator
+    noise: Optional["SampleNoise"]
     start_step: int
     counter: SyncCounter
     sync_dev: Callable[[], None]
@@ -766,6 +805,9 @@ def build(args: argparse.Namespace) -> Session:
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
     noise_gen.manual_seed(args.seed * 1000 + d.rank)
+    noise = SampleNoise(args.seed, cfg.max_action_dim) if args.noise == "per-sample" else None
+    if noise is not None:
+        status["noise"] = "per sample: (seed, epoch, sample index), loongforge.sample_rng"
     clock.mark("sync, checkpointer, optimizer")
     start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log, ep)
     if args.start_batch:
@@ -807,6 +849,7 @@ def build(args: argparse.Namespace) -> Session:
                                                      if stepper.grads_in_pool else ""))
                                 if stepper.graphs_on else f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
+        stepper.noise_fn = noise
     want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and strong)
     sync_free = want_sync_free and cuda
     if args.sync_free == "on" and not cuda:
@@ -823,7 +866,8 @@ def build(args: argparse.Namespace) -> Session:
         status["cuda_graph"] = "off (--profile-modules: eager steps)"
     clock.mark("step runner")
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
-                   opt, sched, noise_gen, start_step, counter, sync_dev, autocast, trace, stepper,
+                   opt, sched, noise_gen, noise, start_step, counter, sync_dev, autocast, trace,
+                   stepper,
                    sync_free, readback, guard, profiler,
                    StopSignal(d, readback.lag, args.mode), clock.phases)
 
@@ -1101,6 +1145,8 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                 # batch size 1 or a bad stretch): nothing to train on, the next batch follows.
                 if b["tokens"].shape[0] > 0:
                     samples += int(b["tokens"].shape[0])
+                    if s.noise is not None:
+                        s.noise.epoch = epoch
                     yield b
             if batches_seen and not samples:  # it would loop over empty epochs for ever
                 raise TrainError(f"--data {args.data}: epoch {epoch}: every sample was skipped "
@@ -1222,7 +1268,10 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
                                 out = stepper(batch, noise_gen, 1.0 / args.grad_accum)
                         else:
                             with trace.span("forward"), autocast():
-                                if args.compile:
+                                if s.noise is not None:
+                                    nz, tu = s.noise(batch)
+                                    out = runner(batch, noise=nz, time_u=tu)
+                                elif args.compile:
                                     # Drawn outside the compiled model (a generator argument
                                     # breaks its graph), the same stream as eager steps draw.
                                     act = batch["action"]
