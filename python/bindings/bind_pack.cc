@@ -6,6 +6,7 @@
 #include "dataset/video_reader.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
+#include "option_table.h"
 
 namespace loongforge::data {
 namespace {
@@ -55,13 +56,74 @@ py::dict PackResultDict(const PackResult& v) {
   return d;
 }
 
+// DemoDataOptions, PackOptions and LeRobotPackOptions by Python name (Note [Option tables]); the
+// required paths are positional arguments, everything else a keyword read against the table.
+const std::vector<OptionField<DemoDataOptions>>& DemoDataFields() {
+  using O = DemoDataOptions;
+  static const char* const w = "demo_data";
+  static const std::vector<OptionField<O>> fields = {
+      Plain(w, "episodes", &O::episodes),
+      Plain(w, "cameras", &O::cameras),
+      Plain(w, "camera_names", &O::camera_names),
+      Plain(w, "width", &O::width),
+      Plain(w, "height", &O::height),
+      Plain(w, "steps_min", &O::steps_min),
+      Plain(w, "steps_max", &O::steps_max),
+      Plain(w, "state_dim", &O::state_dim),
+      Plain(w, "action_dim", &O::action_dim),
+      Plain(w, "seed", &O::seed),
+      Plain(w, "quality", &O::quality),
+      Plain(w, "threads", &O::threads),
+      Plain(w, "overwrite", &O::overwrite),
+      Plain(w, "progress", &O::progress),
+  };
+  return fields;
+}
+
+const std::vector<OptionField<PackOptions>>& PackFields() {
+  using O = PackOptions;
+  static const char* const w = "pack";
+  static const std::vector<OptionField<O>> fields = {
+      Plain(w, "horizon", &O::horizon),
+      Plain(w, "tokenizer", &O::tokenizer),
+      Plain(w, "threads", &O::threads),
+      Plain(w, "overwrite", &O::overwrite),
+      Plain(w, "progress", &O::progress),
+      Plain(w, "max_instruction_bytes", &O::max_instruction_bytes),
+      Plain(w, "max_frame_pixels", &O::max_frame_pixels),
+  };
+  return fields;
+}
+
+const std::vector<OptionField<LeRobotPackOptions>>& LeRobotPackFields() {
+  using O = LeRobotPackOptions;
+  static const char* const w = "pack_lerobot";
+  static const std::vector<OptionField<O>> fields = {
+      Plain(w, "episodes", &O::episodes),
+      Plain(w, "cameras", &O::cameras),
+      Plain(w, "width", &O::width),
+      Plain(w, "height", &O::height),
+      Plain(w, "shortest_edge", &O::shortest_edge),
+      Plain(w, "quality", &O::quality),
+      Plain(w, "modality", &O::modality),
+      Plain(w, "horizon", &O::horizon),
+      Plain(w, "tokenizer", &O::tokenizer),
+      Plain(w, "threads", &O::threads),
+      Plain(w, "tolerance_s", &O::tolerance_s),
+      Plain(w, "overwrite", &O::overwrite),
+      Plain(w, "progress", &O::progress),
+      Plain(w, "max_instruction_bytes", &O::max_instruction_bytes),
+  };
+  return fields;
+}
+
 void RegisterPack(py::module_& m) {
-  using D = DemoDataOptions;
-  DefWithOptions<D>(
-      m, "demo_data",
-      "Writes a synthetic robot dataset to <out>/episodes (episode-folder format). Returns "
-      "counts.",
-      [](const D& o) {
+  m.def(
+      "demo_data",
+      [](const std::string& out, const py::kwargs& kw) {
+        DemoDataOptions o;
+        o.out_dir = out;
+        ApplyOptions(DemoDataFields(), "demo_data", kw, &o);
         DemoDataResult v = ValueOrThrowWithoutGil([&] { return GenerateDemoData(o); });
         py::dict d;
         d["episodes"] = v.episodes;
@@ -71,50 +133,50 @@ void RegisterPack(py::module_& m) {
         d["seconds"] = v.seconds;
         return d;
       },
-      Arg("out", &D::out_dir), Arg("episodes", &D::episodes, 8), Arg("cameras", &D::cameras, 2),
-      Arg("width", &D::width, 640), Arg("height", &D::height, 480), Arg("seed", &D::seed, 0),
-      Arg("steps_min", &D::steps_min, 40), Arg("steps_max", &D::steps_max, 80),
-      Arg("state_dim", &D::state_dim, 14), Arg("action_dim", &D::action_dim, 14),
-      Arg("quality", &D::quality, 90), Arg("threads", &D::threads, 0),
-      Arg("overwrite", &D::overwrite, false), Arg("progress", &D::progress, false),
-      Arg("camera_names", &D::camera_names, std::vector<std::string>{}));
-
-  using P = PackOptions;
-  DefWithOptions<P>(
-      m, "pack",
-      "Validates the episode folder `src` and packs it into the LMDB `out`. Bad input raises "
-      "ValueError / FileNotFoundError naming the file (and line); an `out` that exists and is not "
-      "a LoongForge DB raises FileExistsError even with overwrite. Returns the schema and sizes.",
-      [](const P& o) {
+      py::arg("out"),
+      "Writes a synthetic robot dataset to <out>/episodes (episode-folder format); keywords are "
+      "DemoDataOptions fields (demo_data_options()). Returns counts.");
+  m.def(
+      "pack",
+      [](const std::string& src, const std::string& out, const py::kwargs& kw) {
+        PackOptions o;
+        o.src = src;
+        o.out = out;
+        ApplyOptions(PackFields(), "pack", kw, &o);
         PackResult v = ValueOrThrowWithoutGil([&] { return PackEpisodes(o); });
         py::dict d = PackResultDict(v);
         d["scan_seconds"] = v.scan_seconds;
         d["write_seconds"] = v.write_seconds;
         return d;
       },
-      Arg("src", &P::src), Arg("out", &P::out), Arg("horizon", &P::horizon, 16),
-      Arg("overwrite", &P::overwrite, false), Arg("tokenizer", &P::tokenizer, "byte-v1"),
-      Arg("threads", &P::threads, 0), Arg("progress", &P::progress, false),
-      Arg("max_instruction_bytes", &P::max_instruction_bytes, kDefaultMaxInstructionBytes));
-
-  using L = LeRobotPackOptions;
-  DefWithOptions<L>(
-      m, "pack_lerobot",
-      "Packs the LeRobot dataset `src` (v2.0/v2.1/v3.0) into the LMDB `out` (PackLeRobot in "
-      "loongforge/pack.h). Bad input raises ValueError / FileNotFoundError naming the file; a "
-      "build without FFmpeg raises RuntimeError saying so.",
-      [](const L& o) {
+      py::arg("src"), py::arg("out"),
+      "Validates the episode folder `src` and packs it into the LMDB `out`; keywords are "
+      "PackOptions fields (pack_options()). Bad input raises ValueError / FileNotFoundError "
+      "naming the file (and line); an `out` that exists and is not a LoongForge DB raises "
+      "FileExistsError even with overwrite. Returns the schema and sizes.");
+  m.def(
+      "pack_lerobot",
+      [](const std::string& src, const std::string& out, const py::kwargs& kw) {
+        LeRobotPackOptions o;
+        o.src = src;
+        o.out = out;
+        ApplyOptions(LeRobotPackFields(), "pack_lerobot", kw, &o);
         return PackResultDict(ValueOrThrowWithoutGil([&] { return PackLeRobot(o); }));
       },
-      Arg("src", &L::src), Arg("out", &L::out), Arg("episodes", &L::episodes, ""),
-      Arg("cameras", &L::cameras, std::vector<std::string>{}), Arg("width", &L::width, 0),
-      Arg("height", &L::height, 0), Arg("shortest_edge", &L::shortest_edge, 256),
-      Arg("quality", &L::quality, 90), Arg("modality", &L::modality, ""),
-      Arg("horizon", &L::horizon, 16), Arg("tokenizer", &L::tokenizer, "byte-v1"),
-      Arg("threads", &L::threads, 0), Arg("overwrite", &L::overwrite, false),
-      Arg("progress", &L::progress, false),
-      Arg("max_instruction_bytes", &L::max_instruction_bytes, kDefaultMaxInstructionBytes),
-      Arg("tolerance_s", &L::tolerance_s, 1e-4));
+      py::arg("src"), py::arg("out"),
+      "Packs the LeRobot dataset `src` (v2.0/v2.1/v3.0) into the LMDB `out` (PackLeRobot in "
+      "loongforge/pack.h); keywords are LeRobotPackOptions fields (pack_lerobot_options()). Bad "
+      "input raises ValueError / FileNotFoundError naming the file; a build without FFmpeg "
+      "raises RuntimeError saying so.");
+  m.def(
+      "demo_data_options", [] { return OptionDefaults(DemoDataFields()); },
+      "Every demo_data option and its default (Note [Option tables]).");
+  m.def(
+      "pack_options", [] { return OptionDefaults(PackFields()); },
+      "Every pack option and its default (Note [Option tables]).");
+  m.def(
+      "pack_lerobot_options", [] { return OptionDefaults(LeRobotPackFields()); },
+      "Every pack_lerobot option and its default (Note [Option tables]).");
 
   m.def("have_video_decoder", &HaveVideoDecoder,
         "True when this build decodes video (FFmpeg), as pack_lerobot needs.");

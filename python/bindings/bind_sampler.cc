@@ -5,6 +5,7 @@
 
 #include "bindings.h"
 #include "loongforge/loader.h"
+#include "option_table.h"
 
 namespace loongforge {
 namespace {
@@ -20,14 +21,26 @@ void RegisterSampler(py::module_& m) {
                           "splitmix64 with Lemire's bounded draw, identical on every platform and "
                           "to DataFusionLoader's. Every rank gets the same number of batches.");
   using O = SamplerOptions;
-  InitWithOptions<O>(
-      cls,
-      "ValueError for no samples, batch_size <= 0, a rank outside the world, or too few "
-      "samples for one batch per rank.",
-      [](const O& o) { return ValueOrThrow(Sampler::Create(o)); },
-      Arg("num_samples", &O::num_samples), Arg("batch_size", &O::batch_size),
-      Arg("seed", &O::seed, 0), Arg("rank", &O::rank, 0), Arg("world_size", &O::world_size, 1),
-      Arg("shuffle", &O::shuffle, true), Arg("drop_last", &O::drop_last, true));
+  // SamplerOptions by Python name (Note [Option tables]).
+  static const char* const w = "Sampler";
+  static const std::vector<OptionField<O>> fields = {
+      Plain(w, "seed", &O::seed),
+      Plain(w, "rank", &O::rank),
+      Plain(w, "world_size", &O::world_size),
+      Plain(w, "shuffle", &O::shuffle),
+      Plain(w, "drop_last", &O::drop_last),
+  };
+  cls.def(py::init([](int64_t num_samples, int batch_size, const py::kwargs& kw) {
+            O o;
+            o.num_samples = num_samples;
+            o.batch_size = batch_size;
+            ApplyOptions(fields, "Sampler", kw, &o);
+            return ValueOrThrow(Sampler::Create(o));
+          }),
+          py::arg("num_samples"), py::arg("batch_size"),
+          "Keywords: seed, rank, world_size, shuffle, drop_last (SamplerOptions). ValueError for "
+          "no samples, batch_size <= 0, a rank outside the world, or too few samples for one "
+          "batch per rank.");
   cls.def_property_readonly("batches_per_epoch", &Sampler::batches_per_epoch)
       .def(
           "epoch_order", [](const Sampler& s, int64_t epoch) { return s.EpochOrder(epoch); },

@@ -74,64 +74,7 @@ py::list ListOf(const Range& items, F&& to_py) {
   return out;
 }
 
-// Note [Option arguments]
-// -----------------------
-// A function whose Python arguments fill an options struct names each argument once, in
-// positional order, with the field it sets and, unless the argument is required, its default:
-//   DefWithOptions<PackOptions>(m, "pack", "doc", run,
-//                               Arg("src", &PackOptions::src), Arg("horizon",
-//                               &PackOptions::horizon, 16));
-// binds pack(src: str, horizon: int = 16) (the parameter types are the fields'), which copies its
-// arguments into a default-constructed PackOptions and returns run(options). Parameter list, field
-// copies and py::arg list can then not drift apart. The Python defaults are given here, not taken
-// from the struct: some differ on purpose (progress is off from Python).
-template <typename O, typename T, bool kRequired>
-struct OptionArg {
-  using Type = T;
-  const char* name;
-  T O::*field;
-  T default_value;  // unused when kRequired
-};
-
-template <typename O, typename T>
-OptionArg<O, T, true> Arg(const char* name, T O::*field) {
-  return {name, field, T{}};
-}
-template <typename O, typename T, typename V>
-OptionArg<O, T, false> Arg(const char* name, T O::*field, V&& default_value) {
-  return {name, field, T(std::forward<V>(default_value))};
-}
-
-template <typename O, typename T>
-py::arg PyArg(const OptionArg<O, T, true>& a) {
-  return py::arg(a.name);
-}
-template <typename O, typename T>
-py::arg_v PyArg(const OptionArg<O, T, false>& a) {
-  return py::arg(a.name) = a.default_value;
-}
-
-// The function of Note [Option arguments]: one parameter per OptionArg, copied into an O.
-template <typename O, typename Run, typename... Args>
-auto FillOptionsThen(Run run, Args... args) {
-  return [run, args...](typename Args::Type... values) {
-    O o;
-    ((o.*(args.field) = std::move(values)), ...);
-    return run(o);
-  };
-}
-
-// m.def(name, ...) of Note [Option arguments].
-template <typename O, typename Run, typename... Args>
-void DefWithOptions(py::module_& m, const char* name, const char* doc, Run run, Args... args) {
-  m.def(name, FillOptionsThen<O>(std::move(run), args...), PyArg(args)..., doc);
-}
-
-// A py::class_ constructor of Note [Option arguments]: `create` takes the O and returns the object.
-template <typename O, typename Class, typename Create, typename... Args>
-void InitWithOptions(Class& cls, const char* doc, Create create, Args... args) {
-  cls.def(py::init(FillOptionsThen<O>(std::move(create), args...)), PyArg(args)..., doc);
-}
+// Options structs are filled from Python through option tables (option_table.h).
 
 }  // namespace loongforge
 

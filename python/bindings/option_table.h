@@ -1,12 +1,14 @@
 // Note [Option tables]
 // -------------------
-// An options struct of the public C++ API (LoaderOptions, VaultOptions, ...) is the one
-// declaration of its options and their defaults. A binding lists each field once, with its
+// An options struct of the public C++ API (LoaderOptions, VaultOptions, PackOptions, ...) is the
+// one declaration of its options and their defaults. A binding lists each field once, with its
 // Python name, in a table of OptionField<S>; the table converts a Python value into the field
 // (the type comes from the member pointer), reads the defaults back from a default-constructed S,
 // and refuses an unknown keyword listing the known ones. No default is restated in the binding
 // or in Python: the Python classes forward their keyword arguments and ask the table for the
-// defaults (`_C.loader_options()`, `_C.vault_options()`). Adding a field to a struct means adding
+// defaults (`_C.loader_options()`, `_C.vault_options()`, `_C.pack_options()`, ...). The one
+// deliberate difference: from Python the dataset tools draw no progress bar unless asked. Adding a
+// field to a struct means adding
 // one line to its table.
 #pragma once
 

@@ -12,39 +12,37 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from . import _C
 
 
-def demo_data(out: str, episodes: int = 8, cameras: int = 2, width: int = 640, height: int = 480,
-              seed: int = 0, *, steps_min: int = 40, steps_max: int = 80, state_dim: int = 14,
-              action_dim: int = 14, quality: int = 90, threads: int = 0, overwrite: bool = False,
-              progress: bool = False, camera_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Writes a synthetic robot dataset to ``<out>/episodes``; returns episode/step/frame counts."""
-    return dict(_C.demo_data(out, episodes, cameras, width, height, seed, steps_min=steps_min,
-                             steps_max=steps_max, state_dim=state_dim, action_dim=action_dim,
-                             quality=quality, threads=threads, overwrite=overwrite,
-                             progress=progress, camera_names=list(camera_names or [])))
+def demo_data(out: str, *, progress: bool = False, camera_names: Optional[Sequence[str]] = None,
+              **options: Any) -> Dict[str, Any]:
+    """Writes a synthetic robot dataset to ``<out>/episodes``; returns episode/step/frame counts.
+
+    Keyword options are the C++ ``DemoDataOptions`` fields (``_C.demo_data_options()`` lists
+    each with its default: episodes, cameras, width, height, steps_min, steps_max, state_dim,
+    action_dim, seed, quality, threads, overwrite). From Python the progress bar is off unless
+    asked for."""
+    return dict(_C.demo_data(out, progress=progress, camera_names=list(camera_names or []),
+                             **options))
 
 
-def pack(src: str, out: str, horizon: int = 16, overwrite: bool = False, *,
-         tokenizer: str = "byte-v1", threads: int = 0, progress: bool = False,
-         max_instruction_bytes: int = 4096) -> Dict[str, Any]:
+def pack(src: str, out: str, *, progress: bool = False, **options: Any) -> Dict[str, Any]:
     """Validates the episode folder ``src`` and packs it into the LMDB ``out``; returns the schema.
 
+    Keyword options are the C++ ``PackOptions`` fields (``_C.pack_options()``: horizon,
+    tokenizer, threads, overwrite, max_instruction_bytes, max_frame_pixels, with their defaults).
     ``overwrite`` replaces only a LoongForge DB at ``out``; any other file or folder there raises
     ``FileExistsError`` and is left as it is. Instructions longer than ``max_instruction_bytes``
     raise ``ValueError`` naming the file and line. A concurrent pack to the same ``out`` raises
     ``RuntimeError``; a full disk raises ``loongforge.ResourceExhaustedError``.
     """
-    return dict(_C.pack(src, out, horizon, overwrite, tokenizer=tokenizer, threads=threads,
-                        progress=progress, max_instruction_bytes=max_instruction_bytes))
+    return dict(_C.pack(src, out, progress=progress, **options))
 
 
-def pack_lerobot(src: str, out: str, *, episodes: str = "", cameras: Optional[Sequence[str]] = None,
-                 size: Optional[Tuple[int, int]] = None, shortest_edge: int = 256,
-                 quality: int = 90, modality: str = "", horizon: int = 16,
-                 tokenizer: str = "byte-v1", threads: int = 0, overwrite: bool = False,
-                 progress: bool = False, max_instruction_bytes: int = 4096,
-                 tolerance_s: float = 1e-4) -> Dict[str, Any]:
+def pack_lerobot(src: str, out: str, *, cameras: Optional[Sequence[str]] = None,
+                 size: Optional[Tuple[int, int]] = None, progress: bool = False,
+                 **options: Any) -> Dict[str, Any]:
     """Packs the LeRobot dataset ``src`` (v2.0, v2.1, v3.0) into the LMDB ``out``.
 
+    Keyword options are the C++ ``LeRobotPackOptions`` fields (``_C.pack_lerobot_options()``).
     ``episodes`` selects LeRobot episode indices ("0,3,5-9"); ``cameras`` video keys or names;
     frames are stored as JPEG at ``size`` (width, height) or with the shortest edge
     ``shortest_edge``. ``modality`` is GR00T's modality.json (default: ``src/meta/modality.json``
@@ -52,13 +50,12 @@ def pack_lerobot(src: str, out: str, *, episodes: str = "", cameras: Optional[Se
     input raises ``ValueError`` / ``FileNotFoundError`` naming the file (and column, row or frame)
     and leaves no DB behind. A build without FFmpeg raises ``RuntimeError`` saying so.
     """
-    w, h = size if size is not None else (0, 0)
-    return dict(_C.pack_lerobot(src, out, episodes=episodes, cameras=list(cameras or []),
-                                width=w, height=h, shortest_edge=shortest_edge, quality=quality,
-                                modality=modality, horizon=horizon, tokenizer=tokenizer,
-                                threads=threads, overwrite=overwrite, progress=progress,
-                                max_instruction_bytes=max_instruction_bytes,
-                                tolerance_s=tolerance_s))
+    if size is not None:
+        if "width" in options or "height" in options:
+            raise ValueError("pack_lerobot: give size=(width, height) or width/height, not both")
+        options["width"], options["height"] = size
+    return dict(_C.pack_lerobot(src, out, cameras=list(cameras or []), progress=progress,
+                                **options))
 
 
 def read_episode(db: str, episode_index: int) -> Dict[str, Any]:

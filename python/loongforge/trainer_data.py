@@ -43,7 +43,8 @@ def make_sampler(num_samples: int, batch_size: int, seed: int, rank: int = 0,
     except ImportError as e:
         raise ImportError(f"the baseline loader needs loongforge._C (its sampler): {e}; build "
                           "it with cmake (README)") from e
-    return _C.Sampler(num_samples, batch_size, seed, rank, world_size, shuffle, drop_last)
+    return _C.Sampler(num_samples, batch_size, seed=seed, rank=rank, world_size=world_size,
+                      shuffle=shuffle, drop_last=drop_last)
 
 
 def _c_reader(db_path: str) -> Any:

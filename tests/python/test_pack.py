@@ -77,7 +77,7 @@ def test_bad_json_line_raises_value_error_with_line(tmp_path):
     with open(steps, "w") as f:
         f.writelines(lines)
     with pytest.raises(ValueError, match=r"000000/steps\.jsonl:2: not valid JSON"):
-        _C.pack(src, str(tmp_path / "db"), 16, False)
+        _C.pack(src, str(tmp_path / "db"), horizon=16)
 
 
 # Guards the other exception kinds: missing frame -> FileNotFoundError, existing output -> FileExistsError.
@@ -173,3 +173,23 @@ def test_full_disk_raises_resource_exhausted(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "RESOURCE" in r.stdout and "data.mdb" in r.stdout, r.stdout + r.stderr
     assert not os.path.exists(tmp_path / "db")
+
+
+# Guards Note [Option tables] for the dataset tools: the defaults are the C++ structs' own, an
+# unknown keyword lists the known ones, and an option only the table reaches (max_frame_pixels)
+# takes effect.
+def test_pack_options_come_from_one_table(tmp_path):
+    from loongforge import packing
+
+    assert _C.pack_options()["horizon"] == 16 and _C.pack_options()["tokenizer"] == "byte-v1"
+    assert _C.pack_lerobot_options()["shortest_edge"] == 256
+    assert _C.demo_data_options()["episodes"] == 8
+    src = str(tmp_path / "raw")
+    packing.demo_data(src, episodes=1, cameras=1, width=32, height=24, steps_min=4, steps_max=4)
+    with pytest.raises(ValueError, match=r"pack: unknown option 'horizn' \(known: horizon, "):
+        packing.pack(src, str(tmp_path / "db"), horizn=4)
+    with pytest.raises(ValueError, match=r"demo_data: unknown option 'episode' \(known: "):
+        packing.demo_data(str(tmp_path / "x"), episode=1)
+    with pytest.raises(ValueError, match="pixels"):
+        packing.pack(src, str(tmp_path / "db"), max_frame_pixels=100)
+    assert packing.pack(src, str(tmp_path / "db"), horizon=2)["schema"]["action_horizon"] == 2
