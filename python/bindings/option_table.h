@@ -8,8 +8,7 @@
 // or in Python: the Python classes forward their keyword arguments and ask the table for the
 // defaults (`_C.loader_options()`, `_C.vault_options()`, `_C.pack_options()`, ...). The one
 // deliberate difference: from Python the dataset tools draw no progress bar unless asked. Adding a
-// field to a struct means adding
-// one line to its table.
+// field to a struct means adding one line to its table.
 #pragma once
 
 #include <pybind11/pybind11.h>
