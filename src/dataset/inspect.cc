@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/json_util.h"
 #include "loongforge/dataset.h"
 #include "loongforge/pack.h"
 #include "loongforge/tokenizer.h"
@@ -84,9 +85,9 @@ StatusOr<nlohmann::json> Inspect(const std::string& path, int64_t sample_id) {
     episode = -1;
     if (!sm.is_discarded() && sm.contains("episodes") && sm["episodes"].is_array())
       for (const auto& e : sm["episodes"]) {
-        const int64_t first = e.value("first_sample", int64_t{-1});
-        if (first >= 0 && sample_id >= first && sample_id < first + e.value("length", int64_t{0}))
-          episode = e.value("episode_index", int64_t{-1});
+        const int64_t first = json_util::Int(e, "first_sample", -1);
+        if (first >= 0 && sample_id >= first && sample_id < first + json_util::Int(e, "length", 0))
+          episode = json_util::Int(e, "episode_index", -1);
       }
     if (episode < 0)
       return DataLossError(path + ": sample " + std::to_string(sample_id) +
@@ -195,10 +196,10 @@ StatusOr<std::string> InspectText(const std::string& path, int64_t sample_id) {
     const auto& m = s["source_meta"];
     if (m.contains("camera_keys"))
       for (const auto& [cam, key] : m["camera_keys"].items())
-        line(", %s <- %s", cam.c_str(), key.get<std::string>().c_str());
+        line(", %s <- %s", cam.c_str(), key.is_string() ? key.get<std::string>().c_str() : "?");
     o += "\n";
     if (m.contains("stats_from"))
-      line("  statistics %s\n", m["stats_from"].get<std::string>().c_str());
+      line("  statistics %s\n", json_util::String(m, "stats_from").c_str());
     for (const char* k : {"state_q01", "state_q99", "action_q01", "action_q99"})
       line("  %-12s %s\n", k, Floats(s[k], 8).c_str());
   }

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "common/json_util.h"
 
 #include "dataset/lerobot_import.h"
 #include "dataset/lerobot_internal.h"
@@ -103,11 +104,6 @@ Status VideoSize(const std::string& where, Feature* f, const json& vinfo) {
   return Status::Ok();
 }
 
-int64_t JsonInt(const json& j, const char* key, int64_t dflt) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : dflt;
-}
-
 // Calls `fn` with each non-blank line of the JSON-lines file `path` and "path:line" for its errors.
 // NotFound (with `missing_hint` appended) when the file is missing; InvalidArgument naming the
 // line when one is not a JSON object; else the first error of `fn`.
@@ -168,9 +164,9 @@ StatusOr<Info> ParseInfo(const std::string& path) {
   if (!j.contains("fps") || !j["fps"].is_number() || j["fps"].get<double>() <= 0)
     return InvalidArgumentError(path + ": missing or non-positive \"fps\"");
   info.fps = j["fps"].get<double>();
-  info.chunks_size = JsonInt(j, "chunks_size", 1000);
+  info.chunks_size = json_util::Int(j, "chunks_size", 1000);
   if (info.chunks_size <= 0) return InvalidArgumentError(path + ": \"chunks_size\" must be > 0");
-  info.total_episodes = JsonInt(j, "total_episodes", -1);
+  info.total_episodes = json_util::Int(j, "total_episodes", -1);
   LF_RETURN_IF_ERROR(str("data_path", &info.data_path));
   if (j.contains("video_path") && j["video_path"].is_string())
     info.video_path = j["video_path"].get<std::string>();
@@ -182,7 +178,7 @@ StatusOr<Info> ParseInfo(const std::string& path) {
       return InvalidArgumentError(path + ": features[\"" + key + "\"] is not an object");
     Feature f;
     f.key = key;
-    f.dtype = fj.value("dtype", std::string());
+    f.dtype = json_util::String(fj, "dtype");
     if (fj.contains("shape") && fj["shape"].is_array())
       for (const auto& v : fj["shape"])
         if (v.is_number_integer()) f.shape.push_back(v.get<int64_t>());
@@ -213,8 +209,8 @@ StatusOr<std::vector<EpisodeMeta>> ReadEpisodes(const std::string& root, const I
         root + "/meta/episodes.jsonl", " (a v2 dataset lists its episodes there)",
         [&](const json& j, const std::string& where) -> Status {
           EpisodeMeta e;
-          e.episode_index = JsonInt(j, "episode_index", -1);
-          e.length = JsonInt(j, "length", -1);
+          e.episode_index = json_util::Int(j, "episode_index", -1);
+          e.length = json_util::Int(j, "length", -1);
           if (e.episode_index < 0 || e.length < 1)
             return InvalidArgumentError(
                 where + ": needs integer \"episode_index\" >= 0 and \"length\" >= 1");
@@ -323,7 +319,7 @@ StatusOr<std::map<int64_t, std::string>> ReadTasks(const std::string& root, cons
   if (info.major == 2) {
     LF_RETURN_IF_ERROR(ForEachJsonLine(
         root + "/meta/tasks.jsonl", "", [&](const json& j, const std::string& where) -> Status {
-          const int64_t index = JsonInt(j, "task_index", -1);
+          const int64_t index = json_util::Int(j, "task_index", -1);
           if (!j.contains("task") || !j["task"].is_string() || index < 0)
             return InvalidArgumentError(where + ": needs \"task_index\" and \"task\"");
           return AddTask(&tasks, index, j["task"].get<std::string>(), where);
