@@ -183,6 +183,25 @@ struct EpisodeData {
 // record for a damaged one.
 StatusOr<EpisodeData> ReadEpisode(const std::string& db, int64_t episode_index);
 
+// Every row of a DB packed by PackLeRobot without its images, in sample order: what LeRobot's
+// per-frame table holds, read once by the loader's LeRobot contract (format "lerobot",
+// delta_timestamps) to gather rows at other offsets of the same episode.
+struct FrameTable {
+  int64_t rows = 0;
+  int state_dim = 0, action_dim = 0;
+  double fps = 0;
+  std::vector<float> state;   // rows x state_dim, raw
+  std::vector<float> action;  // rows x action_dim, raw (row i = the action of sample i's step)
+  std::vector<double> timestamp;
+  std::vector<int64_t> episode_index, frame_index, task_index, index;  // LeRobot's
+  std::vector<int64_t> episode_first, episode_length;  // per row: its episode's samples in the DB
+};
+
+// The frame table of the DB at `db`. FailedPrecondition if it was not packed from LeRobot;
+// DataLoss naming the DB or the record when the episode table or a record is damaged (an
+// episode's rows not frames 0..T-1 in sample order included).
+StatusOr<FrameTable> ReadFrameTable(const std::string& db);
+
 // ---- inspect ------------------------------------------------------------------------------------
 
 // A JSON report of the DB at `path`: "schema", "counts" (keys, samples, episodes), "modalities"

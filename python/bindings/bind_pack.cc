@@ -210,6 +210,30 @@ void RegisterPack(py::module_& m) {
       "frame_index, task, images {camera: uint8 [T,H,W,3]}.");
 
   m.def(
+      "read_frame_table",
+      [](const std::string& db) {
+        FrameTable f = ValueOrThrowWithoutGil([&] { return ReadFrameTable(db); });
+        const py::ssize_t n = f.rows;
+        py::dict d;
+        d["fps"] = f.fps;
+        d["state"] = py::array_t<float>({n, static_cast<py::ssize_t>(f.state_dim)}, f.state.data());
+        d["action"] =
+            py::array_t<float>({n, static_cast<py::ssize_t>(f.action_dim)}, f.action.data());
+        d["timestamp"] = py::array_t<double>(n, f.timestamp.data());
+        d["episode_index"] = py::array_t<int64_t>(n, f.episode_index.data());
+        d["frame_index"] = py::array_t<int64_t>(n, f.frame_index.data());
+        d["task_index"] = py::array_t<int64_t>(n, f.task_index.data());
+        d["index"] = py::array_t<int64_t>(n, f.index.data());
+        d["episode_first"] = py::array_t<int64_t>(n, f.episode_first.data());
+        d["episode_length"] = py::array_t<int64_t>(n, f.episode_length.data());
+        return d;
+      },
+      py::arg("db"),
+      "Every row of a DB packed from LeRobot without its images (numpy arrays per column, raw): "
+      "state, action, timestamp, episode_index, frame_index, task_index, index, episode_first, "
+      "episode_length, and fps.");
+
+  m.def(
       "inspect",
       [](const std::string& db, int64_t sample) {
         std::string js = ValueOrThrowWithoutGil([&] { return InspectJson(db, sample); });

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _C, _cuda_env
+from . import _C, _cuda_env, lerobot_format
 
 # DBs whose lack of task text was already warned about (once per process and DB).
 _NO_TASK_NOTED: set = set()
@@ -91,6 +91,16 @@ class DataFusionLoader:
             the CPU loader runs and batches are copied).
         antialias: GPU loader only: triangle-filter downscaling (ignored with a warning on CPU).
         timeout_s: every wait inside the pipeline, in seconds (> 0; there is no "no timeout").
+        format: the batch contract. 'loongforge' (default): the keys above, state and action
+            normalized as ``normalize`` says, the action chunk the DB was packed with.
+            'lerobot' (a DB packed from LeRobot): ``LeRobotDataset``'s keys and raw values
+            (loongforge.lerobot_format; docs/data.md, "Batch formats"), with the frames at their
+            stored size, uncropped, in [0, 1] unless image_size, crop_fraction, mean or std say
+            otherwise, and ``loader.meta`` as ``LeRobotDataset.meta``.
+        delta_timestamps: format 'lerobot' only: {key: [seconds, ...]} for
+            ``observation.state``, ``action`` and camera keys, as LeRobot's, with its padding
+            at episode edges (``<key>_is_pad``); chosen at load time, no repack.
+        tolerance_s: how far an offset may lie off the fps grid (LeRobot's default 1e-4 s).
         **options: any other loader option (above).
     """
 
@@ -110,9 +120,19 @@ class DataFusionLoader:
         dtype: Union[torch.dtype, str] = torch.float32,
         antialias: bool = False,
         timeout_s: float = 60.0,
+        format: str = "loongforge",
+        delta_timestamps: Optional[Dict[str, Any]] = None,
+        tolerance_s: float = lerobot_format.DEFAULT_TOLERANCE_S,
         **options: Any,
     ) -> None:
         known = loader_options()
+        if format not in ("loongforge", "lerobot"):
+            raise ValueError(f"DataFusionLoader: format must be 'loongforge' or 'lerobot', got "
+                             f"{format!r}")
+        if delta_timestamps is not None and format != "lerobot":
+            raise ValueError("DataFusionLoader: delta_timestamps needs format='lerobot' (the "
+                             "'loongforge' format's action chunk is the one the DB was packed "
+                             "with)")
         for k in options:
             if k in self._OWN:
                 raise TypeError(f"DataFusionLoader: pass {self._OWN[k]} instead of {k!r}")
@@ -176,6 +196,15 @@ class DataFusionLoader:
                 not timeout_s > 0 or timeout_s * 1000 > 2**62:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self._closed = False
+        if format == "lerobot":
+            schema = json.loads(_C.RecordReader(str(db_path)).schema_json)
+            lerobot_format.LeRobotMeta(str(db_path), schema)  # ValueError: not from LeRobot
+            # LeRobot's frames: stored size, whole, float in [0, 1], unless the caller says.
+            options.setdefault("image_size", (int(schema["image_height"]),
+                                              int(schema["image_width"])))
+            options.setdefault("crop_fraction", 1.0)
+            options.setdefault("mean", [0.0, 0.0, 0.0])
+            options.setdefault("std", [1.0, 1.0, 1.0])
         self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
                                    **options, **stage_kwargs)
@@ -193,6 +222,21 @@ class DataFusionLoader:
         self._epoch = 0
         self._start_batch = 0
         self._yielded = 0  # batches handed out in the current epoch (resume position)
+        self.format = format
+        self._meta: Optional[lerobot_format.LeRobotMeta] = None
+        self._contract: Optional[lerobot_format.LeRobotContract] = None
+        if format == "lerobot":
+            self._contract = lerobot_format.LeRobotContract(
+                self.db_path, self.schema, self.device, layout, delta_timestamps, tolerance_s)
+            self._meta = self._contract.meta
+
+    @property
+    def meta(self) -> lerobot_format.LeRobotMeta:
+        """``LeRobotDataset.meta`` of a DB packed from LeRobot: fps, camera keys, stats,
+        episodes, tasks (ValueError naming the DB for any other)."""
+        if self._meta is None:
+            self._meta = lerobot_format.LeRobotMeta(self.db_path, self.schema)
+        return self._meta
 
     def __len__(self) -> int:
         return int(self._impl.batches_per_epoch)
@@ -244,10 +288,11 @@ class DataFusionLoader:
         self._epoch = epoch + 1
         self._start_batch = 0
 
-    def _wrap(self, raw: Dict[str, Any], non_blocking: bool
+    def _wrap(self, raw: Dict[str, Any], non_blocking: bool, contract: bool = True
               ) -> Tuple[DataFusionBatch, Optional[DataFusionBatch]]:
-        """A batch dict of the C++ loader as this adapter's batch (device, layout, dtype), and
-        the host batch a non_blocking copy still reads (None when nothing was copied)."""
+        """A batch dict of the C++ loader as this adapter's batch (device, layout, dtype, and
+        the format's keys unless `contract` is False), and the host batch a non_blocking copy
+        still reads (None when nothing was copied)."""
         batch = DataFusionBatch((k, from_dlpack(raw[k])) for k in _TENSOR_KEYS)
         # Masks travel as uint8 (torch 1.13 has no DLPack bool); a dtype view is free.
         for k in _BOOL_KEYS:
@@ -272,7 +317,21 @@ class DataFusionLoader:
                            self._horizon)
         if "task" in raw:  # Note [Task text] in src/data/loader.cc
             batch["task"] = list(raw["task"])
+        if contract and self._contract is not None:
+            converted = DataFusionBatch(self._contract.convert(batch, self._frames))
+            converted.__dict__.update(batch.__dict__)
+            batch = converted
         return batch, host
+
+    def _frames(self, ids: torch.Tensor) -> torch.Tensor:
+        """The camera frames [N, cams, ...] of sample ids [N] in epoch 0, decoded one sample at
+        a time by the map-style path (history frames of delta_timestamps)."""
+        got: Dict[int, torch.Tensor] = {}
+        for i in ids.tolist():
+            if i not in got:
+                raw = self._impl.get_sample(int(i), 0)
+                got[i] = self._wrap(raw, non_blocking=False, contract=False)[0]["images"][0].clone()
+        return torch.stack([got[i] for i in ids.tolist()])
 
     @property
     def dataset(self) -> "DataFusionDataset":

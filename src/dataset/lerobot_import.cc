@@ -26,6 +26,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/json_util.h"
 #include "common/thread_pool.h"
 #include "dataset/lerobot_internal.h"
 #include "dataset/pack_common.h"
@@ -609,76 +610,160 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
   return result;
 }
 
-StatusOr<EpisodeData> ReadEpisode(const std::string& db, int64_t episode_index) {
-  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(db));
-  const Schema& s = reader->schema();
+namespace {
+
+// One episode of the schema's source_meta episode table.
+struct EpisodeSpan {
+  int64_t episode_index, first, length;
+};
+
+// The episode table of a DB packed by PackLeRobot, checked against the DB: every span inside
+// [0, num_samples), in sample order, covering every sample once. FailedPrecondition for a DB not
+// packed from LeRobot; DataLoss naming the DB for a damaged table.
+StatusOr<std::vector<EpisodeSpan>> EpisodeTable(const std::string& db, const Schema& s) {
   if (s.source_format.rfind("lerobot", 0) != 0)
     return FailedPreconditionError(db +
                                    ": not packed from a LeRobot dataset (pack --from-lerobot)");
-  json meta = json::parse(s.source_meta, nullptr, false);
-  if (meta.is_discarded() || !meta.contains("episodes"))
-    return DataLossError(db + ": schema source_meta is damaged");
-  EpisodeData out;
-  int64_t first = -1;
-  for (const auto& e : meta["episodes"])
-    if (e.value("episode_index", int64_t{-1}) == episode_index) {
-      first = e.value("first_sample", int64_t{-1});
-      out.length = e.value("length", int64_t{0});
-    }
-  if (first < 0) return NotFoundError(db + ": no episode " + std::to_string(episode_index));
-  out.episode_index = episode_index;
+  const json meta = json::parse(s.source_meta, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("episodes") ||
+      !meta["episodes"].is_array())
+    return DataLossError(db + ": schema source_meta is damaged (no episode table)");
+  std::vector<EpisodeSpan> spans;
+  int64_t next = 0;
+  for (const auto& e : meta["episodes"]) {
+    EpisodeSpan sp{json_util::Int(e, "episode_index", -1), json_util::Int(e, "first_sample", -1),
+                   json_util::Int(e, "length", -1)};
+    if (sp.episode_index < 0 || sp.first != next || sp.length < 1 ||
+        sp.length > s.num_samples - sp.first)
+      return DataLossError(db + ": schema source_meta episode table entry " +
+                           std::to_string(spans.size()) + " is damaged (" + e.dump() +
+                           "; expected first_sample " + std::to_string(next) +
+                           " and length in 1.." + std::to_string(s.num_samples - next) + ")");
+    next += sp.length;
+    spans.push_back(sp);
+  }
+  if (next != s.num_samples)
+    return DataLossError(db + ": schema source_meta episode table covers " + std::to_string(next) +
+                         " of " + std::to_string(s.num_samples) + " samples");
+  return spans;
+}
+
+// The record `mod` of sample `id`, of `size` bytes (0: any); DataLoss naming it otherwise.
+StatusOr<std::string_view> GetRecord(RecordReader::Txn& txn, const std::string& db, int64_t id,
+                                     const std::string& mod, size_t size) {
+  const std::string key = SampleKey(id, mod);
+  LF_ASSIGN_OR_RETURN(std::string_view v, txn.Get(key));
+  if (size && v.size() != size)
+    return DataLossError(db + ": record '" + key + "' has " + std::to_string(v.size()) +
+                         " bytes, expected " + std::to_string(size));
+  return v;
+}
+
+// Appends the image-free rows of samples [first, first + n) to `out` (frame table layout).
+Status AppendRows(RecordReader::Txn& txn, const std::string& db, const Schema& s, int64_t first,
+                  int64_t n, FrameTable* out) {
+  for (int64_t id = first; id < first + n; ++id) {
+    LF_ASSIGN_OR_RETURN(auto st, GetRecord(txn, db, id, "state", size_t(s.state_dim) * 4));
+    const float* sp = reinterpret_cast<const float*>(st.data());
+    out->state.insert(out->state.end(), sp, sp + s.state_dim);
+    LF_ASSIGN_OR_RETURN(
+        auto ac, GetRecord(txn, db, id, "action", size_t(s.action_horizon) * s.action_dim * 4));
+    const float* ap = reinterpret_cast<const float*>(ac.data());
+    out->action.insert(out->action.end(), ap, ap + s.action_dim);  // row 0: step t's action
+    LF_ASSIGN_OR_RETURN(auto lr, GetRecord(txn, db, id, "lerobot", 24));
+    double ts;
+    int64_t ti, index;
+    std::memcpy(&ts, lr.data(), 8);
+    std::memcpy(&ti, lr.data() + 8, 8);
+    std::memcpy(&index, lr.data() + 16, 8);
+    LF_ASSIGN_OR_RETURN(auto mt, GetRecord(txn, db, id, "meta", 8));
+    int32_t m[2];
+    std::memcpy(m, mt.data(), 8);
+    out->timestamp.push_back(ts);
+    out->task_index.push_back(ti);
+    out->index.push_back(index);
+    out->episode_index.push_back(m[0]);
+    out->frame_index.push_back(m[1]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<FrameTable> ReadFrameTable(const std::string& db) {
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(db));
+  const Schema& s = reader->schema();
+  LF_ASSIGN_OR_RETURN(std::vector<EpisodeSpan> spans, EpisodeTable(db, s));
+  FrameTable out;
+  out.rows = s.num_samples;
   out.state_dim = s.state_dim;
   out.action_dim = s.action_dim;
+  out.fps = s.fps;
+  out.state.reserve(static_cast<size_t>(out.rows) * s.state_dim);
+  out.action.reserve(static_cast<size_t>(out.rows) * s.action_dim);
+  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader->Begin());
+  for (const EpisodeSpan& sp : spans) {
+    LF_RETURN_IF_ERROR(AppendRows(txn, db, s, sp.first, sp.length, &out));
+    out.episode_first.insert(out.episode_first.end(), sp.length, sp.first);
+    out.episode_length.insert(out.episode_length.end(), sp.length, sp.length);
+    // Delta timestamps step through an episode by sample id: its rows must be frames 0..T-1.
+    for (int64_t id = sp.first; id < sp.first + sp.length; ++id)
+      if (out.episode_index[id] != sp.episode_index || out.frame_index[id] != id - sp.first)
+        return DataLossError(db + ": record '" + SampleKey(id, "meta") + "' says episode " +
+                             std::to_string(out.episode_index[id]) + " frame " +
+                             std::to_string(out.frame_index[id]) + ", the episode table episode " +
+                             std::to_string(sp.episode_index) + " frame " +
+                             std::to_string(id - sp.first));
+  }
+  return out;
+}
+
+StatusOr<EpisodeData> ReadEpisode(const std::string& db, int64_t episode_index) {
+  LF_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(db));
+  const Schema& s = reader->schema();
+  LF_ASSIGN_OR_RETURN(std::vector<EpisodeSpan> spans, EpisodeTable(db, s));
+  const json meta = json::parse(s.source_meta, nullptr, false);
+  auto sp = std::find_if(spans.begin(), spans.end(),
+                         [&](const EpisodeSpan& e) { return e.episode_index == episode_index; });
+  if (sp == spans.end()) return NotFoundError(db + ": no episode " + std::to_string(episode_index));
+  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader->Begin());
+  FrameTable rows;
+  LF_RETURN_IF_ERROR(AppendRows(txn, db, s, sp->first, sp->length, &rows));
+  EpisodeData out;
+  out.episode_index = episode_index;
+  out.length = sp->length;
+  out.state_dim = s.state_dim;
+  out.action_dim = s.action_dim;
+  out.state = std::move(rows.state);
+  out.action = std::move(rows.action);
+  out.timestamp = std::move(rows.timestamp);
+  out.frame_index = std::move(rows.frame_index);
+  out.task_index = std::move(rows.task_index);
+  const json none;
+  const json& tasks = meta.contains("tasks") ? meta["tasks"] : none;
+  for (int64_t ti : out.task_index)
+    out.tasks.push_back(json_util::String(tasks, std::to_string(ti).c_str()));
   out.cameras = s.cameras;
   out.width = s.image_width;
   out.height = s.image_height;
+  const size_t frame_bytes = static_cast<size_t>(s.image_width) * s.image_height * 3;
   out.images.resize(s.cameras.size());
-  for (auto& im : out.images)
-    im.resize(static_cast<size_t>(out.length) * s.image_width * s.image_height * 3);
-  LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader->Begin());
+  for (auto& im : out.images) im.resize(static_cast<size_t>(out.length) * frame_bytes);
   tjhandle tj = tjInitDecompress();
   std::unique_ptr<void, void (*)(void*)> tj_guard(tj, [](void* h) {
     if (h) tjDestroy(h);
   });
   if (!tj) return InternalError("tjInitDecompress failed");
-  auto get = [&](int64_t id, const std::string& mod, size_t size) -> StatusOr<std::string_view> {
-    const std::string key = SampleKey(id, mod);
-    LF_ASSIGN_OR_RETURN(std::string_view v, txn.Get(key));
-    if (size && v.size() != size)
-      return DataLossError(db + ": record '" + key + "' has " + std::to_string(v.size()) +
-                           " bytes, expected " + std::to_string(size));
-    return v;
-  };
   for (int64_t t = 0; t < out.length; ++t) {
-    const int64_t id = first + t;
-    LF_ASSIGN_OR_RETURN(auto st, get(id, "state", s.state_dim * 4));
-    const float* sp = reinterpret_cast<const float*>(st.data());
-    out.state.insert(out.state.end(), sp, sp + s.state_dim);
-    LF_ASSIGN_OR_RETURN(
-        auto ac, get(id, "action", static_cast<size_t>(s.action_horizon) * s.action_dim * 4));
-    const float* ap = reinterpret_cast<const float*>(ac.data());
-    out.action.insert(out.action.end(), ap, ap + s.action_dim);
-    LF_ASSIGN_OR_RETURN(auto lr, get(id, "lerobot", 24));
-    double ts;
-    int64_t ti;
-    std::memcpy(&ts, lr.data(), 8);
-    std::memcpy(&ti, lr.data() + 8, 8);
-    LF_ASSIGN_OR_RETURN(auto mt, get(id, "meta", 8));
-    int32_t m[2];
-    std::memcpy(m, mt.data(), 8);
-    out.timestamp.push_back(ts);
-    out.task_index.push_back(ti);
-    out.frame_index.push_back(m[1]);
-    const std::string key = std::to_string(ti);
-    out.tasks.push_back(meta["tasks"].contains(key) ? meta["tasks"][key].get<std::string>() : "");
+    const int64_t id = sp->first + t;
     for (size_t c = 0; c < s.cameras.size(); ++c) {
-      LF_ASSIGN_OR_RETURN(auto jpg, get(id, CameraModality(s.cameras[c]), 0));
-      uint8_t* dst =
-          out.images[c].data() + static_cast<size_t>(t) * s.image_width * s.image_height * 3;
+      const std::string mod = CameraModality(s.cameras[c]);
+      LF_ASSIGN_OR_RETURN(auto jpg, GetRecord(txn, db, id, mod, 0));
+      uint8_t* dst = out.images[c].data() + static_cast<size_t>(t) * frame_bytes;
       if (tjDecompress2(tj, reinterpret_cast<const unsigned char*>(jpg.data()),
                         static_cast<unsigned long>(jpg.size()), dst, s.image_width, 0,
                         s.image_height, TJPF_RGB, 0) != 0)
-        return DataLossError(db + ": record '" + SampleKey(id, CameraModality(s.cameras[c])) +
+        return DataLossError(db + ": record '" + SampleKey(id, mod) +
                              "' is not a decodable JPEG of " + std::to_string(s.image_width) + "x" +
                              std::to_string(s.image_height));
     }

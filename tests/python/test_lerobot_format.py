@@ -1,0 +1,220 @@
+"""format="lerobot" batches against LeRobot's definitions, computed here from the fixture's parquet
+rows as pyarrow read them (`*.expected.json`) and its tasks.jsonl, not from the DB.
+
+LeRobot's rules (lerobot/datasets/lerobot_dataset.py and utils.py): an offset d of
+delta_timestamps must satisfy |d*fps - round(d*fps)| / fps <= tolerance_s and becomes
+round(d*fps) frames; sample idx of the episode with rows [ep_start, ep_end) reads rows
+max(ep_start, min(ep_end - 1, idx + k)) and `<key>_is_pad` = idx + k < ep_start or >= ep_end.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from lf_testdata import LEROBOT_V21, pack_lerobot_fixture
+from loongforge import _C, packing
+from loongforge.data import DataFusionLoader
+
+FPS = 30
+CAMERAS = ("observation.images.front", "observation.images.wrist")
+
+
+def parquet_rows():
+    """{column: numpy array over every row of the fixture, in episode order} and the episode
+    bounds [(start, end)], from pyarrow's reading of the parquet files."""
+    cols, bounds, start = {}, [], 0
+    for ep in range(3):
+        path = os.path.join(LEROBOT_V21, "data", "chunk-000",
+                            f"episode_{ep:06d}.parquet.expected.json")
+        with open(path) as fh:
+            c = json.load(fh)["columns"]
+        for k, v in c.items():
+            cols.setdefault(k, []).append(np.asarray(v))
+        bounds.append((start, start + len(c["action"])))
+        start += len(c["action"])
+    return {k: np.concatenate(v) for k, v in cols.items()}, bounds
+
+
+def tasks_jsonl():
+    with open(os.path.join(LEROBOT_V21, "meta", "tasks.jsonl")) as fh:
+        return {int(j["task_index"]): j["task"] for j in map(json.loads, fh) if j}
+
+
+def lerobot_query(bounds, idx, offsets):
+    """LeRobot's _get_query_indices for one sample: (rows, is_pad)."""
+    start, end = next(b for b in bounds if b[0] <= idx < b[1])
+    rows = [max(start, min(end - 1, idx + k)) for k in offsets]
+    pad = np.array([idx + k < start or idx + k >= end for k in offsets])
+    return rows, pad
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    return pack_lerobot_fixture(str(tmp_path_factory.mktemp("lerobot_format") / "db"),
+                                quality=95, horizon=4)
+
+
+def every_sample(db, batch_size=16, **options):
+    """Every sample of the DB in sample order: {key: stacked values} (task: list)."""
+    loader = DataFusionLoader(db, batch_size, shuffle=False, drop_last=False, threads=1,
+                              format="lerobot", **options)
+    got = {}
+    for batch in loader:
+        n = batch.size
+        for k, v in batch.items():
+            got.setdefault(k, []).append(v[:n] if k == "task" else v[:n].clone())
+    loader.close()
+    return {k: sum(v, []) if k == "task" else torch.cat(v) for k, v in got.items()}, loader
+
+
+# Guards the keys and raw values of the contract: LeRobot's names, state and action unnormalized
+# and exact, the index columns as the parquet files hold them, the task text per row.
+def test_keys_and_values_are_lerobots(db):
+    rows, _ = parquet_rows()
+    got, loader = every_sample(db)
+    assert set(got) >= {"observation.state", "action", "task", "timestamp", "frame_index",
+                        "episode_index", "index", "task_index", *CAMERAS}
+    assert "action_mask" not in got and "tokens" not in got
+    np.testing.assert_array_equal(got["observation.state"].numpy(),
+                                  rows["observation.state"].astype(np.float32))
+    np.testing.assert_array_equal(got["action"].numpy(), rows["action"].astype(np.float32))
+    assert got["action"].shape == (48, 7)
+    for k in ("frame_index", "episode_index", "index", "task_index"):
+        assert got[k].dtype == torch.int64
+        np.testing.assert_array_equal(got[k].numpy(), rows[k], err_msg=k)
+    assert got["timestamp"].dtype == torch.float32
+    np.testing.assert_array_equal(got["timestamp"].numpy(), rows["timestamp"].astype(np.float32))
+    tasks = tasks_jsonl()
+    assert got["task"] == [tasks[int(t)] for t in rows["task_index"]]
+
+
+# Guards the frames: stored size, uncropped, float in [0, 1], equal within JPEG rounding to the
+# frames read_episode decodes from the same records; uint8 gives the decoded pixels.
+def test_frames_are_the_stored_frames(db):
+    got, loader = every_sample(db)
+    ep = packing.read_episode(db, 1)
+    start = parquet_rows()[1][1][0]  # episode 1's first sample
+    for cam, name in zip(CAMERAS, loader.schema["cameras"]):
+        frames = got[cam]
+        assert frames.shape == (48, 3, 48, 64) and frames.dtype == torch.float32
+        assert 0.0 <= float(frames.min()) and float(frames.max()) <= 1.0
+        want = torch.from_numpy(ep["images"][name]).permute(0, 3, 1, 2).float() / 255
+        # The loader decodes with libjpeg-turbo's fast IDCT, read_episode with the exact one.
+        err = (frames[start:start + len(want)] - want).abs()
+        assert err.mean().item() < 1.5 / 255 and err.max().item() <= 8 / 255, cam
+    got8, _ = every_sample(db, dtype=torch.uint8)
+    assert got8[CAMERAS[0]].dtype == torch.uint8
+
+
+# Guards delta_timestamps: past and future offsets on state and action, resolved with the fps,
+# clamped at the episode's edges with the pad flags LeRobot sets, on every sample.
+def test_delta_timestamps_follow_lerobots_query(db):
+    rows, bounds = parquet_rows()
+    state_off, action_off = [-2, -1, 0], list(range(0, 10))
+    got, _ = every_sample(db, delta_timestamps={
+        "observation.state": [k / FPS for k in state_off],
+        "action": [k / FPS for k in action_off]})
+    assert got["observation.state"].shape == (48, 3, 6)
+    assert got["action"].shape == (48, 10, 7)
+    pads = 0
+    for idx in range(48):
+        for key, off in (("observation.state", state_off), ("action", action_off)):
+            q, pad = lerobot_query(bounds, idx, off)
+            np.testing.assert_array_equal(got[key][idx].numpy(),
+                                          rows[key][q].astype(np.float32), err_msg=f"{key} {idx}")
+            np.testing.assert_array_equal(got[key + "_is_pad"][idx].numpy(), pad,
+                                          err_msg=f"{key}_is_pad {idx}")
+            pads += int(pad.any())
+    assert pads == 3 * 2 + 3 * 9  # two past-pads and nine future-pads per episode
+
+
+# Guards history frames: an image offset gives the frame of the clamped row, and offset 0 the
+# sample's own frame.
+def test_image_offsets_give_the_neighbouring_frames(db):
+    _, bounds = parquet_rows()
+    plain, _ = every_sample(db)
+    got, _ = every_sample(db, delta_timestamps={CAMERAS[0]: [-1 / FPS, 0.0]})
+    assert got[CAMERAS[0]].shape == (48, 2, 3, 48, 64)
+    for idx in range(48):
+        q, pad = lerobot_query(bounds, idx, [-1, 0])
+        torch.testing.assert_close(got[CAMERAS[0]][idx, 0], plain[CAMERAS[0]][q[0]])
+        torch.testing.assert_close(got[CAMERAS[0]][idx, 1], plain[CAMERAS[0]][idx])
+        np.testing.assert_array_equal(got[CAMERAS[0] + "_is_pad"][idx].numpy(), pad)
+    assert got[CAMERAS[1]].shape == (48, 3, 48, 64)
+
+
+# Guards LeRobotDataset.meta's counterpart: fps, camera keys, stats per feature, episodes, tasks.
+def test_meta_is_lerobots(db):
+    loader = DataFusionLoader(db, 4, format="lerobot", threads=1)
+    m = loader.meta
+    assert m.fps == FPS and m.camera_keys == list(CAMERAS)
+    assert m.total_frames == 48 and m.total_episodes == 3
+    assert [e["episode_index"] for e in m.episodes] == [0, 1, 2]
+    assert m.tasks == tasks_jsonl()
+    rows, _ = parquet_rows()
+    for key in ("observation.state", "action"):
+        s = m.stats[key]
+        assert set(s) == {"mean", "std", "min", "max", "q01", "q99"}
+        np.testing.assert_allclose(s["min"].numpy(), rows[key].min(0), rtol=1e-6)
+        np.testing.assert_allclose(s["max"].numpy(), rows[key].max(0), rtol=1e-6)
+    loader.close()
+
+
+# Guards map-style access under the format: ds[i] is row i of the batches.
+def test_dataset_index_has_the_same_contract(db):
+    got, _ = every_sample(db, delta_timestamps={"action": [0.0, 1 / FPS]})
+    loader = DataFusionLoader(db, 4, format="lerobot", threads=1,
+                              delta_timestamps={"action": [0.0, 1 / FPS]})
+    last = parquet_rows()[1][0][1] - 1  # the last frame of episode 0: its next action is a pad
+    one = loader.dataset[last]
+    torch.testing.assert_close(one["action"], got["action"][last])
+    assert one["action_is_pad"].tolist() == [False, True]
+    assert one["task"] == got["task"][last] and int(one["index"]) == last
+    loader.close()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(delta_timestamps={"observation.velocity": [0.0]}), "'observation.velocity' is not a feature"),
+    (dict(delta_timestamps={"action": [0.0, 0.05]}), r"offset 0.05 s is .* off the 30 fps"),
+    (dict(delta_timestamps={"action": []}), "non-empty list"),
+    (dict(delta_timestamps={"action": ["0.1"]}), "not a number"),
+    (dict(tolerance_s=-1.0, delta_timestamps={"action": [0.0]}), "tolerance_s"),
+    (dict(format="lerobt"), "format must be"),
+    (dict(format="loongforge", delta_timestamps={"action": [0.0]}), "needs format='lerobot'"),
+])
+def test_bad_options_are_named(db, kwargs, match):
+    kwargs = {"format": "lerobot", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        DataFusionLoader(db, 4, threads=1, **kwargs)
+
+
+def test_db_not_from_lerobot_names_the_pack_command(tmp_path):
+    from lf_testdata import make_db
+    path = make_db(str(tmp_path / "native"), samples=4)
+    with pytest.raises(ValueError, match="pack --from-lerobot"):
+        DataFusionLoader(path, 2, format="lerobot", threads=1)
+
+
+# Guards the frame table's checks: an episode table that does not cover the DB's samples in
+# order is DataLoss naming the DB, not a wrong gather.
+def test_damaged_episode_table_is_named(db, tmp_path):
+    reader = _C.RecordReader(db)
+    schema = json.loads(reader.schema_json)
+    meta = schema["source_meta"]
+    meta = json.loads(meta) if isinstance(meta, str) else meta
+    meta["episodes"][1]["length"] += 1
+    schema["source_meta"] = json.dumps(meta) if isinstance(schema["source_meta"], str) else meta
+    out = str(tmp_path / "damaged")
+    w = _C.RecordWriter(out, overwrite=True)
+    for k in reader.keys():
+        if k != "__schema__":
+            w.put(k, reader.get(k))
+    w.commit(json.dumps(schema))
+    with pytest.raises(Exception, match="episode table"):
+        packing.read_episode(out, 1)
+    with pytest.raises(Exception, match="episode table"):
+        DataFusionLoader(out, 2, format="lerobot", threads=1)
