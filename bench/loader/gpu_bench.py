@@ -230,7 +230,7 @@ def main() -> None:
     if not (args.reuse_db and os.path.exists(stamp) and open(stamp).read() == want):
         # Written by another process, as `loongforge pack` writes a training DB: a process
         # that has just written 1.6 GB through LMDB read it back slower (lf-fetch used a whole
-        # core in some rows; docs/BENCHMARKS.md, issue 7, run D).
+        # core in some rows; docs/BENCHMARKS.md, "DataFusion, GPU").
         code = ("import sys; from loongforge import _synth; _synth.make_db(sys.argv[1], "
                 "samples=int(sys.argv[2]), cameras=1, width=int(sys.argv[3]), "
                 "height=int(sys.argv[4]), quality=int(sys.argv[5]), "
