@@ -250,6 +250,17 @@ void RegisterPack(py::module_& m) {
       },
       py::arg("text"), py::arg("tokenizer") = "byte-v1",
       "Token ids of `text` as pack would store them.");
+  m.def(
+      "tokenizer_info",
+      [](const std::string& tokenizer) {
+        auto tok = ValueOrThrow(MakeTokenizer(tokenizer));
+        py::dict d;
+        d["id"] = tok->id();
+        d["vocab_size"] = tok->vocab_size();
+        d["pad_id"] = tok->pad_id();
+        return d;
+      },
+      py::arg("tokenizer"), "id, vocab_size and pad_id of a built-in tokenizer.");
 }
 
 }  // namespace

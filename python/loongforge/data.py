@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from . import _C, _cuda_env, lerobot_format
+from . import _C, _cuda_env, lerobot_format, text
 
 # DBs whose lack of task text was already warned about (once per process and DB).
 _NO_TASK_NOTED: set = set()
@@ -101,6 +101,13 @@ class DataFusionLoader:
             ``observation.state``, ``action`` and camera keys, as LeRobot's, with its padding
             at episode edges (``<key>_is_pad``); chosen at load time, no repack.
         tolerance_s: how far an offset may lie off the fps grid (LeRobot's default 1e-4 s).
+        tokenizer: token ids computed from the batch's task text when it is handed out
+            (loongforge.text): a built-in tokenizer's name ('byte-v1'), the path of a Hugging
+            Face tokenizer.json (needs the ``tokenizers`` package), or a callable text -> ids.
+            They replace the packed ``tokens``/``attention_mask`` (format 'loongforge') or come
+            as ``observation.language.tokens``/``observation.language.attention_mask`` (format
+            'lerobot'), padded as ``token_pad``/``token_buckets`` say with the tokenizer's pad
+            id. None (default): the ids packed with the DB ('loongforge'), none ('lerobot').
         **options: any other loader option (above).
     """
 
@@ -123,6 +130,7 @@ class DataFusionLoader:
         format: str = "loongforge",
         delta_timestamps: Optional[Dict[str, Any]] = None,
         tolerance_s: float = lerobot_format.DEFAULT_TOLERANCE_S,
+        tokenizer: Any = None,
         **options: Any,
     ) -> None:
         known = loader_options()
@@ -196,6 +204,15 @@ class DataFusionLoader:
                 not timeout_s > 0 or timeout_s * 1000 > 2**62:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self._closed = False
+        # A load-time tokenizer pads its own ids: the packed ids' padding is not asked of C++
+        # (it would check the packed lengths), only fixed rows where buckets make them static.
+        self._own_buckets: Optional[List[int]] = None
+        self._own_truncate = False
+        if tokenizer is not None:
+            self._own_buckets = list(_C.sort_token_buckets(options.pop("token_buckets", None) or []))
+            self._own_truncate = bool(options.pop("truncate_tokens", False))
+            if self._own_buckets:
+                options["static_shapes"] = True
         if format == "lerobot":
             schema = json.loads(_C.RecordReader(str(db_path)).schema_json)
             lerobot_format.LeRobotMeta(str(db_path), schema)  # ValueError: not from LeRobot
@@ -205,7 +222,8 @@ class DataFusionLoader:
             options.setdefault("crop_fraction", 1.0)
             options.setdefault("mean", [0.0, 0.0, 0.0])
             options.setdefault("std", [1.0, 1.0, 1.0])
-        self._impl = _C.DataLoader(str(db_path), batch_size=batch_size, token_pad=pad,
+        self._impl = _C.DataLoader(str(db_path), batch_size=batch_size,
+                                   token_pad=0 if tokenizer is not None else pad,
                                    pin_memory=bool(pin_memory), timeout_ms=int(timeout_s * 1000),
                                    **options, **stage_kwargs)
         self.db_path = str(db_path)
@@ -223,6 +241,11 @@ class DataFusionLoader:
         self._start_batch = 0
         self._yielded = 0  # batches handed out in the current epoch (resume position)
         self.format = format
+        self._tokenizer = None if tokenizer is None else text.LoadTimeTokenizer(tokenizer)
+        if self._tokenizer is not None and not self._impl.has_task_text:
+            raise ValueError(f"DataFusionLoader: tokenizer= needs the task text, which "
+                             f"{self.db_path} does not store (repack it with loongforge pack)")
+        self._token_pad = pad or None
         self._meta: Optional[lerobot_format.LeRobotMeta] = None
         self._contract: Optional[lerobot_format.LeRobotContract] = None
         if format == "lerobot":
@@ -317,9 +340,20 @@ class DataFusionLoader:
                            self._horizon)
         if "task" in raw:  # Note [Task text] in src/data/loader.cc
             batch["task"] = list(raw["task"])
+        if contract and self._tokenizer is not None:
+            tokens, mask = self._tokenizer.batch(
+                batch["task"], batch["sample_index"] >= 0, self._token_pad, self.token_buckets,
+                self._own_truncate, batch["tokens"].device)
+            batch["tokens"], batch["attention_mask"] = tokens, mask
+            if self.token_buckets:
+                batch.bucket = self.token_buckets.index(int(tokens.shape[1]))
+            batch.shape_key = batch.shape_key[:2] + (int(tokens.shape[1]),) + batch.shape_key[3:]
         if contract and self._contract is not None:
             converted = DataFusionBatch(self._contract.convert(batch, self._frames))
             converted.__dict__.update(batch.__dict__)
+            if self._tokenizer is not None:
+                converted["observation.language.tokens"] = batch["tokens"]
+                converted["observation.language.attention_mask"] = batch["attention_mask"]
             batch = converted
         return batch, host
 
@@ -377,6 +411,8 @@ class DataFusionLoader:
     @property
     def token_buckets(self) -> List[int]:
         """Token lengths of the static shapes (sorted), or [] without static shapes."""
+        if self._own_buckets is not None:
+            return list(self._own_buckets)
         return list(self._impl.token_buckets)
 
     @property

@@ -218,3 +218,83 @@ def test_damaged_episode_table_is_named(db, tmp_path):
         packing.read_episode(out, 1)
     with pytest.raises(Exception, match="episode table"):
         DataFusionLoader(out, 2, format="lerobot", threads=1)
+
+
+# Guards the load-time tokenizer: ids computed from the batch's task text, padded as token_pad
+# says with the tokenizer's pad id, under both formats; a callable works like a built-in.
+def test_tokenizer_chosen_at_load_time(db):
+    words = {w: i + 5 for i, w in enumerate(sorted({w for t in tasks_jsonl().values()
+                                                     for w in t.split()}))}
+    per_word = lambda text: [words[w] for w in text.split()]  # noqa: E731
+    loader = DataFusionLoader(db, 8, shuffle=False, threads=1, tokenizer=per_word)
+    batch = next(iter(loader))
+    for r, text in enumerate(batch["task"]):
+        ids = per_word(text)
+        assert batch["tokens"][r, :len(ids)].tolist() == ids
+        assert batch["attention_mask"][r].sum().item() == len(ids)
+    assert batch["tokens"].shape[1] == max(len(per_word(t)) for t in batch["task"])
+    loader.close()
+    loader = DataFusionLoader(db, 8, shuffle=False, threads=1, format="lerobot",
+                              tokenizer="byte-v1", token_pad=40)
+    batch = next(iter(loader))
+    toks = batch["observation.language.tokens"]
+    assert toks.shape == (8, 40)
+    want = _C.tokenize(batch["task"][0], "byte-v1")
+    assert toks[0, :len(want)].tolist() == want
+    assert batch["observation.language.attention_mask"][0].sum().item() == len(want)
+    loader.close()
+
+
+@pytest.mark.parametrize("spec, exc, match", [
+    ("byte-v9", ValueError, "byte-v9"),
+    ("/nonexistent/tokenizer.json", FileNotFoundError, "/nonexistent/tokenizer.json"),
+    (3, TypeError, "tokenizer must be"),
+])
+def test_bad_tokenizer_is_named(db, spec, exc, match):
+    with pytest.raises(exc, match=match):
+        DataFusionLoader(db, 4, threads=1, tokenizer=spec)
+
+
+def test_tokenizer_too_long_for_token_pad_is_named(db):
+    loader = DataFusionLoader(db, 4, threads=1, tokenizer="byte-v1", token_pad=5)
+    with pytest.raises(ValueError, match="more than the batch's length 5"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_tokenizer_json_needs_the_tokenizers_package(db, tmp_path):
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        path = tmp_path / "tokenizer.json"
+        path.write_text("{}")
+        with pytest.raises(ImportError, match="'tokenizers' package"):
+            DataFusionLoader(db, 4, threads=1, tokenizer=str(path))
+        return
+    # Where the library is installed (the GPU machine): a word-level tokenizer.json built here.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<pad>": 0, "[UNK]": 1}
+    for t in tasks_jsonl().values():
+        for w in t.split():
+            vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    loader = DataFusionLoader(db, 4, shuffle=False, threads=1, tokenizer=str(tmp_path))
+    batch = next(iter(loader))
+    ids = [vocab[w] for w in batch["task"][0].split()]
+    assert batch["tokens"][0, :len(ids)].tolist() == ids
+    loader.close()
+
+
+# Guards static shapes under a load-time tokenizer: every batch's ids are padded to the smallest
+# bucket that holds its longest task, which the batch's bucket and shape_key name.
+def test_tokenizer_pads_to_the_buckets(db):
+    loader = DataFusionLoader(db, 8, threads=1, tokenizer="byte-v1", token_buckets=[64, 32, 8])
+    assert loader.token_buckets == [8, 32, 64]
+    for batch in loader:
+        longest = max(len(_C.tokenize(t, "byte-v1")) for t in batch["task"] if t)
+        want = min(b for b in (8, 32, 64) if b >= longest)
+        assert batch["tokens"].shape == (8, want)
+        assert loader.token_buckets[batch.bucket] == want and batch.shape_key[2] == want
+    loader.close()
