@@ -101,6 +101,13 @@ class DataFusionLoader:
             ``observation.state``, ``action`` and camera keys, as LeRobot's, with its padding
             at episode edges (``<key>_is_pad``); chosen at load time, no repack.
         tolerance_s: how far an offset may lie off the fps grid (LeRobot's default 1e-4 s).
+            'groot' (a DB packed from LeRobot with GR00T's modality.json): GR00T's
+            ``state.<name>``, ``action.<name>``, ``video.<name>`` and ``annotation.<name>``
+            keys, each with a time axis (loongforge.lerobot_format.GrootContract).
+        delta_indices: format 'groot' only: {group or key: [frame offsets]} as GR00T's
+            ModalityConfig (default [0] for every key), with its "first_last" padding.
+        normalize_modes: format 'groot' only: {state/action key: 'min_max' | 'q99' |
+            'mean_std' | 'none'} as GR00T's StateActionTransform (default: raw).
         tokenizer: token ids computed from the batch's task text when it is handed out
             (loongforge.text): a built-in tokenizer's name ('byte-v1'), the path of a Hugging
             Face tokenizer.json (needs the ``tokenizers`` package), or a callable text -> ids.
@@ -131,12 +138,17 @@ class DataFusionLoader:
         delta_timestamps: Optional[Dict[str, Any]] = None,
         tolerance_s: float = lerobot_format.DEFAULT_TOLERANCE_S,
         tokenizer: Any = None,
+        delta_indices: Optional[Dict[str, Any]] = None,
+        normalize_modes: Optional[Dict[str, str]] = None,
         **options: Any,
     ) -> None:
         known = loader_options()
-        if format not in ("loongforge", "lerobot"):
-            raise ValueError(f"DataFusionLoader: format must be 'loongforge' or 'lerobot', got "
-                             f"{format!r}")
+        if format not in ("loongforge", "lerobot", "groot"):
+            raise ValueError(f"DataFusionLoader: format must be 'loongforge', 'lerobot' or "
+                             f"'groot', got {format!r}")
+        if (delta_indices is not None or normalize_modes is not None) and format != "groot":
+            raise ValueError("DataFusionLoader: delta_indices and normalize_modes need "
+                             "format='groot'")
         if delta_timestamps is not None and format != "lerobot":
             raise ValueError("DataFusionLoader: delta_timestamps needs format='lerobot' (the "
                              "'loongforge' format's action chunk is the one the DB was packed "
@@ -213,7 +225,7 @@ class DataFusionLoader:
             self._own_truncate = bool(options.pop("truncate_tokens", False))
             if self._own_buckets:
                 options["static_shapes"] = True
-        if format == "lerobot":
+        if format in ("lerobot", "groot"):
             schema = json.loads(_C.RecordReader(str(db_path)).schema_json)
             lerobot_format.LeRobotMeta(str(db_path), schema)  # ValueError: not from LeRobot
             # LeRobot's frames: stored size, whole, float in [0, 1], unless the caller says.
@@ -251,6 +263,10 @@ class DataFusionLoader:
         if format == "lerobot":
             self._contract = lerobot_format.LeRobotContract(
                 self.db_path, self.schema, self.device, layout, delta_timestamps, tolerance_s)
+            self._meta = self._contract.meta
+        elif format == "groot":
+            self._contract = lerobot_format.GrootContract(
+                self.db_path, self.schema, self.device, layout, delta_indices, normalize_modes)
             self._meta = self._contract.meta
 
     @property

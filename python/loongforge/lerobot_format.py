@@ -172,3 +172,114 @@ class LeRobotContract:
             out[key] = torch.where(valid, col, torch.zeros_like(col))
         out["task"] = list(batch.get("task", [""] * int(ids.shape[0])))
         return out
+
+
+# GR00T's Normalizer modes (gr00t/data/transform/state_action.py) and the statistics each reads.
+GROOT_MODES = {"min_max": ("min", "max"), "q99": ("q01", "q99"), "mean_std": ("mean", "std"),
+               "none": ()}
+
+
+def groot_normalize(x: torch.Tensor, mode: str, stats: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """GR00T's per-key normalization of `x` [..., D] with that key's statistics [D]: min_max and
+    q99 map [lo, hi] to [-1, 1] (q99 then clips to it; a constant dimension is 0 under min_max
+    and left as it is under q99), mean_std is (x - mean) / std (a constant dimension is only
+    centred, as the loader's own mean_std does)."""
+    if mode == "none":
+        return x
+    if mode == "mean_std":
+        std = stats["std"]
+        return (x - stats["mean"]) / torch.where(std > 1e-6, std, torch.ones_like(std))
+    lo, hi = stats[GROOT_MODES[mode][0]], stats[GROOT_MODES[mode][1]]
+    same = lo == hi
+    y = 2 * (x - lo) / torch.where(same, torch.ones_like(hi), hi - lo) - 1
+    if mode == "min_max":
+        return torch.where(same, torch.zeros_like(y), y)
+    return torch.where(same, x, y).clamp(-1, 1)
+
+
+class GrootContract(LeRobotContract):
+    """GR00T's LeRobotSingleDataset step (gr00t/data/dataset.py) from a DB packed with a
+    modality.json: ``state.<name>`` / ``action.<name>`` [B, T, D] (slices of the state and action
+    vectors), ``video.<name>`` [B, T, ...] (the loader's layout and dtype), and
+    ``annotation.<name>`` (list of str), each over its delta indices (frames) with GR00T's
+    "first_last" padding (the episode's first or last row stands in for rows beyond it),
+    normalized per key as `normalize_modes` says."""
+
+    def __init__(self, db: str, schema: Dict[str, Any], device: torch.device, layout: str,
+                 delta_indices: Optional[Dict[str, Sequence[int]]],
+                 normalize_modes: Optional[Dict[str, str]]) -> None:
+        meta = schema.get("source_meta") or {}
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+        modality = meta.get("modality")
+        if not isinstance(modality, dict):
+            raise ValueError(f"{db}: format='groot' needs a DB packed with GR00T's "
+                             "meta/modality.json (loongforge pack --from-lerobot DIR, with the "
+                             "file in DIR/meta)")
+        self.slices: Dict[str, tuple] = {}
+        for group in ("state", "action"):
+            for name, sl in (modality.get(group) or {}).items():
+                self.slices[f"{group}.{name}"] = (group, int(sl["start"]), int(sl["end"]))
+        self.videos = [f"video.{c}" for c in schema.get("cameras", [])]
+        self.annotations = [f"annotation.{a}" for a in (modality.get("annotation") or {})]
+        keys = list(self.slices) + self.videos + self.annotations
+        per_key: Dict[str, List[int]] = {}
+        for spec_key, idx in (delta_indices or {}).items():
+            targets = [k for k in keys if k == spec_key or k.split(".", 1)[0] == spec_key]
+            if not targets:
+                raise ValueError(f"delta_indices: {spec_key!r} is neither a modality group "
+                                 f"(state, action, video, annotation) nor a key of {db} (keys: "
+                                 f"{', '.join(keys)})")
+            if isinstance(idx, (str, bytes)) or not hasattr(idx, "__len__") or not len(idx) or \
+                    any(isinstance(i, bool) or not isinstance(i, int) for i in idx):
+                raise ValueError(f"delta_indices[{spec_key!r}] must be a non-empty list of int "
+                                 f"frame offsets, got {idx!r}")
+            for k in targets:
+                per_key[k] = [int(i) for i in idx]
+        self.modes: Dict[str, str] = {}
+        for k, mode in (normalize_modes or {}).items():
+            if k not in self.slices:
+                raise ValueError(f"normalize_modes: {k!r} is not a state or action key of {db} "
+                                 f"(keys: {', '.join(self.slices)})")
+            if mode not in GROOT_MODES:
+                raise ValueError(f"normalize_modes[{k!r}]: {mode!r} is not one of "
+                                 f"{', '.join(GROOT_MODES)}")
+            self.modes[k] = mode
+        self.db, self.device, self.layout = db, device, layout
+        self.meta = LeRobotMeta(db, schema)
+        self.deltas = {k: per_key.get(k, [0]) for k in keys}
+        table = _C.read_frame_table(db)
+        self._cols = {k: torch.from_numpy(np.ascontiguousarray(table[k])).to(device)
+                      for k in ("state", "action", "episode_first", "episode_length")}
+        self._offsets = {k: torch.tensor(v, dtype=torch.int64, device=device)
+                         for k, v in self.deltas.items()}
+        self._stats = {}
+        for k, (group, a, b) in self.slices.items():
+            full = self.meta.stats["observation.state" if group == "state" else "action"]
+            self._stats[k] = {s: v[a:b].to(device) for s, v in full.items()}
+
+    def convert(self, batch: Dict[str, Any], frames) -> Dict[str, Any]:
+        ids_raw = batch["sample_index"].to(self.device).long()
+        valid = ids_raw >= 0
+        ids = ids_raw.clamp(min=0)
+        out: Dict[str, Any] = {}
+        images = batch["images"]
+        for c, key in enumerate(self.videos):
+            rows, _ = self._rows(ids, key)
+            off = self._offsets[key]
+            now = images[:, c]
+            stack = now.unsqueeze(1).repeat((1, len(off)) + (1,) * (now.dim() - 1))
+            other = rows[:, off != 0]
+            if other.numel():
+                stack[:, off != 0] = frames(other.reshape(-1))[:, c].reshape(
+                    other.shape + tuple(now.shape[1:]))
+            out[key] = stack
+        for key, (group, a, b) in self.slices.items():
+            rows, _ = self._rows(ids, key)
+            x = self._cols[group][rows][..., a:b]
+            if key in self.modes:
+                x = groot_normalize(x, self.modes[key], self._stats[key])
+            out[key] = x * valid.view(-1, 1, 1).to(x.dtype)
+        texts = list(batch.get("task", [""] * int(ids.shape[0])))
+        for key in self.annotations:
+            out[key] = texts
+        return out

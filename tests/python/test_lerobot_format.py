@@ -298,3 +298,81 @@ def test_tokenizer_pads_to_the_buckets(db):
         assert batch["tokens"].shape == (8, want)
         assert loader.token_buckets[batch.bucket] == want and batch.shape_key[2] == want
     loader.close()
+
+
+@pytest.fixture(scope="module")
+def groot_db(tmp_path_factory):
+    """The fixture with GR00T's meta/modality.json (state split in two, camera renamed), packed."""
+    import shutil
+    src = str(tmp_path_factory.mktemp("groot_src") / "v2.1")
+    shutil.copytree(LEROBOT_V21, src)
+    with open(os.path.join(src, "meta", "modality.json"), "w") as fh:
+        json.dump({"state": {"arm": {"start": 0, "end": 5}, "gripper": {"start": 5, "end": 6}},
+                   "action": {"arm": {"start": 0, "end": 7}},
+                   "video": {"ego": {"original_key": "observation.images.front"}},
+                   "annotation": {"human.task_description": {"original_key": "task_index"}}}, fh)
+    out = str(tmp_path_factory.mktemp("groot") / "db")
+    packing.pack_lerobot(src, out, size=(64, 48), threads=1, horizon=4)
+    return out
+
+
+def numpy_groot(x, mode, lo_hi):
+    """GR00T's Normalizer formulas in float64 (the module docstring of lerobot_format)."""
+    lo, hi = (np.asarray(v, dtype=np.float64) for v in lo_hi)
+    if mode == "mean_std":
+        return (x - lo) / np.where(hi > 1e-6, hi, 1.0)
+    same = lo == hi
+    y = 2 * (x - lo) / np.where(same, 1.0, hi - lo) - 1
+    return np.where(same, 0.0, y) if mode == "min_max" else np.clip(np.where(same, x, y), -1, 1)
+
+
+# Guards format="groot": GR00T's keys from modality.json with a time axis, the slices of the
+# state and action vectors over the delta indices with "first_last" padding, per-key
+# normalization by GR00T's formulas on the slice's statistics, the task as the annotation.
+def test_groot_step_data(groot_db):
+    rows, bounds = parquet_rows()
+    loader = DataFusionLoader(groot_db, 16, shuffle=False, drop_last=False, threads=1,
+                              format="groot", delta_indices={"action": [0, 1, 2, 3],
+                                                             "state.arm": [-1, 0]},
+                              normalize_modes={"action.arm": "min_max", "state.arm": "q99",
+                                               "state.gripper": "mean_std"})
+    stats = loader.meta.stats
+    tasks = tasks_jsonl()
+    seen = 0
+    for batch in loader:
+        assert set(batch) >= {"state.arm", "state.gripper", "action.arm", "video.ego",
+                              "annotation.human.task_description"}
+        assert batch["video.ego"].shape[1:] == (1, 3, 48, 64)
+        for r in range(batch.size):
+            idx = seen + r  # shuffle=False: samples in order
+            for key, off, sl, col, mode, st in (
+                    ("state.arm", [-1, 0], slice(0, 5), "observation.state", "q99", ("q01", "q99")),
+                    ("state.gripper", [0], slice(5, 6), "observation.state", "mean_std",
+                     ("mean", "std")),
+                    ("action.arm", [0, 1, 2, 3], slice(0, 7), "action", "min_max", ("min", "max"))):
+                q, _ = lerobot_query(bounds, idx, off)  # first_last = LeRobot's clamp
+                raw = rows[col][q][:, sl].astype(np.float32).astype(np.float64)
+                want = numpy_groot(raw, mode, [stats[col][s][sl].numpy() for s in st])
+                np.testing.assert_allclose(batch[key][r].double().numpy(), want, rtol=1e-5,
+                                           atol=1e-5, err_msg=f"{key} {idx}")
+            assert batch["annotation.human.task_description"][r] == \
+                tasks[int(rows["task_index"][idx])]
+        seen += batch.size
+    assert seen == 48
+    loader.close()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(delta_indices={"proprio": [0]}), "'proprio' is neither a modality group"),
+    (dict(delta_indices={"action": [0.5]}), "list of int"),
+    (dict(normalize_modes={"state.arm": "minmax"}), "'minmax' is not one of"),
+    (dict(normalize_modes={"video.ego": "min_max"}), "not a state or action key"),
+])
+def test_groot_bad_options_are_named(groot_db, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DataFusionLoader(groot_db, 4, threads=1, format="groot", **kwargs)
+
+
+def test_groot_needs_a_modality_file(db):
+    with pytest.raises(ValueError, match="modality.json"):
+        DataFusionLoader(db, 4, threads=1, format="groot")

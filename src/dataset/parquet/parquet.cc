@@ -192,9 +192,9 @@ class ChunkReader {
       if (!ParsePageHeader(p + pos, chunk.size() - pos, &h, &header_bytes))
         return Corrupt("page header does not parse");
       pos += header_bytes;
+      // A page's sizes are int32 in the format: the type bounds an allocation to 2 GiB.
       if (h.compressed_size < 0 || h.uncompressed_size < 0 ||
-          static_cast<size_t>(h.compressed_size) > chunk.size() - pos ||
-          h.uncompressed_size > kMaxPageBytes) {
+          static_cast<size_t>(h.compressed_size) > chunk.size() - pos) {
         return Corrupt("page size " + std::to_string(h.compressed_size) +
                        " past the end of the column chunk");
       }

@@ -13,9 +13,6 @@
 
 namespace loongforge::data::parquet {
 
-// Refuse absurd sizes from a corrupt header before allocating for them.
-constexpr int64_t kMaxPageBytes = int64_t{1} << 31;
-
 // ---- parquet.thrift enums (the values we use) ----
 enum PhysicalType {
   kBoolean = 0,
