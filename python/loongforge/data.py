@@ -108,6 +108,11 @@ class DataFusionLoader:
             ModalityConfig (default [0] for every key), with its "first_last" padding.
         normalize_modes: format 'groot' only: {state/action key: 'min_max' | 'q99' |
             'mean_std' | 'none'} as GR00T's StateActionTransform (default: raw).
+        transform: a callable batch -> batch run on every batch (and every ``dataset[i]``
+            item, as a batch of one) after decode, format and tokenizer, on the batch's device:
+            CUDA tensors with the GPU loader, so a GPU augmentation runs there. What it returns
+            is what the loop gets (a dict; its attributes are kept where it returns the same
+            batch object). It runs on the consumer's thread, in order.
         tokenizer: token ids computed from the batch's task text when it is handed out
             (loongforge.text): a built-in tokenizer's name ('byte-v1'), the path of a Hugging
             Face tokenizer.json (needs the ``tokenizers`` package), or a callable text -> ids.
@@ -140,6 +145,7 @@ class DataFusionLoader:
         tokenizer: Any = None,
         delta_indices: Optional[Dict[str, Any]] = None,
         normalize_modes: Optional[Dict[str, str]] = None,
+        transform: Optional[Any] = None,
         **options: Any,
     ) -> None:
         known = loader_options()
@@ -253,6 +259,10 @@ class DataFusionLoader:
         self._start_batch = 0
         self._yielded = 0  # batches handed out in the current epoch (resume position)
         self.format = format
+        if transform is not None and not callable(transform):
+            raise TypeError(f"DataFusionLoader: transform must be callable (batch -> batch), got "
+                            f"{type(transform).__name__}")
+        self._transform = transform
         self._tokenizer = None if tokenizer is None else text.LoadTimeTokenizer(tokenizer)
         if self._tokenizer is not None and not self._impl.has_task_text:
             raise ValueError(f"DataFusionLoader: tokenizer= needs the task text, which "
@@ -371,6 +381,16 @@ class DataFusionLoader:
                 converted["observation.language.tokens"] = batch["tokens"]
                 converted["observation.language.attention_mask"] = batch["attention_mask"]
             batch = converted
+        if contract and self._transform is not None:
+            out = self._transform(batch)
+            if not isinstance(out, dict):
+                raise TypeError(f"DataFusionLoader: transform returned "
+                                f"{type(out).__name__}, not a dict batch")
+            if not isinstance(out, DataFusionBatch):
+                kept = DataFusionBatch(out)
+                kept.__dict__.update(batch.__dict__)
+                out = kept
+            batch = out
         return batch, host
 
     def _frames(self, ids: torch.Tensor) -> torch.Tensor:

@@ -376,3 +376,31 @@ def test_groot_bad_options_are_named(groot_db, kwargs, match):
 def test_groot_needs_a_modality_file(db):
     with pytest.raises(ValueError, match="modality.json"):
         DataFusionLoader(db, 4, threads=1, format="groot")
+
+
+# Guards the transform hook: it sees the finished batch (format keys, device) and what it returns
+# is what the loop and dataset[i] get, with the batch's attributes kept.
+def test_transform_hook_runs_on_every_batch(db):
+    calls = []
+
+    def flip(batch):
+        calls.append(len(batch["task"]))
+        batch["observation.state"] = -batch["observation.state"]
+        return {**batch, "seen": torch.ones(len(batch["task"]))}
+
+    plain, _ = every_sample(db)
+    got, loader = every_sample(db, transform=flip)
+    torch.testing.assert_close(got["observation.state"], -plain["observation.state"])
+    assert got["seen"].shape == (48,) and sum(calls) == 48
+    loader = DataFusionLoader(db, 4, threads=1, format="lerobot", transform=flip)
+    batch = next(iter(loader))
+    assert batch.size == 4 and "seen" in batch
+    torch.testing.assert_close(loader.dataset[3]["observation.state"],
+                               -plain["observation.state"][3])
+    loader.close()
+    with pytest.raises(TypeError, match="transform must be callable"):
+        DataFusionLoader(db, 4, threads=1, transform=3)
+    bad = DataFusionLoader(db, 4, threads=1, transform=lambda b: [b])
+    with pytest.raises(TypeError, match="not a dict batch"):
+        next(iter(bad))
+    bad.close()
