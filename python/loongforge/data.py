@@ -108,6 +108,10 @@ class DataFusionLoader:
             ModalityConfig (default [0] for every key), with its "first_last" padding.
         normalize_modes: format 'groot' only: {state/action key: 'min_max' | 'q99' |
             'mean_std' | 'none'} as GR00T's StateActionTransform (default: raw).
+        action_horizon: format 'loongforge' on a DB packed from LeRobot: the action chunk's
+            length chosen at load time (``action`` [B, H, A], ``action_mask`` [B, H]), gathered
+            from the stored per-frame rows and normalized as ``normalize`` says; None: the
+            chunk the DB was packed with.
         transform: a callable batch -> batch run on every batch (and every ``dataset[i]``
             item, as a batch of one) after decode, format and tokenizer, on the batch's device:
             CUDA tensors with the GPU loader, so a GPU augmentation runs there. What it returns
@@ -146,6 +150,7 @@ class DataFusionLoader:
         delta_indices: Optional[Dict[str, Any]] = None,
         normalize_modes: Optional[Dict[str, str]] = None,
         transform: Optional[Any] = None,
+        action_horizon: Optional[int] = None,
         **options: Any,
     ) -> None:
         known = loader_options()
@@ -263,6 +268,16 @@ class DataFusionLoader:
             raise TypeError(f"DataFusionLoader: transform must be callable (batch -> batch), got "
                             f"{type(transform).__name__}")
         self._transform = transform
+        self._horizon_contract: Optional[lerobot_format.HorizonContract] = None
+        if action_horizon is not None:
+            if format != "loongforge":
+                raise ValueError("DataFusionLoader: action_horizon is the 'loongforge' format's "
+                                 "(format 'lerobot' takes delta_timestamps, 'groot' delta_indices)")
+            self._horizon_contract = lerobot_format.HorizonContract(
+                self.db_path, self.schema, self.device, action_horizon,
+                str(options.get("normalize", known["normalize"])),
+                bool(options.get("normalize_state", known["normalize_state"])))
+            self._horizon = action_horizon
         self._tokenizer = None if tokenizer is None else text.LoadTimeTokenizer(tokenizer)
         if self._tokenizer is not None and not self._impl.has_task_text:
             raise ValueError(f"DataFusionLoader: tokenizer= needs the task text, which "
@@ -366,6 +381,8 @@ class DataFusionLoader:
                            self._horizon)
         if "task" in raw:  # Note [Task text] in src/data/loader.cc
             batch["task"] = list(raw["task"])
+        if contract and self._horizon_contract is not None:
+            self._horizon_contract.convert(batch)
         if contract and self._tokenizer is not None:
             tokens, mask = self._tokenizer.batch(
                 batch["task"], batch["sample_index"] >= 0, self._token_pad, self.token_buckets,

@@ -283,3 +283,48 @@ class GrootContract(LeRobotContract):
         for key in self.annotations:
             out[key] = texts
         return out
+
+
+# The loader's `normalize` modes as GR00T's names (the formulas are the same; see
+# groot_normalize and the loader's stage 3).
+_LOADER_MODES = {"mean_std": "mean_std", "min_max": "min_max", "q01_q99": "q99", "none": "none"}
+
+
+class HorizonContract:
+    """The 'loongforge' format's action chunk at a horizon chosen at load time: ``action``
+    [B, H, A] and ``action_mask`` [B, H] gathered from the frame table (rows idx..idx+H-1 of the
+    sample's episode, the last row repeated past its end with the mask off, as the packer
+    writes chunks) and normalized as the loader's ``normalize`` says. The rest of the batch is
+    the loader's own."""
+
+    def __init__(self, db: str, schema: Dict[str, Any], device: torch.device, horizon: int,
+                 normalize: str, normalize_state: bool) -> None:
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or not 1 <= horizon <= 4096:
+            raise ValueError(f"action_horizon must be an int in 1..4096, got {horizon!r}")
+        if not str(schema.get("source_format", "")).startswith("lerobot"):
+            raise ValueError(f"{db}: action_horizon={horizon} is chosen at load time from the "
+                             "per-frame rows of a DB packed from LeRobot (loongforge pack "
+                             "--from-lerobot); this DB stores chunks of "
+                             f"{schema.get('action_horizon')} steps only: repack it with "
+                             f"loongforge pack --horizon {horizon}")
+        self.horizon = horizon
+        self.mode = _LOADER_MODES[normalize] if normalize_state else "none"
+        table = _C.read_frame_table(db)
+        self._cols = {k: torch.from_numpy(np.ascontiguousarray(table[k])).to(device)
+                      for k in ("action", "episode_first", "episode_length")}
+        self._offsets = torch.arange(horizon, dtype=torch.int64, device=device)
+        meta = LeRobotMeta(db, schema)
+        self._stats = {k: v.to(device) for k, v in meta.stats["action"].items()}
+        self.device = device
+
+    def convert(self, batch: Dict[str, Any]) -> None:
+        ids_raw = batch["sample_index"].to(self.device).long()
+        valid = ids_raw >= 0
+        ids = ids_raw.clamp(min=0)
+        first = self._cols["episode_first"][ids].unsqueeze(1)
+        last = first + self._cols["episode_length"][ids].unsqueeze(1) - 1
+        q = ids.unsqueeze(1) + self._offsets.unsqueeze(0)
+        mask = (q <= last) & valid.unsqueeze(1)
+        action = groot_normalize(self._cols["action"][torch.min(q, last)], self.mode, self._stats)
+        batch["action"] = action * valid.view(-1, 1, 1).to(action.dtype)
+        batch["action_mask"] = mask

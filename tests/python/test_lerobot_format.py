@@ -404,3 +404,35 @@ def test_transform_hook_runs_on_every_batch(db):
     with pytest.raises(TypeError, match="not a dict batch"):
         next(iter(bad))
     bad.close()
+
+
+# Guards the load-time horizon of the 'loongforge' format: at the packed horizon it gives the
+# packed chunks and masks in every normalize mode, and another horizon follows the same rule
+# (rows idx..idx+H-1 of the episode, the last repeated with the mask off) without a repack.
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "q01_q99", "none"])
+def test_action_horizon_at_load_time(db, mode):
+    def collect(**kw):
+        loader = DataFusionLoader(db, 16, shuffle=False, drop_last=False, threads=1,
+                                  normalize=mode, **kw)
+        out = {k: torch.cat([b[k][:b.size] for b in loader]) for k in ("action", "action_mask")}
+        loader.close()
+        return out, loader
+    packed, _ = collect()
+    same, _ = collect(action_horizon=4)
+    torch.testing.assert_close(same["action"], packed["action"], rtol=1e-6, atol=1e-6)
+    assert torch.equal(same["action_mask"], packed["action_mask"])
+    longer, loader = collect(action_horizon=10)
+    assert longer["action"].shape == (48, 10, 7) and loader.shape_keys == []
+    torch.testing.assert_close(longer["action"][:, :4][packed["action_mask"]],
+                               packed["action"][packed["action_mask"]], rtol=1e-6, atol=1e-6)
+    _, bounds = parquet_rows()
+    for idx in range(48):
+        _, pad = lerobot_query(bounds, idx, range(10))
+        assert longer["action_mask"][idx].tolist() == (~pad).tolist()
+
+
+def test_action_horizon_on_a_native_db_names_the_repack(tmp_path):
+    from lf_testdata import make_db
+    path = make_db(str(tmp_path / "native"), samples=4)
+    with pytest.raises(ValueError, match="pack --horizon 8"):
+        DataFusionLoader(path, 2, threads=1, action_horizon=8)
