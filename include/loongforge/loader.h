@@ -67,7 +67,13 @@ enum class CorruptPolicy { kSkip, kError };
 // in src/data/loader_gpu_stage.cc). Needs a build with CUDA and nvJPEG: see
 // DataLoader::GpuSupport().
 enum class LoaderDevice { kCpu, kCuda };
-enum class ImageLayout { kNCHW, kNHWC };  // images [n, cams, 3, H, W] or [n, cams, H, W, 3]
+enum class ImageLayout { kNCHW, kNHWC };
+// How the crop meets an output of another aspect ratio (LoaderOptions::resize): kStretch resizes
+// crop_fraction of each side to (H, W) as it is; kCrop takes crop_fraction of the largest
+// rectangle of the output's aspect inside the frame (GR00T's and torchvision's crop, then resize);
+// kPad resizes crop_fraction of each side into the largest rectangle of its own aspect inside
+// (H, W), centred, the rest black (pixel 0) as a letterbox (openpi's resize_with_pad; CPU loader).
+enum class ResizeMode { kStretch, kCrop, kPad };  // images [n, cams, 3, H, W] or [n, cams, H, W, 3]
 // GPU loader: how lf-fetch faults the LMDB pages of a batch's JPEG bytes in before nvJPEG reads
 // them (Note [GPU loader] in src/data/loader_gpu_stage.cc). kPopulate: one
 // madvise(MADV_POPULATE_READ) per record (Linux >= 5.14; falls back to kTouch where the kernel
@@ -88,9 +94,10 @@ struct LoaderOptions {
   int batch_size = 32;
   // Output (height, width), each in 1..4096 (Python: image_size=N for N x N, or (H, W)).
   std::array<int, 2> image_size = {224, 224};
-  float crop_fraction = 0.95f;  // side fraction kept by the (random or centre) crop
-  bool train = true;            // random crop offsets (train) or centre crop (eval)
-  bool color_jitter = false;    // GR00T: brightness 0.3, contrast 0.4, saturation 0.5, hue 0.08
+  float crop_fraction = 0.95f;               // side fraction kept by the (random or centre) crop
+  ResizeMode resize = ResizeMode::kStretch;  // output of another aspect ratio than the frame
+  bool train = true;                         // random crop offsets (train) or centre crop (eval)
+  bool color_jitter = false;  // GR00T: brightness 0.3, contrast 0.4, saturation 0.5, hue 0.08
   std::array<float, 3> mean = {0.5f, 0.5f, 0.5f};
   std::array<float, 3> std = {0.5f, 0.5f, 0.5f};
   bool dct_scaling = true;      // let libjpeg-turbo downscale in the DCT domain when it can

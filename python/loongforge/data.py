@@ -186,6 +186,8 @@ class DataFusionLoader:
             ok, why = _C.gpu_loader_support(self.device.index)
             if ok and self.dtype == torch.uint8:
                 ok, why = False, "dtype=uint8 is written by the CPU loader only"
+            if ok and options.get("resize") == "pad":
+                ok, why = False, "resize='pad' is written by the CPU loader only"
             if gpu_decode is False:
                 self._fallback_reason = "gpu_decode=False"
             elif ok:

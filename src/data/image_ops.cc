@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "loongforge/loader.h"
 #include "loongforge/logging.h"
 
 namespace loongforge {
@@ -187,6 +188,42 @@ void CropResizeInto(const RgbImage& src, const CropBox& box, int out_w, int out_
 }
 
 }  // namespace
+
+CropBox ChooseCropBox(int width, int height, int out_w, int out_h, float fraction, int mode,
+                      float fx, float fy) {
+  CropBox box;
+  float w = static_cast<float>(width), h = static_cast<float>(height);
+  if (mode == static_cast<int>(ResizeMode::kCrop)) {
+    // The largest rectangle of the output's aspect inside the frame.
+    const float aspect = static_cast<float>(out_w) / static_cast<float>(out_h);
+    if (w > h * aspect)
+      w = h * aspect;
+    else
+      h = w / aspect;
+  }
+  box.w = w * fraction;
+  box.h = h * fraction;
+  box.x0 = std::floor((width - box.w) * fx);
+  box.y0 = std::floor((height - box.h) * fy);
+  return box;
+}
+
+PadRect LetterboxRect(const CropBox& box, int out_w, int out_h) {
+  PadRect r;
+  const double aspect = static_cast<double>(box.w) / box.h;
+  if (out_w >= out_h * aspect) {
+    r.h = out_h;
+    r.w = std::max(1, static_cast<int>(std::lround(out_h * aspect)));
+  } else {
+    r.w = out_w;
+    r.h = std::max(1, static_cast<int>(std::lround(out_w / aspect)));
+  }
+  r.w = std::min(r.w, out_w);
+  r.h = std::min(r.h, out_h);
+  r.x = (out_w - r.w) / 2;
+  r.y = (out_h - r.h) / 2;
+  return r;
+}
 
 void CropResizeNormalize(const RgbImage& src, const CropBox& box, int out_w, int out_h,
                          const Jitter& jitter, float gray_mean, const NormalizeParams& norm,

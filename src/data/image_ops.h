@@ -22,6 +22,20 @@ struct CropBox {
   float x0 = 0, y0 = 0, w = 0, h = 0;
 };
 
+// The crop box of a frame of `width` x `height` for an output of `out_w` x `out_h` under `mode`
+// (ResizeMode in loongforge/loader.h; kPad crops as kStretch), keeping `fraction` of the sides,
+// its offset at (fx, fy) in [0, 1] of the slack (0.5: centre), in whole source pixels as
+// torchvision's RandomCrop and CenterCrop place it. The one definition of the CPU and GPU stages.
+CropBox ChooseCropBox(int width, int height, int out_w, int out_h, float fraction, int mode,
+                      float fx, float fy);
+
+// The letterbox of a kPad resize: the largest rectangle of the crop's aspect inside out_w x
+// out_h, centred (x, y, w, h in output pixels, w and h >= 1).
+struct PadRect {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+PadRect LetterboxRect(const CropBox& box, int out_w, int out_h);
+
 // Colour jitter of one image: torchvision's adjust_brightness, adjust_contrast, adjust_saturation
 // and adjust_hue, in that fixed order (Note [Colour jitter]).
 struct Jitter {

@@ -719,6 +719,9 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(const LoaderOptions& o)
     return InvalidArgumentError(
         "layout NHWC, dtype bfloat16 and antialias need device=cuda (the CPU loader writes "
         "float32 or uint8 NCHW)");
+  if (gpu && o.resize == ResizeMode::kPad)
+    return InvalidArgumentError(
+        "loader option 'resize' pad needs device=cpu (the GPU loader stretches or crops)");
   if (gpu && o.dtype == DType::kUInt8)
     return InvalidArgumentError(
         "loader option 'dtype' uint8 needs device=cpu (the GPU loader writes float32 or "

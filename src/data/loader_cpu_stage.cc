@@ -101,6 +101,10 @@ class CpuStage : public DecodeStage {
  private:
   // Stage 2: one image of one sample, on an lf-decode worker.
   void DecodeImage(const WorkPtr& w, int sample, int camera);
+  // ResizeMode::kPad: `box` of `rgb` resized into its letterbox of the output image at element
+  // `at` of the batch's images, the rest black (pixel 0, normalized as any pixel).
+  void PadInto(const RgbImage& rgb, const CropBox& box, const internal::Jitter& j, float gray,
+               size_t at, Work* w);
   // Stage 3: compaction, padding rows, the stage-3 CPU twin, publication.
   Status Collate(Work& w, std::shared_ptr<Batch>* out);
 
@@ -129,13 +133,11 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
         p_.opts.max_frame_pixels);
     if (s.ok()) {
       SampleRng rng(p_.opts.seed, w->epoch, id, camera);
-      CropBox box;
-      box.w = rgb.width * p_.opts.crop_fraction;
-      box.h = rgb.height * p_.opts.crop_fraction;
-      float fx = p_.opts.train ? rng.Uniform() : 0.5f, fy = p_.opts.train ? rng.Uniform() : 0.5f;
-      // Integer offsets in source pixels, as torchvision's RandomCrop/CenterCrop.
-      box.x0 = std::floor((rgb.width - box.w) * fx);
-      box.y0 = std::floor((rgb.height - box.h) * fy);
+      const float fx = p_.opts.train ? rng.Uniform() : 0.5f;
+      const float fy = p_.opts.train ? rng.Uniform() : 0.5f;
+      const CropBox box =
+          internal::ChooseCropBox(rgb.width, rgb.height, out_w, out_h, p_.opts.crop_fraction,
+                                  static_cast<int>(p_.opts.resize), fx, fy);
       Jitter j;
       float gray = 0;
       if (p_.opts.color_jitter) {
@@ -143,7 +145,9 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
         gray = internal::MeanGray(rgb, box, 4);
       }
       const size_t at = (static_cast<size_t>(sample) * cams + camera) * 3 * out_h * out_w;
-      if (p_.opts.dtype == DType::kUInt8) {
+      if (p_.opts.resize == ResizeMode::kPad) {
+        PadInto(rgb, box, j, gray, at, w.get());
+      } else if (p_.opts.dtype == DType::kUInt8) {
         auto* dst = reinterpret_cast<uint8_t*>(w->slot->batch.images) + at;
         internal::CropResizeToUint8(rgb, box, out_w, out_h, j, gray, dst);
       } else {
@@ -157,6 +161,37 @@ void CpuStage::DecodeImage(const WorkPtr& w, int sample, int camera) {
     }
   }
   w->TaskDone();
+}
+
+void CpuStage::PadInto(const RgbImage& rgb, const CropBox& box, const internal::Jitter& j,
+                       float gray, size_t at, Work* w) {
+  const int out_h = p_.opts.image_size[0], out_w = p_.opts.image_size[1];
+  const internal::PadRect r = internal::LetterboxRect(box, out_w, out_h);
+  const size_t plane = static_cast<size_t>(out_w) * out_h;
+  auto place = [&](auto* dst, const auto* src, auto black) {
+    for (int c = 0; c < 3; ++c) {
+      std::fill(dst + c * plane, dst + (c + 1) * plane, black[c]);
+      for (int y = 0; y < r.h; ++y)
+        std::copy(src + (static_cast<size_t>(c) * r.h + y) * r.w,
+                  src + (static_cast<size_t>(c) * r.h + y + 1) * r.w,
+                  dst + c * plane + static_cast<size_t>(r.y + y) * out_w + r.x);
+    }
+  };
+  if (p_.opts.dtype == DType::kUInt8) {
+    thread_local std::vector<uint8_t> tmp;
+    tmp.resize(static_cast<size_t>(3) * r.w * r.h);
+    internal::CropResizeToUint8(rgb, box, r.w, r.h, j, gray, tmp.data());
+    const uint8_t black[3] = {0, 0, 0};
+    place(reinterpret_cast<uint8_t*>(w->slot->batch.images) + at, tmp.data(), black);
+  } else {
+    thread_local std::vector<float> tmp;
+    tmp.resize(static_cast<size_t>(3) * r.w * r.h);
+    internal::NormalizeParams norm{p_.opts.mean, p_.opts.std};
+    internal::CropResizeNormalize(rgb, box, r.w, r.h, j, gray, norm, tmp.data());
+    float black[3];
+    for (int c = 0; c < 3; ++c) black[c] = -norm.mean[c] / norm.std[c];
+    place(w->slot->batch.images + at, tmp.data(), black);
+  }
 }
 
 // Stage 3 of the CPU loader: compaction, padding rows, the stage-3 CPU twin, publication.

@@ -461,11 +461,15 @@ Status GpuStage::GpuFinish(Work& w, const std::vector<std::pair<int, int>>& who,
     t.height = d.height;
     // Same random stream and draws, in the same order, as DecodeImage() (the CPU path).
     SampleRng rng(p_.opts.seed, w.epoch, w.samples[i], c);
-    t.box_w = d.width * p_.opts.crop_fraction;
-    t.box_h = d.height * p_.opts.crop_fraction;
-    float fx = p_.opts.train ? rng.Uniform() : 0.5f, fy = p_.opts.train ? rng.Uniform() : 0.5f;
-    t.box_x0 = std::floor((d.width - t.box_w) * fx);
-    t.box_y0 = std::floor((d.height - t.box_h) * fy);
+    const float fx = p_.opts.train ? rng.Uniform() : 0.5f;
+    const float fy = p_.opts.train ? rng.Uniform() : 0.5f;
+    const internal::CropBox box =
+        internal::ChooseCropBox(d.width, d.height, p_.opts.image_size[1], p_.opts.image_size[0],
+                                p_.opts.crop_fraction, static_cast<int>(p_.opts.resize), fx, fy);
+    t.box_w = box.w;
+    t.box_h = box.h;
+    t.box_x0 = box.x0;
+    t.box_y0 = box.y0;
     if (p_.opts.color_jitter) {
       const internal::Jitter j = internal::DrawJitter(&rng);  // Note [Colour jitter]
       t.jitter = 1;

@@ -146,3 +146,18 @@ def test_nvjpeg_decoder_lanes_in_order():
     dec.drain()
     assert dec.in_flight() == 0
     assert dec.info()["async"] and dec.info()["lanes"] == 2
+
+
+# Guards resize="crop" on the GPU loader: the same aspect-keeping crop box as the CPU loader
+# (ChooseCropBox, one definition), so the pixels agree within the decoders' difference; and
+# resize="pad" (CPU loader only) falls back to the CPU loader saying why.
+@needs_gpu
+def test_gpu_resize_crop_matches_cpu(db):
+    kw = dict(image_size=(32, 64), resize="crop", train=True)
+    a = _collect(_loader(db, dct_scaling=False, **kw))
+    b = _collect(_loader(db, device="cuda", **kw))
+    for x, y in zip(a, b):
+        assert torch.equal(x["sample_index"], y["sample_index"].cpu())
+        assert (x["images"] - y["images"].cpu()).abs().mean().item() < 0.04
+    pad = _loader(db, device="cuda", image_size=(32, 64), resize="pad")
+    assert not pad.gpu_pipeline and "resize='pad'" in pad.metrics()["reason"]

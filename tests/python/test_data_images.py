@@ -150,3 +150,63 @@ def test_gpu_non_square_and_uint8(db):
     assert torch.equal(x.cpu(), next(iter(_loader(db, dtype=torch.uint8)))["images"])
     with pytest.raises(RuntimeError, match="uint8"):
         _loader(db, device="cuda", dtype=torch.uint8, gpu_decode=True)
+
+
+def _pil_rgb(db, sample, cam):
+    jpeg = _C.RecordReader(db).get(f"{sample:08d}_cam_cam{cam}")
+    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), np.float64)
+
+
+def _resize(rgb, x0, y0, cw, ch, size):
+    crop = torch.from_numpy(rgb[y0:y0 + ch, x0:x0 + cw]).permute(2, 0, 1)[None]
+    return F.interpolate(crop, size=size, mode="bilinear", align_corners=False,
+                         antialias=False)[0]
+
+
+# Guards resize="crop": the crop has the output's aspect (crop_fraction of the largest such
+# rectangle of the 96x72 frame: 96x57.6 -> 72x43.2, centred at whole pixels) and is resized
+# without stretching, against PIL + torch's interpolate.
+def test_resize_crop_keeps_the_aspect(db):
+    b = next(iter(_loader(db, dtype=torch.uint8, resize="crop")))
+    for row, sample in enumerate(b["sample_index"].tolist()):
+        rgb = _pil_rgb(db, sample, 0)
+        h, w = rgb.shape[:2]
+        cw, ch = w * CROP, (w / (W / H)) * CROP  # the frame is wider than tall: width limits
+        x0, y0 = int((w - cw) // 2), int((h - ch) // 2)
+        # The loader samples a fractional box; the reference crops whole pixels around it.
+        ref = _resize(rgb, x0, y0, int(round(cw)), int(round(ch)), (H, W))
+        diff = (b["images"][row, 0].double() - ref).abs()
+        assert diff.mean() < 2.5, f"sample {sample}: {diff.mean():.2f}"
+    stretch = next(iter(_loader(db, dtype=torch.uint8)))["images"]
+    assert (stretch.double() - b["images"].double()).abs().mean() > 8  # another crop
+
+
+# Guards resize="pad": the crop keeps its own aspect inside the output, centred, the rest black
+# (0 in uint8, (0 - mean) / std in float), and the picture is the crop resized to the letterbox.
+def test_resize_pad_letterboxes(db):
+    size = (40, 40)  # the 72x54 crop (4:3) becomes 40x30 in rows 5..34
+    b = next(iter(loongforge.DataFusionLoader(db, 4, image_size=size, shuffle=False,
+                                              crop_fraction=CROP, dct_scaling=False,
+                                              train=False, threads=1, dtype=torch.uint8,
+                                              resize="pad")))
+    img = b["images"]
+    assert img.shape == (4, 2, 3, 40, 40)
+    assert img[:, :, :, :5].eq(0).all() and img[:, :, :, 35:].eq(0).all()
+    for row, sample in enumerate(b["sample_index"].tolist()):
+        rgb = _pil_rgb(db, sample, 1)
+        h, w = rgb.shape[:2]
+        ch, cw = int(h * CROP), int(w * CROP)
+        ref = _resize(rgb, (w - cw) // 2, (h - ch) // 2, cw, ch, (30, 40))
+        diff = (img[row, 1, :, 5:35].double() - ref).abs()
+        assert diff.mean() < 1.5 and diff.max() <= 8
+    f = next(iter(loongforge.DataFusionLoader(db, 4, image_size=size, shuffle=False,
+                                              crop_fraction=CROP, train=False, threads=1,
+                                              resize="pad", mean=[0.4, 0.5, 0.6],
+                                              std=[0.2, 0.25, 0.5])))["images"]
+    black = torch.tensor([-2.0, -2.0, -1.2]).view(3, 1, 1)
+    torch.testing.assert_close(f[0, 0, :, :5], black.expand(3, 5, 40))
+
+
+def test_resize_unknown_mode_is_named(db):
+    with pytest.raises(ValueError, match="resize"):
+        _loader(db, resize="letterbox")
