@@ -52,7 +52,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from loongforge.models import get_config
-from loongforge.train_backends import Dist, SyncBackend, build_model, optimizer_step
+from loongforge.comm import SyncBackend
+from loongforge.trainer.dist import Dist
+from loongforge.trainer.model import build_model
+from loongforge.trainer.optim import optimizer_step
 
 # Noise seed of the --init-steps phase's draws (the compared runs use --seed-start.. and eval 1000).
 INIT_NOISE_SEED = 500

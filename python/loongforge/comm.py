@@ -44,12 +44,17 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 import torch
 import torch.distributed as dist
 
 from . import _C
+
+if TYPE_CHECKING:
+    from .models.gr00t import Gr00tPolicy
+    from .trainer.dist import Dist
 
 __all__ = ["NexusSync", "topk_error_feedback", "scatter_add", "broadcast_module_state", "GROUPS"]
 
@@ -780,3 +785,122 @@ def _first_difference(a: List[Any], b: List[Any]) -> str:
                 return f"bucket {i}: {len(x)} vs {len(y)} params"
             return f"bucket {i} {f}: {x} vs {y}"
     return f"{len(a)} vs {len(b)} buckets"
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer's gradient sync: NexusSync, DDP or none behind one interface
+
+
+class SyncBackend:
+    """How gradients are reduced across ranks: none (world 1), DDP (baseline / --no-nexussync) or
+    NexusSync. ``exposed_s`` is the time the step waited for communication after backward."""
+
+    def __init__(self, model: torch.nn.Module, d: Dist, kind: str, ep: Any = None,
+                 topk_ratio: Optional[float] = None, load_threshold: float = 0.5) -> None:
+        """ep: loongforge.moe.ExpertParallel when the experts are split across ranks; their
+        gradients then stay out of DDP / NexusSync and are reduced over the expert-data-parallel
+        group in finish() (Note [Expert gradients] in moe.py). topk_ratio: NexusSync top-k with
+        error feedback on the low-load expert group (None: every group dense); an expert is
+        low-load when its routed count is under load_threshold x the mean."""
+        self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
+        self.wrapped: torch.nn.Module = model
+        self._nexus: Any = None
+        self._closed_stats: Dict[str, Any] = {}  # NexusSync's last figures, after close()
+        moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
+        self.ep = ep if ep is not None and ep.size > 1 else None
+        self.expert_params: List[torch.nn.Parameter] = (model.expert_parameters()
+                                                        if self.ep is not None else [])
+        expert_ids = {id(p) for p in self.expert_params}
+        self.expert_bytes = 0  # expert-gradient bytes all-reduced (expert parallelism)
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            if self.ep is not None:
+                DDP._set_params_and_buffers_to_ignore_for_model(
+                    model, [n for n, p in model.named_parameters() if id(p) in expert_ids])
+            self.wrapped = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda"
+                               else None, find_unused_parameters=moe)
+        elif kind == "nexussync":
+            # MoE expert weights form their own bucket groups (high/low load by routing counts);
+            # with expert parallelism they are not NexusSync's (reduced over their own group).
+            self._nexus = NexusSync(
+                model, expert_param_filter=r"\.experts\." if moe and self.ep is None else None,
+                topk_ratio=topk_ratio, load_threshold=load_threshold,
+                param_filter=(lambda n, p: id(p) not in expert_ids) if expert_ids else None)
+
+    def set_micro_step(self, is_last: bool) -> None:
+        """Tells NexusSync whether this microbatch's backward ends the step (it reduces then)."""
+        if self._nexus is not None:
+            self._nexus.set_micro_step(is_last=is_last)
+
+    def capture_no_sync(self) -> Any:
+        """The context a CUDA-graph capture of backward runs in (graphs.GraphedStep): NexusSync's
+        hooks must not run during capture (Note [Graphs and NexusSync] in docs/trainer.md); DDP
+        runs are never captured, and without a sync there is nothing to suspend."""
+        return self._nexus.no_sync() if self._nexus is not None else contextlib.nullcontext()
+
+    def no_sync(self) -> Any:
+        if self.kind == "ddp":
+            return self.wrapped.no_sync()
+        if self.kind == "nexussync":
+            return self._nexus.no_sync()
+        return contextlib.nullcontext()
+
+    def zero_grad(self, opt: torch.optim.Optimizer, keep: bool = False) -> None:
+        """keep=True zeroes gradients in place (CUDA graphs read and write them at fixed
+        addresses); otherwise they are set to None (no memset)."""
+        if self.kind == "nexussync":
+            self._nexus.zero_grad()  # grads are views into the flat buckets: zero in place
+            for p in self.expert_params:  # not NexusSync's (expert parallelism)
+                p.grad = None
+        else:
+            opt.zero_grad(set_to_none=not keep)
+
+    def feed_expert_load(self, model: Gr00tPolicy) -> None:
+        """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
+        if self.kind != "nexussync" or not model.cfg.moe_experts or self.ep is not None:
+            return
+        counts = torch.zeros(model.cfg.moe_experts, dtype=torch.float64)
+        for c in model.expert_token_counts().values():
+            counts += c.detach().to("cpu", torch.float64)
+        self._nexus.set_expert_load(counts.tolist())
+
+    def stats(self) -> Dict[str, Any]:
+        out = (dict(self._nexus.stats()) if self._nexus is not None
+               else dict(self._closed_stats))
+        if self.ep is not None:
+            out["expert_parallel"] = dict(self.ep.describe(), expert_grad_bytes=self.expert_bytes)
+        return out
+
+    def finish(self) -> None:
+        """Waits for this step's gradient reduction (NexusSync); DDP has finished in backward.
+        Expert-parallel expert gradients are reduced here, over their own group."""
+        t = time.perf_counter()
+        if self.kind == "nexussync":
+            self._nexus.finish()
+        if self.ep is not None:
+            self.expert_bytes += self.ep.reduce_expert_grads(self.expert_params)
+        self.exposed_s = time.perf_counter() - t if self.kind == "nexussync" or self.ep else 0.0
+
+    def close(self) -> None:
+        """The end of the run: removes NexusSync's autograd hooks and drops the wrapper (DDP or
+        NexusSync) with its flat gradient buckets and this backend's reference to the model.
+        NexusSync's hooks close a cycle parameter -> hook -> NexusSync -> model -> parameter
+        whose hook link lives in autograd's C++ state: the model then outlives the run unless the
+        garbage collector finds the cycle (seen as MemSculptor closed with the model's
+        parameters live). stats() keeps working; the backend cannot reduce afterwards.
+        Idempotent."""
+        if self._nexus is not None:
+            self._nexus.close()
+            self._closed_stats = dict(self._nexus.stats())
+            self._nexus = None
+        self.wrapped = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]
+        self.expert_params = []
+
+    def average_losses(self, acc: torch.Tensor) -> None:
+        """acc[:3] (loss, fm_loss, aux_loss) -> their mean over all ranks, so that rank 0's
+        metrics report the run's loss, not its own shard's."""
+        if self.d.world > 1:
+            dist.all_reduce(acc[:3])
+            acc[:3] /= self.d.world

@@ -12,19 +12,19 @@
 
 What each part reuses:
 
-* Process group and device: ``train_backends.setup_dist`` (RANK / WORLD_SIZE / LOCAL_RANK as
+* Process group and device: ``trainer.dist.setup_dist`` (RANK / WORLD_SIZE / LOCAL_RANK as
   torchrun and ``loongforge launch`` set them; gloo on the CPU, NCCL on CUDA).
 * Gradient sync (world size > 1): ``NexusSync`` with ``broadcast_from=0``, so every rank starts
   from rank 0's parameters and buffers (Note [Starting from one rank's weights] in comm.py).
 * The step: ``graphs.GraphedStep`` runs forward + backward; on CUDA it captures one CUDA graph per
   batch shape after a few eager warm-up steps and replays it after that. Gradient sync, clipping
-  and the optimizer run eager after it, through ``train_backends.optimizer_step``, which skips
-  a step whose loss or gradient norm is not finite (Note [Non-finite steps] in train_backends.py).
+  and the optimizer run eager after it, through ``trainer.optim.optimizer_step``, which skips
+  a step whose loss or gradient norm is not finite (Note [Non-finite steps] in trainer/optim.py).
 * Data: ``DataFusionLoader`` sharded by rank for a packed DB; any other iterable of dict batches
   is moved to the device as it is iterated.
-* Checkpoints: ``train_backends.Checkpointer`` over ``CheckpointVault``: rank 0 writes the model
+* Checkpoints: ``trainer.checkpoint.Checkpointer`` over ``CheckpointVault``: rank 0 writes the model
   and optimizer; every rank's own state (loader positions, RNG states, ``extra``) is gathered
-  into rank 0's commit (Note [One checkpoint per step] in train_backends.py).
+  into rank 0's commit (Note [One checkpoint per step] in trainer/checkpoint.py).
 
 Misuse raises ``ForgeError`` (a ValueError) saying what to do instead.
 """
@@ -43,8 +43,10 @@ import torch.distributed as dist
 
 from .ckpt import _encode_state
 from .graphs import GraphedStep
-from .train_backends import (Checkpointer, Dist, NonFiniteError, TrainError, optimizer_step,
-                             rng_state, set_rng_state, setup_dist)
+from .trainer.checkpoint import Checkpointer, rng_state, set_rng_state
+from .trainer.dist import Dist, ranks_from_env, setup_dist
+from .trainer.errors import NonFiniteError, TrainError
+from .trainer.optim import optimizer_step
 
 __all__ = ["Forge", "ForgeError", "ForgeLoader", "NonFiniteError"]
 
@@ -240,9 +242,7 @@ class Forge:
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
             raise ForgeError(f"Forge(keep_last={keep_last!r}): an integer >= 0 (0: keep all)")
         try:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            rank = int(os.environ.get("RANK", "0"))
-            int(os.environ.get("LOCAL_RANK", "0"))
+            rank, world, _ = ranks_from_env()
         except ValueError as e:
             raise ForgeError(f"Forge(): RANK / WORLD_SIZE / LOCAL_RANK must be integers ({e})"
                              ) from None
@@ -637,7 +637,7 @@ class _Step:
         self._skipped: Optional[torch.Tensor] = None
         self._tokens: Optional[torch.Tensor] = None
         # Skipped steps in a row, on the device; read through a pinned copy and an event, so the
-        # check adds no host sync (Note [Non-finite steps] in train_backends.py).
+        # check adds no host sync (Note [Non-finite steps] in trainer/optim.py).
         self._in_a_row = torch.zeros((), device=forge.device)
         cuda = forge.device.type == "cuda"
         self._in_a_row_host = torch.zeros((), pin_memory=cuda)

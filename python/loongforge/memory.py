@@ -20,11 +20,15 @@ import gc
 import json
 import os
 import pickle
+import sys
 import types
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+import torch
+
 from . import _C, knobs
 from . import _snapshot_import
+from .trainer.errors import TrainError
 
 Trace = _C.MemTrace
 
@@ -689,3 +693,103 @@ def state_back_into_place(opt: Any, before: Dict[Any, Dict[str, Any]]) -> int:
                     st[k] = o
                     n += 1
     return n
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer's memory planner: MemSculptor as torch's allocator, or nothing
+
+
+class MemoryPlanner:
+    """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
+
+    def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False) -> None:
+        self.enabled, self.lf_mode, self.scoped = enabled, lf_mode, scoped
+        self.ms: Any = None
+        self.status = "off: --no-memsculptor" if lf_mode and not enabled else "off"
+
+    def install(self, device: torch.device) -> None:
+        if not self.enabled:
+            return
+        if device.type != "cuda":
+            self.status = "off: needs CUDA"
+            return
+        if not MemSculptor.available():
+            raise TrainError("MemSculptor is not usable here (allocator library missing or torch "
+                             "lacks CUDAPluggableAllocator); run with --no-memsculptor")
+        if self.scoped:
+            # CUDA graphs: MemSculptor serves the persistent tensors through a scoped
+            # torch.cuda.MemPool, and the captured steps' segments through a second one (fixed
+            # addresses, nothing allocated in replay; docs/trainer.md, Note [Graphs and
+            # MemSculptor]).
+            import torch as _t
+            if not hasattr(_t.cuda, "MemPool"):
+                self.status = (f"off: --cuda-graph needs torch.cuda.MemPool (torch >= 2.5) to "
+                               f"scope MemSculptor; torch {_t.__version__} has none")
+                return
+            self.ms = MemSculptor(device.index or 0)
+            self.status = "on (scoped: persistent tensors and the CUDA graphs' pool)"
+            return
+        self.ms = MemSculptor(device.index or 0).install()
+        self.status = "on"
+
+    def persistent(self) -> Any:
+        if self.ms is None:
+            return contextlib.nullcontext()
+        if not self.scoped:
+            return self.ms.persistent()
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(self.ms.pool())
+            stack.enter_context(self.ms.persistent())
+        except (RuntimeError, TypeError, AttributeError) as e:  # torch without a usable MemPool
+            stack.close()
+            self.status = f"off: scoped MemSculptor pool failed ({e})"
+            print(f"[memsculptor] {self.status}; tensors use torch's allocator", file=sys.stderr)
+            self.ms = None
+        return stack
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.ms.device if self.ms is not None else 0)
+
+    def arena_alloc(self, nbytes: int) -> torch.Tensor:
+        """One allocation of ``nbytes`` in the persistent pool (Note [The persistent arena])."""
+        with self.persistent():
+            return torch.empty(int(nbytes), dtype=torch.uint8, device=self.device)
+
+    def graph_pool(self, which: str = "memsculptor", expandable: bool = False) -> Any:
+        """The MemPool CUDA-graph captures allocate from (None: torch's own graph pool).
+        ``which``: memsculptor, torch, or auto (torch when ``expandable`` segments are on: they
+        apply to torch's pools only; Note [Graphs and MemSculptor])."""
+        if which == "auto":
+            which = "torch" if expandable else "memsculptor"
+        if which == "torch" and self.ms is not None and self.scoped:
+            self.status = "on (scoped: persistent tensors; graphs in torch's pool)"
+        if self.ms is None or not self.scoped or which == "torch":
+            return None
+        try:
+            return self.ms.graph_pool()
+        except (RuntimeError, TypeError, AttributeError) as e:  # torch without a usable MemPool
+            self.status = f"on (scoped: persistent tensors; graphs in torch's pool: {e})"
+            print(f"[memsculptor] graph pool unavailable ({e}); captures use torch's graph pool",
+                  file=sys.stderr)
+            return None
+
+    def record(self, steps: int, trace_path: Optional[str] = None) -> None:
+        if self.ms is not None and not self.scoped:
+            self.ms.record(steps=steps, trace_path=trace_path)
+
+    def step(self, signature: str) -> Any:
+        if self.ms is None or self.scoped:
+            return contextlib.nullcontext()
+        return self.ms.step(signature)
+
+    def stats(self) -> Optional[Dict[str, Any]]:
+        return dict(self.ms.stats()) if self.ms is not None else None
+
+    def close(self) -> Optional[Dict[str, Any]]:
+        """MemSculptor.close(), once the run dropped its model and optimizer (docs/memory.md,
+        "Shutdown"): returns every cached byte, warns only about tensors still held. The step
+        runner has destroyed its graphs by then (Session.release), so the memory MemSculptor held
+        for them (scoped mode: the graph pool's segments) goes back too."""
+        return self.ms.close(graphs_released=self.scoped) if self.ms is not None else None

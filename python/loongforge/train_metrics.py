@@ -15,14 +15,19 @@ import re
 import resource
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .flops import peak_flops
 from .models.gr00t import Gr00tPolicy, count_parameters
-from .train_backends import Checkpointer, Dist, MemoryPlanner, SyncBackend
+
+if TYPE_CHECKING:
+    from .comm import SyncBackend
+    from .memory import MemoryPlanner
+    from .trainer.checkpoint import Checkpointer
+    from .trainer.dist import Dist
 # ------------------------------------------------------------------------------------------------
 # Step timing and trace
 

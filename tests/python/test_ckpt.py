@@ -427,7 +427,8 @@ def test_try_save_skips_while_writer_busy_and_keeps_last_commit(tmp_path):
 def test_trainer_checkpoint_takes_device_staging(tmp_path):
     if not _C.build_info().get("cuda", False):
         pytest.skip("loongforge built without CUDA")
-    from loongforge.train_backends import Checkpointer, Dist
+    from loongforge.trainer.checkpoint import Checkpointer
+    from loongforge.trainer.dist import Dist
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 1024)).to(dev)
@@ -642,7 +643,8 @@ def test_kill_nine_at_random_points_leaves_resumable_checkpoint(train_db, tmp_pa
     import random
 
     from lf_testdb import TINY_TRAIN_ARGS
-    from loongforge.train_backends import Checkpointer, Dist
+    from loongforge.trainer.checkpoint import Checkpointer
+    from loongforge.trainer.dist import Dist
 
     env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
     rnd = random.Random(7)

@@ -11,7 +11,7 @@ import torch
 
 from loongforge.models.gr00t import (BasicTransformerBlock, Gr00tPolicy, QwenDecoderLayer,
                                      SiglipEncoderLayer, get_config, rope_cos_sin)
-from loongforge.train_backends import compile_blocks
+from loongforge.trainer.compile import compile_blocks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch, "compile"),
                                 reason="needs a CUDA device and torch.compile")

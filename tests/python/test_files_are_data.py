@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from loongforge import DataLossError
-from loongforge.train_backends import Checkpointer, Dist, TrainError
+from loongforge.trainer.checkpoint import Checkpointer
+from loongforge.trainer.dist import Dist
+from loongforge.trainer.errors import TrainError
 
 PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python", "loongforge")
 

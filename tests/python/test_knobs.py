@@ -208,7 +208,7 @@ def test_undeclared_name_is_a_key_error():
 
 def test_trainer_refuses_a_bad_knob_with_its_name(monkeypatch):
     from loongforge.train import StopSignal, TrainError
-    from loongforge.train_backends import Dist
+    from loongforge.trainer.dist import Dist
     monkeypatch.setenv("LOONGFORGE_SIGNAL_GRACE_S", "soon")
     with pytest.raises(TrainError, match="LOONGFORGE_SIGNAL_GRACE_S='soon': not a finite number"):
         StopSignal(Dist(), 0, "baseline")

@@ -12,7 +12,10 @@ import torch.multiprocessing as mp
 
 from loongforge import moe
 from loongforge.models import count_parameters, get_config, gr00t
-from loongforge.train_backends import Dist, SyncBackend, build_model, optimizer_step
+from loongforge.comm import SyncBackend
+from loongforge.trainer.dist import Dist
+from loongforge.trainer.model import build_model
+from loongforge.trainer.optim import optimizer_step
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""Note [Optimizer state up front] (train_backends.py): AdamW's state made before the first step
+"""Note [Optimizer state up front] (trainer/optim.py): AdamW's state made before the first step
 trains exactly as AdamW's lazily made state."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loongforge.train_backends import init_optimizer_state, make_optimizer
+from loongforge.trainer.optim import init_optimizer_state, make_optimizer
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import torch
 
 from loongforge.memory import (ARENA_ALIGN, adamw_state_in_arena, arena_layout, pack_into_arena,
                                state_back_into_place)
-from loongforge.train_backends import init_optimizer_state, make_optimizer
+from loongforge.trainer.optim import init_optimizer_state, make_optimizer
 
 torch.set_num_threads(1)
 

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion  # noqa: E402
 
 from loongforge import train  # noqa: E402
+from loongforge.trainer import loop, session  # noqa: E402
 from loongforge.trainer_data import BaselineLoader, make_sampler  # noqa: E402
 
 torch.set_num_threads(1)
@@ -592,13 +593,13 @@ def test_out_of_memory_exit_names_batch_and_step(train_db, monkeypatch, capsys):
     assert "out of memory at --batch-size 2 (step 1): CUDA out of memory. Tried to allocate " \
            "2.00 GiB" in err[-1], err
     calls = []  # --memory-history dumps its snapshot at the out-of-memory (CUDA-only: stubbed)
-    monkeypatch.setattr(train, "_memory_history", lambda path, dev: calls.append((path, dev)))
+    monkeypatch.setattr(session, "_memory_history", lambda path, dev: calls.append((path, dev)))
     assert train.main(args + ["--memory-history", "/nonexistent/h.pickle"]) == 3
     assert [c[0] for c in calls] == ["/nonexistent/h.pickle"] * 2 and calls[1][1] is None
-    monkeypatch.setattr(train, "run", oom)
+    monkeypatch.setattr(loop, "run", oom)
     assert train.main(args) == 3
     assert "(start-up)" in capsys.readouterr().err
-    monkeypatch.setattr(train, "run", lambda a: (_ for _ in ()).throw(RuntimeError("other")))
+    monkeypatch.setattr(loop, "run", lambda a: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         train.main(args)
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.train_backends import lr_lambda, optimizer_step  # noqa: E402
+from loongforge.trainer.optim import lr_lambda, optimizer_step  # noqa: E402
 
 torch.set_num_threads(1)
 COMMON = list(TINY_TRAIN_ARGS)
@@ -402,7 +402,7 @@ def test_resume_past_steps_is_refused(train_db, tmp_path, capsys):
 def test_signal_without_a_step_boundary_exits_after_the_grace_period():
     code = ("import os, signal, time\n"
             "from loongforge.train import StopSignal\n"
-            "from loongforge.train_backends import Dist\n"
+            "from loongforge.trainer.dist import Dist\n"
             "s = StopSignal(Dist(), 0, 'baseline')\n"
             "s.install()\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion, tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.train_backends import MemoryPlanner  # noqa: E402
+from loongforge.memory import MemoryPlanner  # noqa: E402
+from loongforge.trainer import loop as trainer_loop  # noqa: E402
 
 torch.set_num_threads(1)
 # The first import of torchvision (the baseline loader imports it inside train.build) leaves a
@@ -56,11 +57,11 @@ def _alive_at_close(monkeypatch, argv):
 
     def checking_close(self):
         # No gc.collect() first: the run must free them by reference counting (Note [Trainer
-        # teardown] in train.py); a cycle through autograd hooks may escape the collector.
+        # teardown] in trainer/loop.py); a cycle through autograd hooks may escape the collector.
         seen["alive"] = [name for name, r in watched if r() is not None]
         return close(self)
 
-    monkeypatch.setattr(train, "train_loop", watching_loop)
+    monkeypatch.setattr(trainer_loop, "train_loop", watching_loop)
     monkeypatch.setattr(MemoryPlanner, "close", checking_close)
     # The collector stays off for the run: a pass must not depend on when it happens to run.
     enabled = gc.isenabled()

@@ -1,9 +1,9 @@
-"""The trainer's global loss curve does not depend on the number of ranks: with --noise
-per-sample (Note [Noise that belongs to the sample] in train.py) one rank on the global batch and
+"""The trainer's global loss curve does not depend on the number of ranks: with --noise per-sample
+(Note [Noise that belongs to the sample] in trainer/session.py) one rank on the global batch and
 2 or 4 gloo ranks started by `loongforge launch`, each on its share, give the same losses. What
-makes it hold: DataFusion's sampler deals a global order out to the ranks in turn, augmentation and
-noise are drawn per sample, NexusSync averages the gradients and the metrics average the ranks'
-losses."""
+makes it hold: DataFusion's sampler deals a global order out to the ranks in turn, augmentation
+and noise are drawn per sample, NexusSync averages the gradients and the metrics average the
+ranks' losses."""
 import json
 import os
 import subprocess
