@@ -167,6 +167,7 @@ class NexusSync:
         skip_single_rank: bool = True,
         param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = None,
         broadcast_from: Optional[int] = None,
+        average_over: Optional[int] = None,
     ) -> None:
         """
         Args:
@@ -196,6 +197,9 @@ class NexusSync:
           broadcast_from: a rank of the group whose parameters and buffers (every one of the
             model's, trainable or not) are copied to the other ranks before anything else; None:
             none (Note [Starting from one rank's weights]).
+          average_over: what the reduced sums are divided by (None: the group's size, DDP's
+            mean). Expert-parallel experts are reduced over their expert-data-parallel group but
+            averaged over the whole world (Note [Expert gradients] in moe.py).
         """
         if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
             raise ValueError("bucket_cap_mb and first_bucket_mb must be positive")
@@ -204,6 +208,9 @@ class NexusSync:
         for g in sparse_groups:
             if g not in GROUPS:
                 raise ValueError(f"unknown group {g!r} in sparse_groups (groups: {GROUPS})")
+        if average_over is not None and (isinstance(average_over, bool) or
+                                         not isinstance(average_over, int) or average_over < 1):
+            raise ValueError(f"average_over must be a positive int, got {average_over!r}")
         if reduce_dtype not in (None, torch.float32, torch.bfloat16):
             raise ValueError("reduce_dtype must be None, torch.float32 or torch.bfloat16")
         self._model = model
@@ -212,6 +219,7 @@ class NexusSync:
         self._pg = process_group
         self._world = dist.get_world_size(process_group) if process_group is not None else 1
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
+        self._divisor = average_over if average_over is not None else self._world
         self._bucket_cap = int(bucket_cap_mb * 2**20)
         self._first_cap = int(first_bucket_mb * 2**20)
         self._topk_ratio = topk_ratio
@@ -627,14 +635,18 @@ class NexusSync:
             # (the same sums, bit for bit, as one call per rank, in one launch).
             idx = b.tmp[:, :4 * b.k].contiguous().view(torch.int32).view(-1)
             vals = b.tmp[:, 4 * b.k:].contiguous().view(vdtype).view(-1)
-            scatter_add(vals, idx, b.buffer, num_segments=world, scale=1.0 / world,
+            scatter_add(vals, idx, b.buffer, num_segments=world, scale=1.0 / self._divisor,
                         zero_first=True)
             return
         if b.work is None:
+            # Nothing was sent (world size 1): the local gradient is the sum; divide only when
+            # the mean is over more ranks than this group has.
+            if self._divisor != 1:
+                b.buffer.div_(self._divisor)
             return
         if b.tmp is not None:
             b.buffer.copy_(b.tmp)
-        b.buffer.div_(self._world)
+        b.buffer.div_(self._divisor)
 
 
 # Note [Starting from one rank's weights]
@@ -798,13 +810,16 @@ class SyncBackend:
     def __init__(self, model: torch.nn.Module, d: Dist, kind: str, ep: Any = None,
                  topk_ratio: Optional[float] = None, load_threshold: float = 0.5) -> None:
         """ep: loongforge.moe.ExpertParallel when the experts are split across ranks; their
-        gradients then stay out of DDP / NexusSync and are reduced over the expert-data-parallel
-        group in finish() (Note [Expert gradients] in moe.py). topk_ratio: NexusSync top-k with
+        gradients are then reduced over the expert-data-parallel group and averaged over the
+        world (Note [Expert gradients] in moe.py): under NexusSync by a second NexusSync on that
+        group (its own buckets, issued during backward as they fill, top-k with error feedback
+        on its low-load experts like the dense one's), under DDP in finish(). topk_ratio: NexusSync top-k with
         error feedback on the low-load expert group (None: every group dense); an expert is
         low-load when its routed count is under load_threshold x the mean."""
         self.kind, self.d, self.model, self.exposed_s = kind, d, model, 0.0
         self.wrapped: torch.nn.Module = model
         self._nexus: Any = None
+        self._expert_nexus: Any = None  # expert parallelism under NexusSync
         self._closed_stats: Dict[str, Any] = {}  # NexusSync's last figures, after close()
         moe = getattr(model, "cfg", None) is not None and model.cfg.moe_experts > 0
         self.ep = ep if ep is not None and ep.size > 1 else None
@@ -827,23 +842,38 @@ class SyncBackend:
                 model, expert_param_filter=r"\.experts\." if moe and self.ep is None else None,
                 topk_ratio=topk_ratio, load_threshold=load_threshold,
                 param_filter=(lambda n, p: id(p) not in expert_ids) if expert_ids else None)
+            if self.ep is not None:
+                self._expert_nexus = NexusSync(
+                    model, process_group=ep.dp_group, expert_param_filter=r"\.experts\.",
+                    topk_ratio=topk_ratio, load_threshold=load_threshold,
+                    timeout_s=ep.timeout_s, average_over=d.world,
+                    param_filter=lambda n, p: id(p) in expert_ids)
 
     def set_micro_step(self, is_last: bool) -> None:
         """Tells NexusSync whether this microbatch's backward ends the step (it reduces then)."""
-        if self._nexus is not None:
-            self._nexus.set_micro_step(is_last=is_last)
+        for n in (self._nexus, self._expert_nexus):
+            if n is not None:
+                n.set_micro_step(is_last=is_last)
 
     def capture_no_sync(self) -> Any:
         """The context a CUDA-graph capture of backward runs in (graphs.GraphedStep): NexusSync's
         hooks must not run during capture (Note [Graphs and NexusSync] in docs/trainer.md); DDP
         runs are never captured, and without a sync there is nothing to suspend."""
-        return self._nexus.no_sync() if self._nexus is not None else contextlib.nullcontext()
+        return self._nexus_contexts("no_sync") if self._nexus is not None \
+            else contextlib.nullcontext()
+
+    def _nexus_contexts(self, name: str) -> Any:
+        stack = contextlib.ExitStack()
+        for n in (self._nexus, self._expert_nexus):
+            if n is not None:
+                stack.enter_context(getattr(n, name)())
+        return stack
 
     def no_sync(self) -> Any:
         if self.kind == "ddp":
             return self.wrapped.no_sync()
         if self.kind == "nexussync":
-            return self._nexus.no_sync()
+            return self._nexus_contexts("no_sync")
         return contextlib.nullcontext()
 
     def zero_grad(self, opt: torch.optim.Optimizer, keep: bool = False) -> None:
@@ -851,25 +881,35 @@ class SyncBackend:
         addresses); otherwise they are set to None (no memset)."""
         if self.kind == "nexussync":
             self._nexus.zero_grad()  # grads are views into the flat buckets: zero in place
-            for p in self.expert_params:  # not NexusSync's (expert parallelism)
-                p.grad = None
+            if self._expert_nexus is not None:
+                self._expert_nexus.zero_grad()
         else:
             opt.zero_grad(set_to_none=not keep)
 
     def feed_expert_load(self, model: Gr00tPolicy) -> None:
         """Per-expert token counts (summed over MoE layers) -> NexusSync's load grouping."""
-        if self.kind != "nexussync" or not model.cfg.moe_experts or self.ep is not None:
+        if self.kind != "nexussync" or not model.cfg.moe_experts:
             return
         counts = torch.zeros(model.cfg.moe_experts, dtype=torch.float64)
         for c in model.expert_token_counts().values():
             counts += c.detach().to("cpu", torch.float64)
-        self._nexus.set_expert_load(counts.tolist())
+        if self.ep is None:
+            self._nexus.set_expert_load(counts.tolist())
+        else:  # this rank's experts, under their local indices (summed over their group)
+            first = self.ep.first_expert
+            self._expert_nexus.set_expert_load(counts[first:first + self.ep.local].tolist())
 
     def stats(self) -> Dict[str, Any]:
         out = (dict(self._nexus.stats()) if self._nexus is not None
                else dict(self._closed_stats))
         if self.ep is not None:
-            out["expert_parallel"] = dict(self.ep.describe(), expert_grad_bytes=self.expert_bytes)
+            expert = dict(self.ep.describe(), expert_grad_bytes=self.expert_bytes)
+            es = (self._expert_nexus.stats() if self._expert_nexus is not None
+                  else getattr(self, "_closed_expert_stats", None))
+            if es is not None:
+                expert.update(expert_grad_bytes=sum(es["bytes_sent"].values()),
+                              expert_sync=es)
+            out["expert_parallel"] = expert
         return out
 
     def finish(self) -> None:
@@ -878,7 +918,9 @@ class SyncBackend:
         t = time.perf_counter()
         if self.kind == "nexussync":
             self._nexus.finish()
-        if self.ep is not None:
+            if self._expert_nexus is not None:
+                self._expert_nexus.finish()
+        elif self.ep is not None:
             self.expert_bytes += self.ep.reduce_expert_grads(self.expert_params)
         self.exposed_s = time.perf_counter() - t if self.kind == "nexussync" or self.ep else 0.0
 
@@ -894,6 +936,10 @@ class SyncBackend:
             self._nexus.close()
             self._closed_stats = dict(self._nexus.stats())
             self._nexus = None
+        if self._expert_nexus is not None:
+            self._expert_nexus.close()
+            self._closed_expert_stats = dict(self._expert_nexus.stats())
+            self._expert_nexus = None
         self.wrapped = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
         self.expert_params = []

@@ -130,7 +130,8 @@ def _global_batch(step: int, b: int = 8):
     return batch, noise, u
 
 
-def _ep_worker(rank: int, world: int, ep_size: int, port: int, steps: int, out: str) -> None:
+def _ep_worker(rank: int, world: int, ep_size: int, port: int, steps: int, out: str,
+               kind: str = "ddp") -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if world > 1:
@@ -140,7 +141,7 @@ def _ep_worker(rank: int, world: int, ep_size: int, port: int, steps: int, out: 
     ep = moe.ExpertParallel(ep_size, 8, 2, timeout_s=60) if ep_size > 1 else None
     if ep is not None:
         model.shard_experts(ep)
-    sync = SyncBackend(model, Dist(rank, world), "ddp" if world > 1 else "none", ep=ep)
+    sync = SyncBackend(model, Dist(rank, world), kind if world > 1 else "none", ep=ep)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3)
     losses = []
@@ -157,22 +158,26 @@ def _ep_worker(rank: int, world: int, ep_size: int, port: int, steps: int, out: 
         sync.average_losses(acc)
         optimizer_step(opt, params, 1.0, acc, sync)
         losses.append(float(acc[0]))
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(losses, f)
+    stats = sync.stats()
+    sync.close()
+    # Every rank's copy of the dense weights and of each expert it holds, to compare across ranks.
+    digest = {n: float(p.detach().double().sum()) for n, p in model.named_parameters()}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"losses": losses, "params": digest,
+                   "expert_parallel": stats.get("expert_parallel")}, f)
     if world > 1:
         dist.destroy_process_group()
 
 
-def _run(world: int, ep_size: int, steps: int, out: str) -> list:
+def _run(world: int, ep_size: int, steps: int, out: str, kind: str = "ddp") -> list:
     port = _free_port()
     if world == 1:
         _ep_worker(0, 1, 1, port, steps, out)
     else:
-        mp.start_processes(_ep_worker, args=(world, ep_size, port, steps, out), nprocs=world,
-                           start_method="spawn")
-    with open(out) as f:
-        return json.load(f)
+        mp.start_processes(_ep_worker, args=(world, ep_size, port, steps, out, kind),
+                           nprocs=world, start_method="spawn")
+    with open(out + ".0") as f:
+        return json.load(f)["losses"]
 
 
 # Guards: tiny-moe with --expert-parallel 4 on 4 processes (Gloo) follows one process holding the
@@ -185,6 +190,33 @@ def test_expert_parallel_4_matches_one_process(tmp_path):
     for a, b in zip(ref, ep4):
         assert abs(a - b) <= 1e-4 * abs(a), (ref, ep4)
     assert ref[-1] != ref[0]  # it trained
+
+
+# Guards expert gradients under NexusSync with expert parallelism: 4 ranks in 2 expert-parallel
+# groups, so each expert's gradient is reduced by NexusSync over its 2-rank expert-data-parallel
+# group (its own bucket, issued during backward) and averaged over all 4 ranks. The loss curve is
+# the one process's, and ranks holding the same experts end with the same weights.
+def test_expert_parallel_under_nexussync_matches_one_process(tmp_path):
+    ref = _run(1, 1, 4, str(tmp_path / "one.json"))
+    out = str(tmp_path / "ep2.json")
+    got = _run(4, 2, 4, out, kind="nexussync")
+    for a, b in zip(ref, got):
+        assert abs(a - b) <= 1e-4 * abs(a), (ref, got)
+    ranks = []
+    for r in range(4):
+        with open(f"{out}.{r}") as f:
+            ranks.append(json.load(f))
+    for r in (1, 2, 3):  # dense weights: everywhere the same
+        for n, v in ranks[0]["params"].items():
+            if ".experts." not in n:
+                assert abs(v - ranks[r]["params"][n]) <= 1e-6 * max(1.0, abs(v)), (r, n)
+    # Ranks 0 and 2 hold experts 0..3, ranks 1 and 3 experts 4..7: each pair agrees.
+    for a, b in ((0, 2), (1, 3)):
+        for n, v in ranks[a]["params"].items():
+            assert abs(v - ranks[b]["params"][n]) <= 1e-6 * max(1.0, abs(v)), (a, b, n)
+    ep = ranks[0]["expert_parallel"]
+    assert ep["expert_sync"]["world_size"] == 2 and ep["expert_grad_bytes"] > 0
+    assert set(ep["expert_sync"]["bucket_groups"]) <= {"expert_high", "expert_low"}
 
 
 def _a2a_worker(rank: int, world: int, port: int, die: bool, out: str) -> None:
