@@ -44,6 +44,8 @@ class LeRobotMeta:
             float32 tensors (the dataset's meta/stats.json where it had them, else computed
             from the packed rows; ``stats_from`` says which).
         episodes: [{"episode_index", "length"}] in the DB's order; tasks: {task_index: text}.
+        info: the source's meta/info.json as packed ({} for DBs packed before it was stored);
+        names: {feature: its names} (joint names of state and action); robot_type.
         total_frames, total_episodes: counts of this DB.
     """
 
@@ -68,6 +70,10 @@ class LeRobotMeta:
         self.episodes = [{"episode_index": int(e["episode_index"]), "length": int(e["length"])}
                          for e in meta.get("episodes", [])]
         self.tasks = {int(k): str(v) for k, v in meta.get("tasks", {}).items()}
+        self.info: Dict[str, Any] = dict(meta.get("info") or {})
+        self.names: Dict[str, List[str]] = {k: list(v) for k, v in
+                                            (meta.get("feature_names") or {}).items()}
+        self.robot_type = self.info.get("robot_type")
         self.total_frames = int(schema["num_samples"])
         self.total_episodes = len(self.episodes)
         self.features = list(_LOW_DIM) + self.camera_keys + [

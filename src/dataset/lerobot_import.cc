@@ -586,6 +586,13 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
 
   json meta;
   meta["format"] = info.version;
+  // The source's own metadata, as it was (feature names, robot type, splits, ...), so a loader
+  // contract can give what LeRobot's meta gives without the source at hand.
+  LF_ASSIGN_OR_RETURN(meta["info"], ReadJsonFile(root + "/meta/info.json"));
+  json names = json::object();
+  for (const auto& [key, f] : info.features)
+    if (!f.names.empty()) names[key] = f.names;
+  meta["feature_names"] = names;
   meta["episodes"] = ep_table;
   json jt = json::object();
   for (const auto& [k, v] : tasks) jt[std::to_string(k)] = v;

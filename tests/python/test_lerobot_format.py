@@ -155,6 +155,11 @@ def test_meta_is_lerobots(db):
     assert m.total_frames == 48 and m.total_episodes == 3
     assert [e["episode_index"] for e in m.episodes] == [0, 1, 2]
     assert m.tasks == tasks_jsonl()
+    with open(os.path.join(LEROBOT_V21, "meta", "info.json")) as fh:
+        info = json.load(fh)
+    assert m.info == info and m.robot_type == "loongforge_fixture"
+    assert m.names["observation.state"] == [f"joint_{i}" for i in range(6)]
+    assert m.names["action"] == info["features"]["action"]["names"]
     rows, _ = parquet_rows()
     for key in ("observation.state", "action"):
         s = m.stats[key]
