@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli.h"
 #include "loongforge/pack.h"
@@ -74,6 +75,26 @@ void PrintPacked(const PackResult& r, const std::string& out) {
               r.bytes_written / 1e6, r.jpeg_bytes / 1e6, r.scan_seconds, r.write_seconds);
 }
 
+// Says when the frames were stored at another size than the videos', and how to keep it.
+void PrintFrameSize(const Schema& s, const data::LeRobotPackOptions& lr) {
+  const auto meta = nlohmann::json::parse(s.source_meta, nullptr, false);
+  if (meta.is_discarded() || !meta.contains("source_frame_size")) return;
+  const auto& src = meta["source_frame_size"];
+  if (!src.is_array() || src.size() != 2 || !src[0].is_number_integer() ||
+      !src[1].is_number_integer())
+    return;
+  const int w = src[0].get<int>(), h = src[1].get<int>();
+  if (w == s.image_width && h == s.image_height) return;
+  if (lr.width > 0)
+    std::printf("frames resized from the videos' %dx%d to %dx%d (--size)\n", w, h, s.image_width,
+                s.image_height);
+  else
+    std::printf(
+        "frames resized from the videos' %dx%d to %dx%d (--shortest-edge %d; "
+        "--shortest-edge 0 keeps the videos' size)\n",
+        w, h, s.image_width, s.image_height, lr.shortest_edge);
+}
+
 void AddPack(CLI::App& root) {
   auto o = std::make_shared<PackOptions>();
   // pack --from-lerobot SRC: the LeRobot import (PackLeRobot); shares --out, --horizon,
@@ -99,6 +120,7 @@ void AddPack(CLI::App& root) {
           LF_ASSIGN_OR_RETURN(PackResult r, data::PackLeRobot(*lr));
           PrintPacked(r, o->out);
           std::printf("source %s, %.4g fps\n", r.schema.source_format.c_str(), r.schema.fps);
+          PrintFrameSize(r.schema, *lr);
           return Status::Ok();
         }
         LF_ASSIGN_OR_RETURN(PackResult r, PackEpisodes(*o));

@@ -593,6 +593,7 @@ StatusOr<PackResult> PackLeRobot(const LeRobotPackOptions& o) {
   for (const auto& [key, f] : info.features)
     if (!f.names.empty()) names[key] = f.names;
   meta["feature_names"] = names;
+  meta["source_frame_size"] = {cams[0].feature->width, cams[0].feature->height};
   meta["episodes"] = ep_table;
   json jt = json::object();
   for (const auto& [k, v] : tasks) jt[std::to_string(k)] = v;

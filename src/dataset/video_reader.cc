@@ -31,7 +31,8 @@ void ResolveOutputSize(int width, int height, int size_w, int size_h, int shorte
     *out_h = size_h;
     return;
   }
-  if (shortest_edge <= 0 || width <= 0 || height <= 0) {
+  // A frame already no larger than the shortest edge keeps its size: upscaling only adds bytes.
+  if (shortest_edge <= 0 || width <= 0 || height <= 0 || std::min(width, height) <= shortest_edge) {
     *out_w = width;
     *out_h = height;
     return;

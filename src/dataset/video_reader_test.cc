@@ -408,7 +408,8 @@ TEST(VideoReader, UnsortedTimestampsAreRefused) {
 }
 #endif  // LF_HAVE_FFMPEG
 
-// Guards: the default output size keeps the aspect ratio with the shortest edge 256, even sizes.
+// Guards: the default output size keeps the aspect ratio with the shortest edge 256, even sizes,
+// and never upscales a smaller frame.
 TEST(VideoReader, ResolveOutputSize) {
   struct Case {
     int width, height, size_w, size_h, shortest_edge, want_w, want_h;
@@ -418,6 +419,8 @@ TEST(VideoReader, ResolveOutputSize) {
       {480, 640, 0, 0, 256, 256, 342},      // portrait: width becomes 256
       {640, 480, 224, 224, 256, 224, 224},  // --size wins
       {96, 72, 0, 0, 0, 96, 72},            // no shortest edge: the source size
+      {128, 96, 0, 0, 256, 128, 96},        // smaller than the shortest edge: kept
+      {320, 256, 0, 0, 256, 320, 256},      // already at it: kept
   };
   for (const Case& c : cases) {
     int w = 0, h = 0;
