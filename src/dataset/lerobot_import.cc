@@ -710,6 +710,10 @@ StatusOr<FrameTable> ReadFrameTable(const std::string& db) {
   out.state.reserve(static_cast<size_t>(out.rows) * s.state_dim);
   out.action.reserve(static_cast<size_t>(out.rows) * s.action_dim);
   LF_ASSIGN_OR_RETURN(RecordReader::Txn txn, reader->Begin());
+  if (out.rows > 0 && !txn.Get(SampleKey(0, "lerobot")).ok())
+    return FailedPreconditionError(db + ": packed before the per-frame LeRobot records ('" +
+                                   SampleKey(0, "lerobot") +
+                                   "'); repack it with loongforge pack --from-lerobot");
   for (const EpisodeSpan& sp : spans) {
     LF_RETURN_IF_ERROR(AppendRows(txn, db, s, sp.first, sp.length, &out));
     out.episode_first.insert(out.episode_first.end(), sp.length, sp.first);

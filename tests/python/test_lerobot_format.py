@@ -441,3 +441,16 @@ def test_action_horizon_on_a_native_db_names_the_repack(tmp_path):
     path = make_db(str(tmp_path / "native"), samples=4)
     with pytest.raises(ValueError, match="pack --horizon 8"):
         DataFusionLoader(path, 2, threads=1, action_horizon=8)
+
+
+# Guards old LeRobot packs: a DB without the per-frame LeRobot records names the repack command.
+def test_pack_without_frame_records_names_the_repack(db, tmp_path):
+    reader = _C.RecordReader(db)
+    out = str(tmp_path / "old")
+    w = _C.RecordWriter(out, overwrite=True)
+    for k in reader.keys():
+        if k != "__schema__" and not k.endswith("_lerobot"):
+            w.put(k, reader.get(k))
+    w.commit(reader.schema_json)
+    with pytest.raises(Exception, match="repack it with loongforge pack --from-lerobot"):
+        DataFusionLoader(out, 2, format="lerobot", threads=1)
