@@ -245,10 +245,9 @@ def build(args: argparse.Namespace) -> Session:
     on = {m: c.value for m, c in plan.switches.items()}
     status: Dict[str, str] = plan.modules()  # the "modules" line: what the plan decided
     graphs = plan.cuda_graphs.value
-    if args.memory_cap_gib:
-        # Read by MemSculptor's backend when it loads (in setup_dist).
-        os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(plan.memory_cap_mib.value)
-    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
+    # The cap goes to MemSculptor's backend as it loads (in setup_dist).
+    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs,
+                        limit_mb=plan.memory_cap_mib.value or None)
     expandable = _expandable_segments(plan.expandable_segments.value, args.expandable_segments)
     if expandable != "off":
         status["expandable_segments"] = expandable
