@@ -249,10 +249,11 @@ def resolve_plan(args: argparse.Namespace, cfg: Any, schema: Dict[str, Any],
         buckets = tuple(b for b in buckets if b < cut.value) + (cut.value,)
         why += f", the largest cut to {cut.value} tokens"
     token_buckets = Choice(buckets, why)
+    loader_pads = knobs.get("LOONGFORGE_TRAIN_LOADER_BUCKETS")
     if not (buckets and longest and longest <= buckets[-1]):
         loader_buckets = Choice((), "the step runner pads: no buckets" if not buckets else
                                 "the step runner pads: records longer than the largest bucket")
-    elif not knobs.get("LOONGFORGE_TRAIN_LOADER_BUCKETS"):
+    elif not loader_pads:
         # diagnostics: the step runner pads instead of DataFusion
         loader_buckets = Choice((), "LOONGFORGE_TRAIN_LOADER_BUCKETS=0: the step runner pads")
     else:
