@@ -331,8 +331,8 @@ def build(args: argparse.Namespace) -> Session:
     if ep is not None:  # Note [Expert-parallel checkpoints] in moe.py
         run_id["expert_parallel"] = ep.size
     try:
-        ckpt = Checkpointer(plan.checkpoint.value, ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log,
-                            resume=args.resume)
+        ckpt = Checkpointer(plan.checkpoint.value, ckpt_dir, d, run_id,
+                            when_busy=args.ckpt_when_busy, log=log, resume=args.resume)
     except OSError as e:  # a read-only or foreign directory: name the flag
         raise TrainError(f"--ckpt-dir {ckpt_dir}: cannot write checkpoints there: "
                          f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")) from e
