@@ -135,6 +135,20 @@ class Plan:
         (build updates some with what it finds, and adds the rest)."""
         return dict(self._modules_line)
 
+    # The order of the modules line: the order in which the trainer meets the parts (allocator,
+    # model, loader, sync, checkpoints, compilation, optimizer, step runner).
+    LINE_ORDER = ("expandable_segments", "memory_cap", "norm_recompute", "frozen_bf16",
+                  "memsculptor", "augment", "persistent_arena", "compile", "datafusion",
+                  "nexussync", "expert_parallel", "vault", "fp8_frozen", "compile_frozen",
+                  "compile_blocks", "adamw", "noise", "start_batch", "cuda_graph",
+                  "static_batches", "sync_free")
+
+    @classmethod
+    def in_line_order(cls, line: Dict[str, str]) -> Dict[str, str]:
+        """``line``'s entries in LINE_ORDER, any others after them as they came."""
+        known = [k for k in cls.LINE_ORDER if k in line]
+        return {k: line[k] for k in known + [k for k in line if k not in cls.LINE_ORDER]}
+
 
 def resolve_plan(args: argparse.Namespace, cfg: Any, schema: Dict[str, Any],
                  cuda_available: Optional[bool] = None, world: Optional[int] = None) -> Plan:

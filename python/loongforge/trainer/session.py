@@ -28,7 +28,7 @@ from .errors import TrainError
 from .inputs import TokenGuard, make_loader
 from .model import build_model, parse_overrides
 from .optim import init_optimizer_state, lr_lambda, make_optimizer
-from .plan import resolve_plan
+from .plan import Plan, resolve_plan
 
 if TYPE_CHECKING:
     from .loop import StopSignal
@@ -447,6 +447,7 @@ def build(args: argparse.Namespace) -> Session:
     profiler = (ModuleProfiler(start_step + args.warmup, args.profile_modules, d.device, sync_dev)
                 if args.profile_modules else None)
     clock.mark("step runner")
+    status = Plan.in_line_order(status)
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, noise, start_step, counter, sync_dev, autocast, trace,
                    stepper,
