@@ -14,13 +14,13 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import loongforge.train as T
+from loongforge.trainer import cli, loop
 
 start = int(os.environ.get("PROBE_START", "24"))
 stop = int(os.environ.get("PROBE_STOP", "30"))
 out = os.environ.get("PROBE_OUT", "stall_trace.json")
 state = {"n": 0, "prof": None}
-orig = T.optimizer_step
+orig = loop.optimizer_step  # the one train_loop calls
 
 
 def hooked(*a, **k):
@@ -38,5 +38,5 @@ def hooked(*a, **k):
     return r
 
 
-T.optimizer_step = hooked
-sys.exit(T.main(sys.argv[1:]))
+loop.optimizer_step = hooked
+sys.exit(cli.main(sys.argv[1:]))

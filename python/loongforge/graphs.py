@@ -406,11 +406,11 @@ class GraphedStep:
     # What the warm-up is for (cuBLAS handles and workspaces, the side stream's first use, lazy
     # module state) was done by the first bucket, and another text length changes no kernel's
     # set-up, so a later bucket is captured at once, into the graph pool, reusing the blocks the
-    # first capture freed. A runner that compiles per shape (--compile-frozen) still needs eager
-    # calls of the new shape (the trainer passes warmup_next=warmup then). A failed capture is not
-    # retried: on torch 2.11 it leaves the default CUDA generator in capture mode (the capture's
-    # epilogue never runs), and a later eager draw from it fails ("Offset increment outside graph
-    # capture"); the bucket runs eager, as before.
+    # first capture freed. A runner that compiles per shape (--compile-blocks, --compile-frozen)
+    # still needs eager calls of the new shape (the trainer passes warmup_next=warmup then). A
+    # failed capture is not retried: on torch 2.11 it leaves the default CUDA generator in capture
+    # mode (the capture's epilogue never runs), and a later eager draw from it fails ("Offset
+    # increment outside graph capture"); the bucket runs eager, as before.
     def _warmup_of(self, b: _Bucket) -> int:
         later = any(o.graph is not None for o in self._buckets.values() if o is not b)
         return self.warmup_next if later else self.warmup

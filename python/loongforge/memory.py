@@ -182,8 +182,11 @@ class MemSculptor:
     :meth:`release_graph_memory` (they are never planned): safe, not frugal.
     """
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, limit_mb: Optional[int] = None) -> None:
+        """``limit_mb``: the most device memory the backend reserves, MiB, in place of
+        LOONGFORGE_MEM_LIMIT_MB (None: the variable's, or no cap)."""
         self.device = device
+        self.limit_mb = None if limit_mb is None else int(limit_mb)
         self._lib: Optional[ctypes.CDLL] = None
         self._allocator = None
         self._pool = None
@@ -207,6 +210,12 @@ class MemSculptor:
     def _load(self):
         import torch
         if self._allocator is None:
+            if self.limit_mb is not None:
+                # The library reads its cap when a device is first used (ReadAllocKnobs in
+                # src/memory/torch_allocator.cc) from LOONGFORGE_MEM_LIMIT_MB alone: torch loads
+                # it with no argument to pass the cap through. This is the one place a caller's
+                # cap is written there, before anything allocates through the library.
+                os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(self.limit_mb)
             path = _lib_path()
             self._allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "lf_alloc", "lf_free")
             # Same path -> dlopen returns the same handle: ctypes talks to torch's copy.
@@ -702,8 +711,12 @@ def state_back_into_place(opt: Any, before: Dict[Any, Dict[str, Any]]) -> int:
 class MemoryPlanner:
     """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
 
-    def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False) -> None:
+    def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False,
+                 limit_mb: Optional[int] = None) -> None:
+        """limit_mb: MemSculptor's cap on reserved memory, MiB (--memory-cap-gib; None: none
+        but LOONGFORGE_MEM_LIMIT_MB's)."""
         self.enabled, self.lf_mode, self.scoped = enabled, lf_mode, scoped
+        self.limit_mb = limit_mb
         self.ms: Any = None
         self.status = "off: --no-memsculptor" if lf_mode and not enabled else "off"
 
@@ -726,10 +739,10 @@ class MemoryPlanner:
                 self.status = (f"off: --cuda-graph needs torch.cuda.MemPool (torch >= 2.5) to "
                                f"scope MemSculptor; torch {_t.__version__} has none")
                 return
-            self.ms = MemSculptor(device.index or 0)
+            self.ms = MemSculptor(device.index or 0, limit_mb=self.limit_mb)
             self.status = "on (scoped: persistent tensors and the CUDA graphs' pool)"
             return
-        self.ms = MemSculptor(device.index or 0).install()
+        self.ms = MemSculptor(device.index or 0, limit_mb=self.limit_mb).install()
         self.status = "on"
 
     def persistent(self) -> Any:

@@ -11,18 +11,17 @@ import sys
 from .train_metrics import Readback, format_summary
 from .trainer.cli import build_parser, check_args, main
 from .trainer.errors import NonFiniteError, TrainError
+from .trainer.inputs import TokenGuard
 from .trainer.loop import StopSignal, resume, run, train_loop
 from .trainer.model import build_model
 from .trainer.optim import optimizer_step
 from .trainer.plan import _compile_blocks_wanted, auto_buckets
 from .trainer.session import SampleNoise, Session, build
-from .trainer.inputs import TokenGuard
 
-__all__ = ["build_parser", "run", "main", "build_model", "auto_buckets", "optimizer_step",
-           "TrainError"]
-
-_REEXPORTED = (Readback, format_summary, check_args, NonFiniteError, StopSignal, resume,
-               train_loop, _compile_blocks_wanted, SampleNoise, Session, build, TokenGuard)
+__all__ = ["build_parser", "check_args", "main", "run", "build", "train_loop", "resume",
+           "StopSignal", "Session", "SampleNoise", "TokenGuard", "Readback", "format_summary",
+           "build_model", "auto_buckets", "optimizer_step", "TrainError", "NonFiniteError",
+           "_compile_blocks_wanted"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,3 +51,20 @@ def test_missing_build_is_one_line(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "is not built" in r.stderr, r.stderr
+
+
+# Guards: the trainer's two module names, `python -m loongforge.train` (the one scripts and the
+# docs use) and `python -m loongforge.trainer` (the package), are the same command line.
+def test_train_and_trainer_modules_are_one_command_line(tmp_path):
+    env = _env()
+    outs = []
+    for module in ("loongforge.train", "loongforge.trainer"):
+        r = subprocess.run([ENTRY, "python", "-m", module, "--help"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("usage: loongforge train"), r.stdout[:200]
+        outs.append(r.stdout)
+        r = subprocess.run([ENTRY, "python", "-m", module, "--data", str(tmp_path / "none")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "no LoongForge dataset there" in r.stderr, r.stderr
+    assert outs[0] == outs[1]

@@ -269,3 +269,36 @@ def test_launcher_default_is_the_declared_one():
     assert m.group(1) == declared["LOONGFORGE_PYTHON"]
     assert re.search(r"\$\{LOONGFORGE_BUILD:-\$root/build\}", text)
     assert declared["LOONGFORGE_BUILD"] == ""  # empty: <repo>/build, as the script says
+
+
+# Guards: --memory-cap-gib reaches MemSculptor as a parameter (MemoryPlanner -> MemSculptor), and
+# the cap is written to LOONGFORGE_MEM_LIMIT_MB only as MemSculptor loads its library, which reads
+# it there (the library is stubbed: the allocator itself needs CUDA).
+def test_memory_cap_is_passed_to_memsculptor_not_set_by_the_trainer(monkeypatch):
+    from unittest import mock
+
+    import torch
+
+    from loongforge import memory
+
+    monkeypatch.setenv("LOONGFORGE_MEM_LIMIT_MB", "0")
+    monkeypatch.delenv("LOONGFORGE_MEM_LIMIT_MB")  # absent, and absent again after the test
+    seen = []
+    monkeypatch.setattr(memory, "_lib_path", lambda: "/nonexistent/libloongforge_alloc.so")
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda path: mock.MagicMock())
+    monkeypatch.setattr(torch.cuda.memory, "CUDAPluggableAllocator",
+                        lambda *a: seen.append(os.environ.get("LOONGFORGE_MEM_LIMIT_MB")),
+                        raising=False)
+    planner = memory.MemoryPlanner(True, True, limit_mb=1536)
+    assert planner.limit_mb == 1536
+    ms = memory.MemSculptor(0, limit_mb=planner.limit_mb)
+    assert "LOONGFORGE_MEM_LIMIT_MB" not in os.environ
+    ms._load()
+    assert seen == ["1536"]
+    monkeypatch.delenv("LOONGFORGE_MEM_LIMIT_MB")
+    memory.MemSculptor(0)._load()  # no cap given: the user's variable (here none) stays
+    assert seen == ["1536", None]
+    trainer = os.path.join(REPO, "python", "loongforge", "trainer")
+    for name in (n for n in os.listdir(trainer) if n.endswith(".py")):
+        with open(os.path.join(trainer, name), encoding="utf-8") as f:
+            assert "os.environ[" not in f.read(), name

@@ -205,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(auto: per_microbatch in loongforge mode on CUDA, else off)")
     g.add_argument("--graph-warmup", type=_int(0), default=3,
                    help="eager microbatches of the first shape bucket before it is captured "
-                        "(later buckets are captured at once, unless --compile-frozen)")
+                        "(later buckets are captured at once, except when the blocks are "
+                        "compiled per shape, --compile-blocks (auto: on in loongforge mode on "
+                        "CUDA) or --compile-frozen: then a new bucket first runs this many eager "
+                        "microbatches, which compile it)")
     g.add_argument("--graph-max", type=_int(1, 1 << 16), default=8,
                    help="shape buckets captured at most")
     g.add_argument("--graph-grads", choices=("auto", "fixed"), default="auto",

@@ -32,23 +32,30 @@ def ranks_from_env() -> Tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def use_cuda(device_arg: str, cuda_available: Optional[bool] = None) -> bool:
+    """Whether --device (auto, cpu or cuda) runs on CUDA; ``cuda_available``: whether torch sees
+    a CUDA device (default: ask torch). TrainError for cuda without one, or another value."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if device_arg == "auto":
+        return cuda_available
+    if device_arg in ("cpu", "cuda"):
+        if device_arg == "cuda" and not cuda_available:
+            raise TrainError("--device cuda: torch sees no CUDA device")
+        return device_arg == "cuda"
+    raise TrainError(f"--device must be auto, cpu or cuda, got '{device_arg}'")
+
+
 def setup_dist(device_arg: str, before_init: Optional[Callable[[torch.device], None]] = None) -> Dist:
     rank, world, local = ranks_from_env()
-    if device_arg == "auto":
-        use_cuda = torch.cuda.is_available()
-    elif device_arg in ("cpu", "cuda"):
-        use_cuda = device_arg == "cuda"
-        if use_cuda and not torch.cuda.is_available():
-            raise TrainError("--device cuda: torch sees no CUDA device")
-    else:
-        raise TrainError(f"--device must be auto, cpu or cuda, got '{device_arg}'")
-    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    cuda = use_cuda(device_arg)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
     # Before torch initializes CUDA (set_device does): an allocator can be swapped only before
     # torch's own is initialized (e.g. MemSculptor).
     if before_init is not None:
         before_init(device)
-    if use_cuda:
+    if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     return Dist(rank, world, local, device)

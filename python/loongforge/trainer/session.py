@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 import torch
 
-from .. import knobs
 from ..comm import SyncBackend
 from ..flops import FlopsPerShape
-from ..graphs import GraphedStep, SyncCounter, graph_unavailable, parse_buckets
+from ..graphs import GraphedStep, SyncCounter
 from ..memory import MemoryPlanner
-from ..models.gr00t import Gr00tConfig, Gr00tPolicy
+from ..models.gr00t import Gr00tConfig, Gr00tPolicy, get_config
 from ..train_metrics import ModuleProfiler, Readback, Trace, _safe_metrics
 from .checkpoint import Checkpointer
 from .cli import check_args
@@ -29,7 +28,7 @@ from .errors import TrainError
 from .inputs import TokenGuard, make_loader
 from .model import build_model, parse_overrides
 from .optim import init_optimizer_state, lr_lambda, make_optimizer
-from .plan import MODULES, _compile_blocks_wanted, auto_buckets
+from .plan import Plan, resolve_plan
 
 if TYPE_CHECKING:
     from .loop import StopSignal
@@ -149,21 +148,16 @@ def _allocator_settings(conf: str) -> None:
 _EXPANDABLE_BY_RUN = [False]  # turned on by this process's run: turned off again at its end
 
 
-def _expandable_segments(choice: str, lf: bool, cuda: bool) -> str:
+def _expandable_segments(planned: str, choice: str) -> str:
     """--expandable-segments: turns torch's expandable segments on for this process's allocator
-    (before the first CUDA allocation; it applies to segments made afterwards) and says so.
+    (before the first CUDA allocation; it applies to segments made afterwards) when the plan
+    says "on" (plan._expandable_wanted; anything else is returned as it is), and says so.
+    ``choice``: the flag (with "on" a refusal by torch is an error).
     Note [Graphs and MemSculptor]: with them on, CUDA graphs capture into torch's own graph pool,
     whose blocks then merge across what would be segment boundaries; MemSculptor's MemPool (a
     custom allocator) cannot have them."""
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "expandable_segments" in conf:
-        on = "expandable_segments:true" in conf.replace(" ", "").lower()
-        return f"{'on' if on else 'off'} (PYTORCH_CUDA_ALLOC_CONF)"
-    want = choice == "on" or (choice == "auto" and lf and cuda)
-    if not want:
-        return "off"
-    if not cuda:
-        raise TrainError("--expandable-segments on needs CUDA")
+    if planned != "on":
+        return planned
     if getattr(torch.cuda.memory, "_set_allocator_settings", None) is None:
         return f"off (torch {torch.__version__} cannot set them at run time)"
     try:
@@ -228,22 +222,6 @@ def _log(d: Dist) -> Callable[[str], None]:
     return (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
 
 
-def text_bound(args: argparse.Namespace, cfg: Gr00tConfig, schema: Dict[str, Any],
-               log: Callable[[str], None]) -> int:
-    """The loaders' cut for text longer than the model takes (0: none needed). Without it
-    a 100k-character instruction grew the trainer to 21 GB."""
-    longest = int(schema.get("max_tokens", 0))
-    limit = cfg.max_text_tokens
-    if args.token_pad > limit:
-        raise TrainError(f"--token-pad {args.token_pad} is longer than config {cfg.name}'s "
-                         f"max_text_tokens ({limit})")
-    if longest <= limit:
-        return 0
-    log(f"warning: {args.data}: instructions of up to {longest} tokens; the trainer cuts them to "
-        f"{limit}, config {cfg.name}'s max_text_tokens (--set max_text_tokens=N to change)")
-    return limit
-
-
 def build(args: argparse.Namespace) -> Session:
     from .loop import StopSignal, resume  # loop.py imports this module
 
@@ -251,135 +229,83 @@ def build(args: argparse.Namespace) -> Session:
     clock = _Clock()
     if args.threads:
         torch.set_num_threads(args.threads)
-    lf = args.mode == "loongforge"
-    # What a tuned PyTorch user sets too: the "auto" choices that are plain torch settings.
-    strong = lf or args.mode == "tuned"
-    on = {m: lf and not getattr(args, f"no_{m}") for m in MODULES}
-    status: Dict[str, str] = {}
-    auto_lean = lf and args.device != "cpu" and torch.cuda.is_available()
-    graphs = args.cuda_graph == "per_microbatch" or (args.cuda_graph == "auto" and auto_lean
-                                                     and not args.profile_modules)
-    if args.memory_cap_gib:
-        if args.device == "cpu" or not torch.cuda.is_available():
-            raise TrainError("--memory-cap-gib caps GPU memory: it needs a CUDA device")
-        # Read by MemSculptor's backend when it loads (in setup_dist).
-        os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(int(args.memory_cap_gib * 1024))
-    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs)
-    cuda_run = args.device != "cpu" and torch.cuda.is_available()
-    expandable = _expandable_segments(args.expandable_segments, strong, cuda_run)
-    if expandable != "off":
-        status["expandable_segments"] = expandable
-    d = setup_dist(args.device, mem.install)
-    log = _log(d)
-    if args.frozen_bf16 == "on" and d.device.type != "cuda":
-        raise TrainError("--frozen-bf16 on needs CUDA: bf16 autocast runs only there (on the "
-                         "CPU the frozen layers compute in fp32)")
-    _memory_history(args.memory_history, d.device)
-    clock.mark("process group and allocator")
-    if args.memory_cap_gib:
-        total = torch.cuda.get_device_properties(d.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(
-            min(1.0, args.memory_cap_gib * 2**30 / total), d.device)
-        status["memory_cap"] = (f"{args.memory_cap_gib:g} GiB (torch's allocator and "
-                                "MemSculptor; the loader's and checkpoint staging's own device "
-                                "buffers are outside it)")
-
     from ..trainer_data import read_schema
 
     try:
         schema = read_schema(args.data)
     except (OSError, ValueError) as e:
         raise TrainError(str(e)) from e
+    try:
+        overrides = parse_overrides(args.set)
+        planned_cfg = get_config(args.config, image_size=args.image_size, **overrides)
+    except ValueError as e:
+        raise TrainError(str(e)) from e
+    plan = resolve_plan(args, planned_cfg, schema)
+    lf = args.mode == "loongforge"
+    on = {m: c.value for m, c in plan.switches.items()}
+    status: Dict[str, str] = plan.modules()  # the "modules" line: what the plan decided
+    graphs = plan.cuda_graphs.value
+    # The cap goes to MemSculptor's backend as it loads (in setup_dist).
+    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs,
+                        limit_mb=plan.memory_cap_mib.value or None)
+    expandable = _expandable_segments(plan.expandable_segments.value, args.expandable_segments)
+    if expandable != "off":
+        status["expandable_segments"] = expandable
+    d = setup_dist(plan.device.value, mem.install)
+    log = _log(d)
+    _memory_history(args.memory_history, d.device)
+    clock.mark("process group and allocator")
+    if args.memory_cap_gib:
+        total = torch.cuda.get_device_properties(d.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, args.memory_cap_gib * 2**30 / total), d.device)
+
     on_device = (contextlib.nullcontext() if args.init_device == "host" or d.device.type == "cpu"
                  else _on_device(d.device))
     try:
         with on_device:
-            model = build_model(args.config, args.seed, args.image_size, schema,
-                                parse_overrides(args.set))
+            model = build_model(args.config, args.seed, args.image_size, schema, overrides)
     except ValueError as e:
         raise TrainError(str(e)) from e
-    frozen_bf16 = args.frozen_bf16 == "on" or (args.frozen_bf16 == "auto" and strong
-                                               and d.device.type == "cuda")
+    frozen_bf16 = plan.frozen_bf16.value
     from ..models.gr00t_layers import set_norm_recompute, set_shared_casts
 
     set_shared_casts(frozen_bf16)  # one autocast cast for frozen sibling layers (same bits)
-    norms = args.norm_recompute == "on" or (args.norm_recompute == "auto" and lf
-                                            and d.device.type == "cuda")
-    set_norm_recompute(norms)  # Note [Recomputed norms]: the same gradients, less memory
-    if norms:
-        status["norm_recompute"] = ("on (RMSNorms and SwiGLU recomputed in backward: the same "
-                                    "gradients)")
+    # Note [Recomputed norms]: the same gradients, less memory
+    set_norm_recompute(plan.norm_recompute.value)
     if frozen_bf16 and not args.fp8_frozen:
         # Before the copy to the device (host init): no fp32 weights there to free, no holes
         # left in the persistent pool, half the bytes copied. --fp8-frozen quantizes the fp32
         # weights first (below).
         _store_frozen_bf16(model, mem, status, persistent=False)
-    arena = (args.persistent_arena == "auto" and mem.ms is not None and not args.fp8_frozen
-             and args.expert_parallel == 1)
+    arena = plan.persistent_arena.value and mem.ms is not None
     if args.init_device == "device" and d.device.type == "cuda":
         _into_persistent(model, mem, arena, status)
     clock.mark("model init")
     cfg = model.cfg
     args.image_size = cfg.image_size
     status["memsculptor"] = mem.status
-    from ..augment import describe
-
-    status["augment"] = describe(args.augment, args.no_augment, args.crop_fraction,
-                                 cfg.image_size)
     if arena and args.init_device != "device":  # host init: copied straight into the arena
         _into_persistent(model, mem, arena, status)
     with mem.persistent():  # parameters live apart from the planned activation arena
         model.to(d.device).train()
     clock.mark("model to device")
-    cut = text_bound(args, cfg, schema, log)
-
-    # Static batches: token buckets (DataFusion pads to them in its stage 3 when every record
-    # fits the largest bucket; otherwise the step runner pads, and longer batches run eager).
-    longest = int(schema.get("max_tokens", 0))
-    if cut:
-        longest = cut
-    if args.token_buckets == "auto":
-        buckets = auto_buckets(longest or 64) if graphs else ()
-    else:
-        try:
-            buckets = parse_buckets(args.token_buckets)
-        except ValueError as e:
-            raise TrainError(f"--token-buckets: {e}") from e
-    if cut and buckets and buckets[-1] > cut:
-        buckets = tuple(b for b in buckets if b < cut) + (cut,)
-    loader_buckets = buckets if buckets and longest and longest <= buckets[-1] else ()
-    if args.compile and not buckets and not args.token_pad and longest:
-        # Note [Static shapes for --compile]: one shape, one compilation
-        args.token_pad = min(-(-longest // 8) * 8, cfg.max_text_tokens)
-        status["compile"] = (f"whole model, static shapes (text padded to {args.token_pad}, the "
-                             "dataset's longest rounded up to 8; --token-pad N to change)")
-    if not knobs.get("LOONGFORGE_TRAIN_LOADER_BUCKETS"):
-        loader_buckets = ()  # diagnostics: the step runner pads instead of DataFusion
+    cut = plan.text_cut.value  # the loaders' cut for text longer than the model takes
+    if cut:  # without it a 100k-character instruction grew the trainer to 21 GB
+        log(f"warning: {args.data}: {plan.text_cut.reason}")
+    buckets = plan.token_buckets.value
+    args.token_pad = plan.token_pad.value  # --compile: padded to one length
     try:
-        loader = make_loader(args, d, on["datafusion"], loader_buckets, cut)
+        loader = make_loader(args, d, on["datafusion"], plan.loader_buckets.value, cut)
     except ImportError as e:
         raise TrainError(str(e)) from e
     clock.mark("loader")
-    status["datafusion"] = "on" if on["datafusion"] else ("off: --no-datafusion" if lf else "off")
     if on["datafusion"] and d.device.type == "cuda":
         backend = _safe_metrics(loader).get("decode_backend")
         if backend:
             status["datafusion"] = f"on (decode: {backend})"
-    # NexusSync also runs at world size 1 (flat gradient buckets, no collectives) so that the
-    # single-process ablation measures its bookkeeping honestly; not under graphed one-microbatch
-    # steps (below).
-    sync_kind = "nexussync" if on["nexussync"] else ("ddp" if d.world > 1 else "none")
-    status["nexussync"] = ("on" if sync_kind == "nexussync" else
-                           "off: --no-nexussync" if lf else "off")
-    # Note [Gradients in the graph pool]: NexusSync's flat buckets would hold the gradients for
-    # the whole run; at world size 1 they have nothing to reduce.
-    pool_grads = (graphs and args.graph_grads == "auto" and d.device.type == "cuda"
-                  and d.world == 1 and args.grad_accum == 1 and args.topk_ratio is None
-                  and graph_unavailable(model, d.device, "none") is None)
-    if pool_grads and sync_kind == "nexussync":
-        sync_kind = "none"
-        status["nexussync"] = ("off: world size 1, nothing to reduce (graphed steps make the "
-                               "gradients in the graph pool; --graph-grads fixed keeps it on)")
+    sync_kind = plan.sync.value
+    pool_grads = plan.grads_in_pool.value
     ep = None
     from ..moe import ExpertParallel, check_expert_parallel
 
@@ -405,15 +331,11 @@ def build(args: argparse.Namespace) -> Session:
     if ep is not None:  # Note [Expert-parallel checkpoints] in moe.py
         run_id["expert_parallel"] = ep.size
     try:
-        ckpt = Checkpointer("vault" if on["vault"] else ("async" if args.mode == "tuned"
-                                                          else "torch"),
-                            ckpt_dir, d, run_id, when_busy=args.ckpt_when_busy, log=log,
-                            resume=args.resume)
+        ckpt = Checkpointer(plan.checkpoint.value, ckpt_dir, d, run_id,
+                            when_busy=args.ckpt_when_busy, log=log, resume=args.resume)
     except OSError as e:  # a read-only or foreign directory: name the flag
         raise TrainError(f"--ckpt-dir {ckpt_dir}: cannot write checkpoints there: "
                          f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")) from e
-    status["vault"] = "on" if on["vault"] and ckpt_dir else ("off: no checkpoints" if on["vault"]
-                                                             else "off")
 
     if args.fp8_frozen:
         from ..fp8 import Fp8Unsupported, apply_fp8_frozen
@@ -445,11 +367,7 @@ def build(args: argparse.Namespace) -> Session:
             status["compile"] += f", mode {args.compile_mode}"
     if args.compile_frozen:
         status["compile_frozen"] = compile_frozen(model)
-    blocks, why_not = _compile_blocks_wanted(args, lf, d.device,
-                                             static=bool(buckets or args.token_pad),
-                                             moe=bool(getattr(cfg, "moe_experts", 0)))
-    if not blocks and lf and args.compile_blocks == "auto":
-        status["compile_blocks"] = f"off: {why_not}"
+    blocks = plan.compile_blocks.value
     if blocks:
         try:
             status["compile_blocks"] = compile_blocks(model)
@@ -477,9 +395,8 @@ def build(args: argparse.Namespace) -> Session:
                                                              args.min_lr_ratio))
     noise_gen = torch.Generator(device=d.device)
     noise_gen.manual_seed(args.seed * 1000 + d.rank)
-    noise = SampleNoise(args.seed, cfg.max_action_dim) if args.noise == "per-sample" else None
-    if noise is not None:
-        status["noise"] = "per sample: (seed, epoch, sample index), loongforge.sample_rng"
+    noise = (SampleNoise(args.seed, cfg.max_action_dim) if plan.noise.value == "per-sample"
+             else None)
     clock.mark("sync, checkpointer, optimizer")
     start_step = resume(args, ckpt, model, opt, sched, loader, noise_gen, log, ep)
     if args.start_batch:
@@ -522,21 +439,15 @@ def build(args: argparse.Namespace) -> Session:
                                 if stepper.graphs_on else f"off ({stepper.disabled_reason})")
         status["static_batches"] = f"token buckets {list(buckets)}" if buckets else "off"
         stepper.noise_fn = noise
-    want_sync_free = args.sync_free == "on" or (args.sync_free == "auto" and strong)
-    sync_free = want_sync_free and cuda
-    if args.sync_free == "on" and not cuda:
-        status["sync_free"] = "off: needs CUDA (on the CPU every step is synchronous)"
-    elif sync_free:
-        status["sync_free"] = "on (figures read back 2 steps late)"
+    sync_free = plan.sync_free.value
     readback = Readback(d.device, lag=2 if sync_free else 0,
                         flops_poly=FlopsPerShape(cfg, len(schema["cameras"]),
                                                  int(schema["action_horizon"])).length_polynomial())
     guard = TokenGuard(cfg.vocab_size, cfg.max_text_tokens, args.data, log, deferred=cuda)
     profiler = (ModuleProfiler(start_step + args.warmup, args.profile_modules, d.device, sync_dev)
                 if args.profile_modules else None)
-    if profiler is not None and args.cuda_graph == "auto" and auto_lean:
-        status["cuda_graph"] = "off (--profile-modules: eager steps)"
     clock.mark("step runner")
+    status = Plan.in_line_order(status)
     return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
                    opt, sched, noise_gen, noise, start_step, counter, sync_dev, autocast, trace,
                    stepper,
