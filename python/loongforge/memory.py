@@ -210,12 +210,6 @@ class MemSculptor:
     def _load(self):
         import torch
         if self._allocator is None:
-            if self.limit_mb is not None:
-                # The library reads its cap when a device is first used (ReadAllocKnobs in
-                # src/memory/torch_allocator.cc) from LOONGFORGE_MEM_LIMIT_MB alone: torch loads
-                # it with no argument to pass the cap through. This is the one place a caller's
-                # cap is written there, before anything allocates through the library.
-                os.environ["LOONGFORGE_MEM_LIMIT_MB"] = str(self.limit_mb)
             path = _lib_path()
             self._allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "lf_alloc", "lf_free")
             # Same path -> dlopen returns the same handle: ctypes talks to torch's copy.
@@ -227,6 +221,7 @@ class MemSculptor:
             lib.lf_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
             lib.lf_end_step.restype = ctypes.c_int
             lib.lf_close.restype = ctypes.c_int
+            apply_limit(lib, self.device, self.limit_mb)
             self._lib = lib
         return self._allocator
 
@@ -706,6 +701,20 @@ def state_back_into_place(opt: Any, before: Dict[Any, Dict[str, Any]]) -> int:
 
 # ------------------------------------------------------------------------------------------------
 # The trainer's memory planner: MemSculptor as torch's allocator, or nothing
+
+
+def apply_limit(lib: ctypes.CDLL, device: int, limit_mb: Optional[int]) -> None:
+    """Gives the allocator library `lib` the cap on what `device` reserves (MiB; None: leave
+    LOONGFORGE_MEM_LIMIT_MB's), before the device's first allocation. ValueError with the
+    library's reason when it refuses (out of range, or the device already set up)."""
+    if limit_mb is None:
+        return
+    lib.lf_set_limit_mb.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.lf_set_limit_mb.restype = ctypes.c_int
+    if lib.lf_set_limit_mb(int(device), int(limit_mb)) != 0:
+        buf = ctypes.create_string_buffer(4096)
+        lib.lf_last_error(buf, len(buf))
+        raise ValueError(buf.value.decode(errors="replace"))
 
 
 class MemoryPlanner:

@@ -32,7 +32,7 @@ const EnvKnob kKnobs[] = {
      "on a fatal signal in loongforge._C, print the native stack (object+offset, for addr2line)",
      "core", 0, 0, ""},
     {"LOONGFORGE_MEM_LIMIT_MB", KnobType::kInt, "0",
-     "MemSculptor: most device memory it reserves, MiB (0: no cap; train --memory-cap-gib sets it)",
+     "MemSculptor: most device memory it reserves, MiB (0: no cap; train --memory-cap-gib overrides it)",
      "core", 0, kMaxMiB, ""},
     {"LOONGFORGE_MEM_SEGMENT_MB", KnobType::kInt, "32",
      "MemSculptor: size of the segments its pools reserve from the device, MiB",

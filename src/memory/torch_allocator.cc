@@ -36,6 +36,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -66,6 +67,8 @@ class LfOutOfMemory : public std::bad_alloc {
 
 struct DeviceState {
   std::once_flag once;
+  std::atomic<bool> initialized{false};
+  std::atomic<int64_t> limit_mb{-1};  // lf_set_limit_mb's cap; -1: LOONGFORGE_MEM_LIMIT_MB's
   std::unique_ptr<MemAllocator> alloc;
   Status init_status;
   std::mutex graph_mu;
@@ -130,11 +133,13 @@ MemAllocator* Get(int device) {
   }
   DeviceState& d = State().devices[device];
   std::call_once(d.once, [&] {
+    d.initialized.store(true);
     StatusOr<AllocKnobs> knobs = ReadAllocKnobs();
     if (!knobs.ok()) {
       d.init_status = knobs.status();
       return;
     }
+    if (d.limit_mb.load() >= 0) knobs->limit_bytes = static_cast<size_t>(d.limit_mb.load()) << 20;
     auto backend = CreateCudaBackend(device, knobs->limit_bytes);
     if (!backend.ok()) {
       d.init_status = backend.status();
@@ -245,6 +250,29 @@ LF_EXPORT void lf_release_graph_memory(int device) {
   std::lock_guard<std::mutex> lock(d.graph_mu);
   for (void* p : d.graph_held) a->Free(p, 0).IgnoreError();
   d.graph_held.clear();
+}
+
+// The cap on what `device` reserves, MiB (0: none), in place of LOONGFORGE_MEM_LIMIT_MB's: a
+// caller's parameter (the trainer's --memory-cap-gib) arrives here, not through the environment.
+// Returns 0; -1 when the device is already set up (the cap is read once, at its first use) or
+// `mb` is out of range (lf_last_error says which).
+LF_EXPORT int lf_set_limit_mb(int device, int64_t mb) {
+  if (device < 0 || device >= kMaxDevices) {
+    SetError("MemSculptor: device index " + std::to_string(device) + " out of range");
+    return -1;
+  }
+  if (mb < 0 || mb > (int64_t{1} << 43)) {
+    SetError("MemSculptor: memory cap " + std::to_string(mb) + " MiB is out of range (0..2^43)");
+    return -1;
+  }
+  DeviceState& d = State().devices[device];
+  if (d.initialized.load()) {
+    SetError("MemSculptor: device " + std::to_string(device) +
+             " is already set up; its memory cap is read at its first allocation");
+    return -1;
+  }
+  d.limit_mb.store(mb);
+  return 0;
 }
 
 // 1: allocations from now on go to the persistent pool (parameters, optimizer state); 0: back.
