@@ -26,7 +26,14 @@ class LoadTimeTokenizer:
     """A tokenizer for the loader (module docstring): ``encode(text)``, ``vocab_size`` (None for a
     callable) and ``pad_id`` (the id padding positions hold; 0 unless the tokenizer names one)."""
 
+    def __new__(cls, spec: Any) -> "LoadTimeTokenizer":
+        if isinstance(spec, LoadTimeTokenizer):
+            return spec  # already made (the trainer reads its vocabulary first)
+        return super().__new__(cls)
+
     def __init__(self, spec: Any) -> None:
+        if spec is self:
+            return
         self.vocab_size: Optional[int] = None
         self.pad_id = 0
         self._cache: Dict[str, List[int]] = {}

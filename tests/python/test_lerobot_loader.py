@@ -159,3 +159,28 @@ def test_trainer_trains_on_packed_lerobot(db, mode, tmp_path):
     curve = json.loads(summary.read_text())["loss_curve"]
     losses = [row["loss"] for row in curve]
     assert len(losses) == 3 and all(np.isfinite(losses)), curve
+
+
+def _train(db, tmp_path, *extra):
+    summary = tmp_path / "summary.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-m", "loongforge.train", "--config", "tiny", "--data", db,
+           "--steps", "2", "--device", "cpu", "--batch-size", "4", "--warmup", "0",
+           "--workers", "0", "--loader-threads", "1", "--quiet", "--json-out", str(summary),
+           *extra]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return r, (json.loads(summary.read_text()) if r.returncode == 0 else None)
+
+
+# Guards the trainer on the contract chosen at load time: another action horizon and a load-time
+# tokenizer train the same DB without a repack (the model's vocabulary is the tokenizer's), and the
+# modes whose loaders read the packed chunks refuse both, naming the repack.
+def test_trainer_takes_horizon_and_tokenizer_at_load_time(db, tmp_path):
+    r, summary = _train(db, tmp_path, "--action-horizon", "5", "--tokenizer", "byte-v1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = [row["loss"] for row in summary["loss_curve"]]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    r, _ = _train(db, tmp_path, "--mode", "tuned", "--action-horizon", "5")
+    assert r.returncode == 2 and "repack with loongforge pack --horizon" in r.stderr
+    r, _ = _train(db, tmp_path, "--tokenizer", "byte-v7")
+    assert r.returncode == 2 and "byte-v7" in r.stderr, r.stderr[-2000:]

@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "DataLoader with GPU JPEG decode and a sampler across epochs, frozen weights "
                    "in bf16, expandable segments, fused AdamW, no host sync per step, async "
                    "checkpoints; loongforge: every module")
+    p.add_argument("--action-horizon", type=_int(1, 4096), default=None, metavar="H",
+                   help="action chunk length chosen at load time (loongforge mode, a DB packed "
+                   "from LeRobot): the loader gathers H steps from the stored per-frame rows; "
+                   "default: the chunk the DB was packed with")
+    p.add_argument("--tokenizer", default=None, metavar="SPEC",
+                   help="tokenize the task text at load time (loongforge mode, a DB packed from "
+                   "LeRobot): a built-in tokenizer's name (byte-v1) or a Hugging Face "
+                   "tokenizer.json (needs the tokenizers package); the model's vocab_size "
+                   "becomes the tokenizer's; default: the ids packed with the DB")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the whole model with static shapes (text padded to the "
                    "dataset's longest unless --token-pad or token buckets; torch >= 2)")
@@ -284,6 +293,11 @@ def check_args(args: argparse.Namespace) -> None:
         args.mode = "baseline"
     if args.steps <= 0 or args.batch_size <= 0 or args.grad_accum <= 0:
         raise TrainError("--steps, --batch-size and --grad-accum must be positive")
+    if (args.action_horizon is not None or args.tokenizer is not None) and \
+            args.mode != "loongforge":
+        raise TrainError("--action-horizon and --tokenizer are chosen at load time by DataFusion "
+                         f"(--mode loongforge); the {args.mode} loader reads the packed chunks and "
+                         "ids (repack with loongforge pack --horizon / --tokenizer)")
     if args.compile_mode != "default" and not args.compile:
         raise TrainError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.start_batch and args.resume:

@@ -13,8 +13,9 @@ from .errors import TrainError, _missing
 
 
 def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
-                token_buckets: Sequence[int] = (), max_text_tokens: int = 0) -> Any:
-    """The input pipeline. max_text_tokens > 0: the dataset holds longer instructions than the
+                token_buckets: Sequence[int] = (), max_text_tokens: int = 0,
+                tokenizer: Any = None) -> Any:
+    """The input pipeline (DataFusion takes --action-horizon and the load-time `tokenizer`). max_text_tokens > 0: the dataset holds longer instructions than the
     model takes, and the loader cuts them to that many tokens as it reads them (token_buckets
     and --token-pad are then at most that long), so its buffers stay bounded."""
     from ..augment import loader_flags
@@ -39,6 +40,10 @@ def make_loader(args: argparse.Namespace, d: Dist, use_datafusion: bool,
             gpu["truncate_tokens"] = True
             if not token_buckets and not args.token_pad:
                 token_pad = max_text_tokens
+        if getattr(args, "action_horizon", None) is not None:
+            gpu["action_horizon"] = args.action_horizon
+        if tokenizer is not None:
+            gpu["tokenizer"] = tokenizer
         if d.device.type == "cuda":
             # The torch modes' resizes are antialiased (PIL's bilinear, torchvision's
             # antialias=True): the same transform in every mode. DataFusion's CPU loader has no

@@ -222,6 +222,42 @@ def _log(d: Dist) -> Callable[[str], None]:
     return (lambda m: print(m, file=sys.stderr, flush=True)) if d.is_main else (lambda m: None)
 
 
+def load_time_contract(args: argparse.Namespace, schema: Dict[str, Any],
+                       overrides: Dict[str, Any]) -> Any:
+    """--action-horizon and --tokenizer: the batch contract chosen at load time. Rewrites the
+    run's copy of the schema (action_horizon; tokenizer, vocab_size and max_tokens from the
+    dataset's task texts) so every later decision reads the contract the loader will give, sets
+    the config's vocab_size to the tokenizer's (unless --set gives one), and returns the
+    tokenizer for the loader (None without --tokenizer). ValueError naming the flag when the DB
+    cannot serve it."""
+    lerobot = str(schema.get("source_format", "")).startswith("lerobot")
+    if args.action_horizon == int(schema["action_horizon"]):
+        args.action_horizon = None  # the packed chunk: nothing to gather
+    if args.action_horizon is not None:
+        if not lerobot:
+            raise ValueError(f"--action-horizon {args.action_horizon}: {args.data} stores chunks "
+                             f"of {schema['action_horizon']} steps only (not packed from "
+                             f"LeRobot): repack it with loongforge pack --horizon "
+                             f"{args.action_horizon}")
+        schema["action_horizon"] = args.action_horizon
+    if args.tokenizer is None:
+        return None
+    meta = schema.get("source_meta") or {}
+    tasks = list((meta.get("tasks") or {}).values()) if isinstance(meta, dict) else []
+    if not lerobot or not tasks:
+        raise ValueError(f"--tokenizer: {args.data} lists no task texts in its schema (a DB "
+                         "packed from LeRobot does); repack it with loongforge pack --tokenizer")
+    from ..text import LoadTimeTokenizer
+
+    tok = LoadTimeTokenizer(args.tokenizer)
+    if tok.vocab_size is None:
+        raise ValueError(f"--tokenizer {args.tokenizer}: its vocabulary size is unknown")
+    overrides.setdefault("vocab_size", tok.vocab_size)
+    schema.update(tokenizer=tok.name, vocab_size=tok.vocab_size,
+                  max_tokens=max(len(tok.encode(str(t))) for t in tasks))
+    return tok
+
+
 def build(args: argparse.Namespace) -> Session:
     from .loop import StopSignal, resume  # loop.py imports this module
 
@@ -237,8 +273,9 @@ def build(args: argparse.Namespace) -> Session:
         raise TrainError(str(e)) from e
     try:
         overrides = parse_overrides(args.set)
+        tokenizer = load_time_contract(args, schema, overrides)
         planned_cfg = get_config(args.config, image_size=args.image_size, **overrides)
-    except ValueError as e:
+    except (ValueError, OSError, ImportError) as e:
         raise TrainError(str(e)) from e
     plan = resolve_plan(args, planned_cfg, schema)
     lf = args.mode == "loongforge"
@@ -296,7 +333,8 @@ def build(args: argparse.Namespace) -> Session:
     buckets = plan.token_buckets.value
     args.token_pad = plan.token_pad.value  # --compile: padded to one length
     try:
-        loader = make_loader(args, d, on["datafusion"], plan.loader_buckets.value, cut)
+        loader = make_loader(args, d, on["datafusion"], plan.loader_buckets.value, cut,
+                             tokenizer=tokenizer)
     except ImportError as e:
         raise TrainError(str(e)) from e
     clock.mark("loader")
