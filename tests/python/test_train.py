@@ -599,7 +599,8 @@ def test_out_of_memory_exit_names_batch_and_step(train_db, monkeypatch, capsys):
     monkeypatch.setattr(loop, "run", oom)
     assert train.main(args) == 3
     assert "(start-up)" in capsys.readouterr().err
-    monkeypatch.setattr(loop, "run", lambda a: (_ for _ in ()).throw(RuntimeError("other")))
+    monkeypatch.setattr(loop, "run", lambda a, progress=None: (_ for _ in ()).throw(
+        RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         train.main(args)
 

@@ -396,9 +396,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from . import loop  # here: loop.py imports session.py, which imports check_args from here
 
-    loop._WHERE[0] = "start-up"
+    progress = loop.Progress()
     try:
-        summary = loop.run(args)
+        summary = loop.run(args, progress)
     except NonFiniteError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         if debug:
@@ -408,7 +408,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "out of memory" in str(e).lower() and not isinstance(e, TrainError):
             first = str(e).strip().splitlines()[0]
             print(f"{PROG}: error: out of memory at --batch-size {args.batch_size} "
-                  f"({loop._WHERE[0]}): {first} "
+                  f"({progress.where}): {first} "
                   "(a smaller --batch-size, --act-ckpt dit, or more memory)", file=sys.stderr)
             if debug:
                 raise
@@ -425,7 +425,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         return 2
     except KeyboardInterrupt:  # SIGINT before the first step: the handlers are not in yet
-        print(f"{PROG}: interrupted during {loop._WHERE[0]}, nothing saved", file=sys.stderr)
+        print(f"{PROG}: interrupted during {progress.where}, nothing saved", file=sys.stderr)
         if debug:
             raise
         return 130

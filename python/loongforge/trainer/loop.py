@@ -26,7 +26,7 @@ from .checkpoint import Checkpointer, rng_state, set_rng_state
 from .dist import Dist
 from .errors import NonFiniteError, TrainError
 from .optim import lr_lambda, optimizer_step
-from .session import _EXPANDABLE_BY_RUN, Session, _allocator_settings, _log, build
+from .session import Progress, Session, _allocator_settings, _log, build
 
 
 def moe_metrics(model: Gr00tPolicy) -> Dict[str, Any]:
@@ -363,8 +363,9 @@ def train_loop(s: Session) -> "tuple[List[Dict[str, Any]], List[Dict[str, Any]],
     try:
         for step in range(start_step, end_step):
             trace.step = step
-            _WHERE[0] = (f"step {step + 1}" + ("" if stepper is None or not stepper.graphs_on else
-                                               f", {stepper.captures} bucket graphs captured"))
+            s.progress.where = (f"step {step + 1}" + (
+                "" if stepper is None or not stepper.graphs_on else
+                f", {stepper.captures} bucket graphs captured"))
             part = prof.range if prof is not None and prof.active(step) else (lambda _n: no_range)
             if prof is not None:
                 prof.begin_step(step)
@@ -475,8 +476,11 @@ def _cudagraph_skips() -> str:
     return f"cudagraph skips {n}"
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
+def run(args: argparse.Namespace, progress: Optional[Progress] = None) -> Dict[str, Any]:
+    """One training run; `progress` (optional) says where it is when it fails."""
     s = build(args)
+    if progress is not None:
+        s.progress = progress
     try:
         try:
             rows, losses, total_s = train_loop(s)
@@ -517,14 +521,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     # dropping the session frees every one of their tensors by reference counting (no garbage
     # collection needed, none relied on: a cycle through autograd's C++ state may be invisible
     # to the collector). tests/python/test_train_teardown.py checks this at the point of close().
-    mem = s.mem
+    mem, expandable_set = s.mem, s.expandable_set_by_run
     del s
     mem.close()
-    if _EXPANDABLE_BY_RUN[0]:  # the setting is the process's: a later run in it starts as before
-        _EXPANDABLE_BY_RUN[0] = False
+    if expandable_set:  # the setting is the process's: a later run in it starts as before
         _allocator_settings("expandable_segments:False")
     return summary
 
 
-# Where the run is, for the out-of-memory line (bench/memory/max_batch.py keeps it per probe).
-_WHERE = ["start-up"]

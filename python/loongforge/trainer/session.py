@@ -67,6 +67,15 @@ class SampleNoise:
 
 
 @dataclasses.dataclass
+class Progress:
+    """Where a run is, for the out-of-memory and interrupt lines: "start-up", then "step N"
+    (with the bucket graphs captured so far). The caller of loop.run may pass its own to read
+    it after a failure."""
+
+    where: str = "start-up"
+
+
+@dataclasses.dataclass
 class Session:
     """Everything ``build`` puts together for ``train_loop``."""
 
@@ -98,6 +107,9 @@ class Session:
     profiler: Optional[ModuleProfiler]
     stop: "StopSignal"
     startup: Dict[str, float] = dataclasses.field(default_factory=dict)  # _Clock.phases
+    # The process's expandable segments were turned on by this run (turned off at its end).
+    expandable_set_by_run: bool = False
+    progress: Progress = dataclasses.field(default_factory=lambda: Progress())
 
     def release(self) -> None:
         """Breaks the links that keep the model alive past the run: NexusSync's autograd hooks
@@ -145,13 +157,11 @@ def _allocator_settings(conf: str) -> None:
         torch.cuda.memory._set_allocator_settings(conf)
 
 
-_EXPANDABLE_BY_RUN = [False]  # turned on by this process's run: turned off again at its end
-
-
 def _expandable_segments(planned: str, choice: str) -> str:
     """--expandable-segments: turns torch's expandable segments on for this process's allocator
     (before the first CUDA allocation; it applies to segments made afterwards) when the plan
-    says "on" (plan._expandable_wanted; anything else is returned as it is), and says so.
+    says "on" (plan._expandable_wanted; anything else is returned as it is), and says so: "on"
+    exactly when this call turned them on (the run turns them off again at its end).
     ``choice``: the flag (with "on" a refusal by torch is an error).
     Note [Graphs and MemSculptor]: with them on, CUDA graphs capture into torch's own graph pool,
     whose blocks then merge across what would be segment boundaries; MemSculptor's MemPool (a
@@ -162,7 +172,6 @@ def _expandable_segments(planned: str, choice: str) -> str:
         return f"off (torch {torch.__version__} cannot set them at run time)"
     try:
         _allocator_settings("expandable_segments:True")
-        _EXPANDABLE_BY_RUN[0] = True
     except RuntimeError as e:
         if choice == "on":
             raise TrainError(f"--expandable-segments on: torch refused: {e}") from e
@@ -486,11 +495,12 @@ def build(args: argparse.Namespace) -> Session:
                 if args.profile_modules else None)
     clock.mark("step runner")
     status = Plan.in_line_order(status)
-    return Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt, params,
-                   opt, sched, noise_gen, noise, start_step, counter, sync_dev, autocast, trace,
-                   stepper,
-                   sync_free, readback, guard, profiler,
-                   StopSignal(d, readback.lag, args.mode), clock.phases)
+    session = Session(args, d, cfg, schema, status, mem, model, runner, loader, sync, ckpt,
+                      params, opt, sched, noise_gen, noise, start_step, counter, sync_dev,
+                      autocast, trace, stepper, sync_free, readback, guard, profiler,
+                      StopSignal(d, readback.lag, args.mode), clock.phases)
+    session.expandable_set_by_run = expandable == "on"
+    return session
 
 
 def _memory_history(path: str, device: Optional[torch.device]) -> None:
