@@ -454,3 +454,52 @@ def test_pack_without_frame_records_names_the_repack(db, tmp_path):
     w.commit(reader.schema_json)
     with pytest.raises(Exception, match="repack it with loongforge pack --from-lerobot"):
         DataFusionLoader(out, 2, format="lerobot", threads=1)
+
+
+# Guards format="lerobot" through the public API: a LeRobot-style policy reading LeRobot's keys
+# trains through forge.loader + compile_step, and its loss curve is the plain loop's on the same
+# batches (fp32, CPU).
+def test_forge_trains_a_lerobot_policy_on_lerobot_keys(db, tmp_path):
+    import loongforge as lf
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(6 + 3, 7 * 4)
+
+        def forward(self, batch):
+            img = batch["observation.images.front"].mean(dim=(2, 3))
+            pred = self.net(torch.cat([batch["observation.state"], img], 1)).view(-1, 4, 7)
+            keep = (~batch["action_is_pad"]).unsqueeze(2).float()
+            return ((pred - batch["action"]) ** 2 * keep).sum() / keep.sum().clamp(min=1)
+
+    kw = dict(batch_size=8, format="lerobot", seed=0, threads=1,
+              delta_timestamps={"action": [k / FPS for k in range(4)]})
+
+    def run(use_forge):
+        torch.manual_seed(0)
+        policy = Policy()
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        losses = []
+        if use_forge:
+            with lf.Forge(device="cpu", ckpt_dir=str(tmp_path / "ck")) as forge:
+                policy, opt = forge.setup(policy, opt)
+                step = forge.compile_step(lambda m, b: m(b))
+                for batch in forge.loader(db, **kw):
+                    losses.append(float(step(batch)))
+        else:
+            rest = {k: v for k, v in kw.items() if k != "batch_size"}
+            loader = DataFusionLoader(db, kw["batch_size"], **rest)
+            for batch in loader:
+                opt.zero_grad()
+                loss = policy(batch)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss))
+            loader.close()
+        return losses
+
+    plain, forged = run(False), run(True)
+    assert len(plain) == len(forged) == 6 and plain[0] != plain[-1]
+    for a, b in zip(plain, forged):
+        assert abs(a - b) <= 1e-5 * abs(a), (plain, forged)
