@@ -391,6 +391,12 @@ def format_kernels(b: Dict[str, Any], width: int = 90) -> List[str]:
     return lines
 
 
+def _phases(phases: Dict[str, float]) -> str:
+    """The start-up phases of at least 0.05 s, as " (name s, ...)"; "" when none is."""
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if v >= 0.05)
+    return f" ({shown})" if shown else ""
+
+
 def format_breakdown(b: Dict[str, Any]) -> str:
     """One line: each part's ms per step and share."""
     parts = " | ".join(f"{k} {v['ms']:.1f} ms {v['share']:.0%}" for k, v in b["parts"].items())
@@ -589,9 +595,8 @@ def format_summary(s: Dict[str, Any]) -> str:
            f"{f['ckpt_block_s_max']:.3f} s max ({f['ckpt_saves']} saves)" if f["ckpt_saves"]
            else ""),
         f"   memory: {mem_s}",
-        *([f"   start-up {f['startup_s']:.1f} s before the first step ("
-           + ", ".join(f"{k} {v:.1f}" for k, v in f["startup_phases_s"].items() if v >= 0.05)
-           + ")"] if "startup_s" in f else []),
+        *([f"   start-up {f['startup_s']:.1f} s before the first step"
+           + _phases(f["startup_phases_s"])] if "startup_s" in f else []),
         *([format_breakdown(s["module_breakdown"]), *format_kernels(s["module_breakdown"])]
           if "module_breakdown" in s else []),
         *([f"   host syncs per steady-state step: {f['host_syncs_per_step']:.2f} "
