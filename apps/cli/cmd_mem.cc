@@ -32,28 +32,19 @@ int64_t Placed(const mem::Plan& p) {
 
 Status RunPlan(const Args& a, const std::string& path) {
   LF_ASSIGN_OR_RETURN(mem::Trace trace, LoadTrace(path));
-  LF_ASSIGN_OR_RETURN(std::vector<mem::LifetimeTable> tables, trace.Lifetimes());
+  StatusOr<mem::TracePlans> planned = mem::PlanTrace(trace);
+  if (!planned.ok()) return planned.status().WithContext(path);
+  const std::vector<mem::LifetimeTable>& tables = planned->tables;
   if (tables.empty()) return InvalidArgumentError(path + ": the trace has no allocations");
-  std::vector<mem::Plan> plans;
+  const std::vector<mem::Plan>& plans = planned->steps;
   int64_t peak = 0, bound = 0;
-  for (const auto& t : tables) {
-    mem::Plan p = mem::PlanStep(t, t.signature);
-    LF_RETURN_IF_ERROR_CTX(mem::CheckPlan(t, p), path + ": step " + std::to_string(t.step));
+  for (const mem::Plan& p : plans) {
     peak = std::max(peak, p.peak_bytes);
     bound = std::max(bound, p.lower_bound_bytes);
-    plans.push_back(std::move(p));
   }
   const double overhead = bound > 0 ? static_cast<double>(peak - bound) / bound : 0.0;
   // The plans the allocator installs: one per signature, over the envelope of its steps.
-  std::map<std::string, std::vector<const mem::LifetimeTable*>> by_sig;
-  for (const auto& t : tables) by_sig[t.signature].push_back(&t);
-  std::vector<mem::SignaturePlan> sig_plans;
-  const int64_t carry_zone = mem::CarryZoneBytes(tables);  // as MemAllocator::PlanFromTrace
-  for (const auto& [sig, steps] : by_sig) {
-    mem::SignaturePlan sp = mem::PlanSignature(steps, carry_zone);
-    LF_RETURN_IF_ERROR_CTX(mem::CheckSignaturePlan(sp), path + ": signature '" + sig + "'");
-    sig_plans.push_back(std::move(sp));
-  }
+  const std::vector<mem::SignaturePlan>& sig_plans = planned->signature_plans;
   auto vs_steps = [](const mem::SignaturePlan& sp) {
     return sp.max_step_lower_bound_bytes > 0
                ? static_cast<double>(sp.group_peak_bytes - sp.max_step_lower_bound_bytes) /

@@ -180,35 +180,11 @@ struct Plan {
   }
 };
 
-// Plans one step. Allocations on different streams never share addresses (so reuse is always
-// stream-ordered, within a step and across steps); allocations not freed in the step are not
-// placed.
-Plan PlanStep(const LifetimeTable& table, const std::string& signature = "");
-// The two algorithms on their own (PlanStep runs both and keeps the smaller peak).
-Plan PlanGreedyBySize(const LifetimeTable& table);
-Plan PlanGreedyByBreadth(const LifetimeTable& table);
-// Independent checker: OK iff no two placed allocations that are live at the same time (or are on
-// different streams) overlap in address, every offset is aligned and lies inside [0, peak), and
-// peak >= lower bound. The error names the offending pair.
-Status CheckPlan(const LifetimeTable& table, const Plan& plan);
-// Max over time of the sum of live rounded sizes of placed allocations (with `with_carries`, the
-// allocations that outlive the step count too, live to its end).
-int64_t LowerBoundBytes(const LifetimeTable& table, bool with_carries = false);
-// Note [Carry zones]: plans `table` with its carries at fixed offsets in zone `out_zone` (0 or 1)
-// of two zones of `zone_bytes` at the arena's bottom, and the other zone kept free until the
-// step's last foreign free (where the previous step's carries are). Carries that do not fit the
-// zone are not placed. zone_bytes == 0 is PlanStep.
-Plan PlanStepWithCarries(const LifetimeTable& table, int64_t zone_bytes, int out_zone,
-                         const std::string& signature = "");
-// The zone size that holds the carries of any of `tables`: the largest sum of rounded sizes of
-// one step's allocations that outlive it (0 when none does).
-int64_t CarryZoneBytes(const std::vector<LifetimeTable>& tables);
-
 // Envelope plans (Note [Envelope plans] in src/memory/planner.cc). Two steps have the same
 // structure when they have as many events and allocation k has the same lifetime [alloc_seq,
 // free_seq), freed_in_step and stream in both: only sizes differ (an MoE layer whose experts get
 // other token counts, a ragged batch under one padding bucket).
-bool SameStructure(const LifetimeTable& a, const LifetimeTable& b);
+// What PlanSignature (src/memory/planner.h) gives for one signature.
 struct SignaturePlan {
   Plan plan;  // planned over `envelope`
   // The base step (the one with the most live bytes), each size widened to the largest of the
@@ -225,18 +201,6 @@ struct SignaturePlan {
   // With carry zones, carries count (LowerBoundBytes(t, true)).
   int64_t max_step_lower_bound_bytes = 0;
 };
-// The plan MemAllocator installs for one signature, from its recorded steps in order (at least
-// one): the largest step, widened by every step of the same structure. MemAllocator serves an
-// allocation from a plan when it is no larger than planned, so the plan serves all merged steps.
-// Each other structure among the steps gets a sibling plan, planned together with it (Note
-// [Sibling plans]); steps that match no plan diverge into the pool, which serves them inside the
-// arena.
-// With carry_zone_bytes > 0 (CarryZoneBytes over every recorded step, all signatures alike), the
-// plan places carries in zone 0 and its `mirror` in zone 1 (Note [Carry zones]).
-SignaturePlan PlanSignature(const std::vector<const LifetimeTable*>& steps,
-                            int64_t carry_zone_bytes = 0);
-// CheckPlan over every plan of `sp`: the base, its siblings, and the mirror's.
-Status CheckSignaturePlan(const SignaturePlan& sp);
 
 // Plans keyed by shape signature (e.g. the padding bucket), bounded by `max_plans` (0 = no bound):
 // putting a new signature into a full cache evicts the least recently used one (Get and Put both
@@ -475,6 +439,19 @@ struct ReplayOptions {
 // Replays every event of `trace` (frees of ids allocated before the trace are skipped) and returns
 // the allocator's stats. Errors: the trace's own (Lifetimes), ResourceExhausted past the capacity.
 StatusOr<AllocatorStats> ReplayTrace(const Trace& trace, const ReplayOptions& options);
+
+// Every step of `trace` planned on its own (as MemAllocator's first plan of a step would be),
+// and the plans MemAllocator installs from it: one per signature, the envelope of its steps with
+// carry zones sized over every step (as PlanFromTrace). Each plan is checked by the independent
+// checker; its error names the step or the signature. The planner's algorithms themselves are
+// private to src/memory (planner.h); this is how the CLI and the bindings reach them.
+struct TracePlans {
+  std::vector<LifetimeTable> tables;           // the trace's steps, in order
+  std::vector<Plan> steps;                     // one per table
+  std::vector<std::string> signatures;         // sorted
+  std::vector<SignaturePlan> signature_plans;  // one per signature, in that order
+};
+StatusOr<TracePlans> PlanTrace(const Trace& trace);
 // "pool", "planned", "first_sight", "caching"; InvalidArgument for anything else.
 StatusOr<ReplayOptions::Mode> ParseReplayMode(const std::string& name);
 

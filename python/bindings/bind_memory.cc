@@ -121,23 +121,10 @@ void BindMemory(py::module_& m) {
   m.def(
       "mem_plan_trace",
       [](const Trace& t, bool with_layout) {
-        std::vector<mem::LifetimeTable> tables;
-        std::vector<Plan> plans;
-        {
-          py::gil_scoped_release nogil;
-          auto r = t.Lifetimes();
-          if (!r.ok()) {
-            py::gil_scoped_acquire gil;
-            ThrowStatus(r.status());
-          }
-          tables = std::move(*r);
-          for (const auto& tb : tables) plans.push_back(mem::PlanStep(tb, tb.signature));
-        }
+        mem::TracePlans r = ValueOrThrowWithoutGil([&] { return mem::PlanTrace(t); });
         py::list out;
-        for (size_t i = 0; i < plans.size(); ++i) {
-          ThrowIfError(mem::CheckPlan(tables[i], plans[i]));
-          out.append(PlanToDict(plans[i], tables[i], with_layout));
-        }
+        for (size_t i = 0; i < r.steps.size(); ++i)
+          out.append(PlanToDict(r.steps[i], r.tables[i], with_layout));
         return out;
       },
       py::arg("trace"), py::arg("with_layout") = false,

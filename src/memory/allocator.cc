@@ -153,6 +153,7 @@
 
 #include "loongforge/logging.h"
 #include "loongforge/memory.h"
+#include "memory/planner.h"
 
 namespace loongforge {
 namespace mem {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "loongforge/memory.h"
+#include "memory/planner.h"
 
 namespace loongforge {
 namespace mem {
@@ -1147,7 +1148,7 @@ TEST(MemAllocator, OutOfMemoryInPlannedStepNamesStepAndBytes) {
   FreeAll(a.get(), &again);
   EXPECT_TRUE(a->EndStep());
   AllocatorStats s = a->Stats();
-  EXPECT_EQ(s.planned_steps, 4);  // b4 twice (the failed step began planned), b2, b4
+  EXPECT_EQ(s.planned_steps, 4);         // b4 twice (the failed step began planned), b2, b4
   EXPECT_EQ(s.planned_hits, 8 + 2 + 4);  // the 8 before the failure, b2, b4
   EXPECT_EQ(s.plans_cached, 2);
   EXPECT_EQ(s.allocated_bytes, 0);

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "loongforge/memory.h"
+#include "memory/planner.h"
 
 namespace loongforge {
 namespace mem {
