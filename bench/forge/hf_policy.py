@@ -12,7 +12,9 @@ autocast with fused AdamW, so the rows differ only in how the step is run:
   eager    the plain loop;
   compile  torch.compile(model, mode="reduce-overhead") (PyTorch's CUDA graphs), the loop as a
            torch user writes it (cudagraph_mark_step_begin before each step);
-  forge    Forge(precision="bf16").compile_step(loss_fn): one CUDA graph of forward + backward.
+  forge    Forge(precision="bf16").compile_step(loss_fn): one CUDA graph of forward + backward
+           with each repeated block (the SigLIP and Qwen3 layers) compiled inside it;
+  forge-noblocks  the same with compile_blocks="off": the graph of eager kernels.
 Step times come from CUDA events around each step after the warm-up steps; the JSON written to
 --out holds every row's p50/p95 and the ratios.
 
@@ -159,7 +161,7 @@ def row_eager(a: argparse.Namespace, device: torch.device, data: List[Dict[str, 
 
 
 def row_forge(a: argparse.Namespace, device: torch.device,
-              data: List[Dict[str, torch.Tensor]]) -> Dict[str, Any]:
+              data: List[Dict[str, torch.Tensor]], blocks: str) -> Dict[str, Any]:
     import loongforge as lf
 
     model = build(a, device)
@@ -168,9 +170,11 @@ def row_forge(a: argparse.Namespace, device: torch.device,
     torch.cuda.reset_peak_memory_stats()
     with lf.Forge(device="cuda", precision="bf16") as forge:
         model, opt = forge.setup(model, opt)
-        step = forge.compile_step(loss_fn, clip=1.0, warmup=3)
+        step = forge.compile_step(loss_fn, clip=1.0, warmup=3, compile_blocks=blocks)
         out = timed(step, data, a.steps, a.warmup)
-        out["cuda_graphs"] = forge.report().get("cuda_graphs")
+        rep = forge.report()
+        out["cuda_graphs"] = rep.get("cuda_graphs")
+        out["compiled_blocks"] = rep.get("compiled_blocks")
     return out
 
 
@@ -187,7 +191,7 @@ def main() -> int:
     p.add_argument("--horizon", type=int, default=16)
     p.add_argument("--action-dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--modes", default="eager,compile,forge")
+    p.add_argument("--modes", default="eager,compile,forge,forge-noblocks")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("hf_policy: needs a CUDA device", file=sys.stderr)
@@ -202,12 +206,13 @@ def main() -> int:
     rows: Dict[str, Any] = {}
     for mode in a.modes.split(","):
         t0 = time.perf_counter()
-        if mode == "forge":
-            rows[mode] = row_forge(a, device, data)
+        if mode in ("forge", "forge-noblocks"):
+            rows[mode] = row_forge(a, device, data, "auto" if mode == "forge" else "off")
         elif mode in ("eager", "compile"):
             rows[mode] = row_eager(a, device, data, compiled=mode == "compile")
         else:
-            print(f"hf_policy: unknown mode '{mode}' (eager, compile, forge)", file=sys.stderr)
+            print(f"hf_policy: unknown mode {mode!r} (eager, compile, forge, forge-noblocks)",
+                  file=sys.stderr)
             return 2
         rows[mode]["row_s"] = time.perf_counter() - t0
         r = rows[mode]

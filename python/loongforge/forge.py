@@ -20,6 +20,8 @@ What each part reuses:
   batch shape after a few eager warm-up steps and replays it after that. Gradient sync, clipping
   and the optimizer run eager after it, through ``trainer.optim.optimizer_step``, which skips
   a step whose loss or gradient norm is not finite (Note [Non-finite steps] in trainer/optim.py).
+* Compiled blocks (CUDA, torch >= 2): each repeated block (the layers an ``nn.ModuleList``
+  holds) is compiled in place by ``blocks.CompiledBlocks`` and captured in the step's graph.
 * Data: ``DataFusionLoader`` sharded by rank for a packed DB; any other iterable of dict batches
   is moved to the device as it is iterated.
 * Checkpoints: ``trainer.checkpoint.Checkpointer`` over ``CheckpointVault``: rank 0 writes the model
@@ -41,6 +43,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 import torch.distributed as dist
 
+from .blocks import CompiledBlocks, find_blocks, unavailable_reason
 from .ckpt import _encode_state
 from .graphs import GraphedStep
 from .trainer.checkpoint import Checkpointer, rng_state, set_rng_state
@@ -272,6 +275,8 @@ class Forge:
         self._loaders: List[ForgeLoader] = []
         self._pending_loader_states: List[Dict[str, Any]] = []
         self._steps: List["_Step"] = []
+        self._blocks: Optional[CompiledBlocks] = None
+        self._blocks_state = ""
         self._ckpt: Optional[Checkpointer] = None
         self._resumed = False
         self._last_saved: Optional[int] = None
@@ -375,7 +380,7 @@ class Forge:
 
     # ---- the step ------------------------------------------------------------------------------
 
-    STEP_OPTIONS = ("clip", "graphs", "warmup", "max_graphs", "max_nonfinite")
+    STEP_OPTIONS = ("clip", "graphs", "compile_blocks", "warmup", "max_graphs", "max_nonfinite")
 
     def compile_step(self, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                      **options: Any) -> "_Step":
@@ -384,7 +389,11 @@ class Forge:
         gradient norm is not finite changes nothing and is counted (report()['skipped_nonfinite']).
 
         Options: clip (max gradient L2 norm; 0: none), graphs ("auto": CUDA graphs on CUDA, eager
-        on the CPU; "on" requires CUDA; "off"), warmup (eager steps of a batch shape before its
+        on the CPU; "on" requires CUDA; "off"), compile_blocks ("auto": on CUDA with torch >= 2,
+        torch.compile each repeated block of the model in place, the layers an nn.ModuleList
+        holds (Note [Repeated blocks] in blocks.py), so their fused kernels run inside the step's
+        graph; "on" requires torch.compile; "off"; the blocks get their forward back at close()),
+        warmup (eager steps of a batch shape before its
         graph is captured, default 3), max_graphs (batch shapes captured at most, default 8),
         max_nonfinite (after this many skipped steps in a row the step raises NonFiniteError, so a
         diverged run ends instead of skipping forever; default 3, 0: never). The count is read
@@ -415,11 +424,39 @@ class Forge:
             v = options.get(k, defaults[k])
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ForgeError(f"compile_step({k}={v!r}): an integer >= {lo}")
+        blocks = options.get("compile_blocks", "auto")
+        blocks = {True: "on", False: "off"}.get(blocks, blocks) if isinstance(blocks, bool) \
+            else blocks
+        if blocks not in _GRAPHS:
+            raise ForgeError(f"compile_step(compile_blocks={blocks!r}): one of "
+                             f"{', '.join(_GRAPHS)}")
+        self._compile_blocks(blocks)
         step = _Step(self, loss_fn, float(clip), graphs != "off" and self.device.type == "cuda",
                      int(options.get("warmup", 3)), int(options.get("max_graphs", 8)),
                      int(options.get("max_nonfinite", 3)))
         self._steps.append(step)
         return step
+
+    def _compile_blocks(self, mode: str) -> None:
+        """Compiles the model's repeated blocks once per Forge (compile_step's compile_blocks)."""
+        if self._blocks is not None or mode == "off":
+            if mode == "off" and self._blocks is None and self._blocks_state == "":
+                self._blocks_state = "off (compile_blocks='off')"
+            return
+        why = unavailable_reason()
+        if not why and mode == "auto" and self.device.type != "cuda":
+            why = "the CPU runs eager (compile_blocks='on' compiles there too)"
+        if not why and not find_blocks(self.model):  # type: ignore[arg-type]
+            why = "the model holds no nn.ModuleList of two or more modules of one class"
+        if why:
+            if mode == "on":
+                raise ForgeError(f"compile_step(compile_blocks='on'): {why}")
+            self._blocks_state = f"off ({why})"
+            return
+        self._blocks = CompiledBlocks(self.model)  # type: ignore[arg-type]
+        self._blocks_state = (f"on ({self._blocks.describe()}; each compiled in a batch shape's "
+                              "first warm-up step)")
+        self._log(f"[forge] compile_step: compiled blocks {self._blocks_state}")
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -575,6 +612,7 @@ class Forge:
             out["tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
         if self._steps:
             out["cuda_graphs"] = [s.graph_state() for s in self._steps]
+            out["compiled_blocks"] = self._blocks_state
         if self.device.type == "cuda":
             out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
             out["peak_memory_kind"] = "cuda max_memory_allocated"
@@ -591,8 +629,8 @@ class Forge:
 
     def close(self) -> None:
         """Waits for the checkpoint writer (a save in flight is committed), stops the loaders'
-        threads, removes NexusSync's hooks and releases the CUDA graphs. Idempotent; the Forge
-        cannot be used afterwards."""
+        threads, removes NexusSync's hooks, releases the CUDA graphs and gives compiled blocks
+        their forward back. Idempotent; the Forge cannot be used afterwards."""
         if self._closed:
             return
         self._closed = True
@@ -602,6 +640,8 @@ class Forge:
             ld.close()
         for s in self._steps:
             s.release()
+        if self._blocks is not None:
+            self._blocks.restore()
         if self._nexus is not None:
             self._nexus.close()
             self._nexus = None

@@ -259,7 +259,7 @@ def test_misuse_raises_forge_error(tmp_path):
     forge.setup(model, opt)
     with _forge_error(r"setup\(\) was already called"):
         forge.setup(model, opt)
-    with _forge_error(r"unknown option 'clipp' \(valid: clip, graphs, max_graphs, max_nonfinite, warmup\)"):
+    with _forge_error(r"unknown option 'clipp' \(valid: clip, compile_blocks, graphs, max_graphs, max_nonfinite, warmup\)"):
         forge.compile_step(loss_fn, clipp=1.0)
     with _forge_error("graphs='on'.*needs CUDA"):
         forge.compile_step(loss_fn, graphs="on")
@@ -351,3 +351,119 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
             forge.save(i)
         assert forge.report()["ckpt_saves"] == 4
     assert lf.CheckpointVault(str(tmp_path / "ck" / "vault"), read_only=True).steps() == [3, 4]
+
+
+class _Block(nn.Module):
+    """A pre-norm residual MLP block; `experts` nests a second ModuleList inside the block."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.experts = nn.ModuleList([nn.Linear(width, width) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + torch.nn.functional.gelu(self.experts[0](h)) * torch.sigmoid(self.experts[1](h))
+
+
+class _Stack(nn.Module):
+    def __init__(self, width: int = 32, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(STATE, width)
+        self.layers = nn.ModuleList([_Block(width) for _ in range(depth)])
+        self.mixed = nn.ModuleList([nn.Linear(width, width), nn.Identity()])
+        self.single = nn.ModuleList([nn.Linear(width, width)])
+        self.out = nn.Linear(width, HORIZON * ACT)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        x = self.embed(state)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(self.single[0](self.mixed[0](x))).view(-1, HORIZON, ACT)
+
+
+def stack_loss(model: nn.Module, batch) -> torch.Tensor:
+    return (model(batch["state"]).float() - batch["action"]).pow(2).mean()
+
+
+# Guards which modules count as repeated blocks: the elements of a ModuleList of two or more
+# modules of one class, outermost first, never a list nested inside a block already taken.
+def test_find_blocks_takes_outermost_lists_of_one_class():
+    from loongforge.blocks import find_blocks
+
+    names = [n for n, _ in find_blocks(_Stack())]
+    assert names == ["layers.0", "layers.1", "layers.2"], names
+    assert find_blocks(Policy()) == []
+
+
+@pytest.mark.skipif(hasattr(torch, "compile"), reason="torch.compile exists here")
+def test_compile_blocks_without_torch_compile_says_why():
+    torch.manual_seed(0)
+    model = _Stack()
+    forge = lf.Forge(device="cpu")
+    forge.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    with _forge_error(r"compile_blocks='on'.*no torch.compile"):
+        forge.compile_step(stack_loss, compile_blocks="on")
+    with _forge_error(r"compile_blocks='sometimes'"):
+        forge.compile_step(stack_loss, compile_blocks="sometimes")
+    step = forge.compile_step(stack_loss)
+    step(make_batches(1)[0])
+    assert forge.report()["compiled_blocks"].startswith("off (torch "), forge.report()
+    forge.close()
+
+
+# Guards that compiling blocks in place changes neither the numbers nor the module afterwards:
+# outputs and gradients equal eager's (dynamo's eager backend, so no C++ compiler is needed),
+# state_dict keys are unchanged, and restore() gives every block its own forward back.
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="needs torch.compile (torch >= 2)")
+def test_compiled_blocks_match_eager_and_restore():
+    from loongforge.blocks import CompiledBlocks
+
+    torch.manual_seed(0)
+    model = _Stack()
+    x = torch.randn(5, STATE)
+    want = model(x)
+    keys = list(model.state_dict())
+    blocks = CompiledBlocks(model, backend="eager")
+    assert blocks.kinds() == {"_Block": 3}
+    assert all("forward" in m.__dict__ for m in model.layers)
+    got = model(x)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert all(p.grad is not None for p in model.layers.parameters())
+    assert list(model.state_dict()) == keys
+    blocks.restore()
+    assert all("forward" not in m.__dict__ for m in model.layers)
+    torch.testing.assert_close(model(x), want)
+
+
+# Guards compiled blocks inside the step's CUDA graph: with inductor's kernels captured, the fp32
+# loss curve is the eager step's within fused-kernel rounding, the graph replays, report() says
+# which blocks were compiled, and close() gives the blocks their forward back.
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch, "compile"),
+                    reason="needs a CUDA device and torch.compile")
+def test_compile_blocks_in_the_cuda_graph_match_eager():
+    batches = make_batches(10, rows=8, seed=3)
+
+    def run(blocks):
+        lines = []
+        torch.manual_seed(0)
+        model = _Stack(width=64, depth=4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        forge = lf.Forge(device="cuda", log=lines.append)
+        forge.setup(model, opt)
+        step = forge.compile_step(stack_loss, compile_blocks=blocks, warmup=2)
+        losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
+        rep = forge.report()
+        forge.close()
+        return losses, rep, lines, model
+
+    eager, rep_e, _, _ = run("off")
+    fused, rep_c, lines, model = run("on")
+    assert rep_e["compiled_blocks"].startswith("off"), rep_e["compiled_blocks"]
+    assert rep_c["compiled_blocks"].startswith("on (4 _Block"), rep_c["compiled_blocks"]
+    assert len(lines) == 1 and "compiled blocks on" in lines[0], lines
+    g = rep_c["cuda_graphs"][0]
+    assert g["enabled"] and g["captures"] == 1 and g["replays"] == 8, g
+    torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)
+    assert all("forward" not in m.__dict__ for m in model.layers)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..blocks import compile_in_place, configure_dynamo
 from ..models.gr00t import Gr00tPolicy
 
 
@@ -41,7 +42,6 @@ def compile_frozen(model: Gr00tPolicy) -> str:
 # restart on the same machine reuses them. Numerics: bf16 autocast's, with the fused kernels
 # computing in fp32 between the casts eager would round at (inductor's usual rule). MoE blocks
 # are left eager (their routing calls LoongForge's own operators).
-COMPILE_RECOMPILE_LIMIT = 64  # graphs per block kind: kinds x token buckets, with room
 
 
 def compile_blocks(model: Gr00tPolicy, backend: Any = "inductor") -> str:
@@ -51,16 +51,10 @@ def compile_blocks(model: Gr00tPolicy, backend: Any = "inductor") -> str:
     Returns the status line. RuntimeError without torch.compile."""
     if not hasattr(torch, "compile"):
         raise RuntimeError(f"torch {torch.__version__} has no torch.compile (needs torch >= 2)")
-    import torch._dynamo as dynamo
-
     from ..models.gr00t import (BasicTransformerBlock, MoEFeedForward, QwenDecoderLayer,
                                SiglipEncoderLayer)
 
-    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
-        if hasattr(dynamo.config, name):
-            setattr(dynamo.config, name, max(getattr(dynamo.config, name), COMPILE_RECOMPILE_LIMIT))
-    if hasattr(dynamo.config, "inline_inbuilt_nn_modules"):
-        dynamo.config.inline_inbuilt_nn_modules = True  # one graph for every layer of a kind
+    configure_dynamo()
     kinds = {"vision": 0, "language": 0, "action head": 0}
     eager_moe = 0
     for m in model.modules():
@@ -75,12 +69,10 @@ def compile_blocks(model: Gr00tPolicy, backend: Any = "inductor") -> str:
             kind = "action head"
         else:
             continue
-        m.forward = torch.compile(m.forward, dynamic=False,  # type: ignore[method-assign]
-                                  backend=backend)
+        compile_in_place(m, backend)
         kinds[kind] += 1
     mlp1 = model.backbone.mlp1
-    mlp1.forward = torch.compile(mlp1.forward, dynamic=False,  # type: ignore[method-assign]
-                                 backend=backend)
+    compile_in_place(mlp1, backend)
     done = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
     return (f"on ({done} blocks and the projector; compiled per token bucket in its warm-up"
             + (f"; {eager_moe} MoE blocks eager" if eager_moe else "") + ")")
