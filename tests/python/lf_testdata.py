@@ -45,9 +45,10 @@ LEROBOT_V21 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "da
                            "v2.1")
 
 
-def pack_lerobot_fixture(out: str, **options) -> str:
-    """The committed LeRobot v2.1 fixture packed into `out` (64x48 frames, threads=1 unless
-    `options` say otherwise); skips the calling test when the fixture or FFmpeg is absent."""
+def pack_lerobot_fixture(out: str, src: str = LEROBOT_V21, **options) -> str:
+    """The committed LeRobot v2.1 fixture (or `src`, a copy of it) packed into `out` (64x48
+    frames, threads=1 unless `options` say otherwise); skips the calling test when the fixture
+    or FFmpeg is absent."""
     import pytest
 
     from loongforge import packing
@@ -56,5 +57,5 @@ def pack_lerobot_fixture(out: str, **options) -> str:
         pytest.skip("LeRobot v2.1 fixture absent (tests/data/lerobot/make_fixtures.py)")
     if not packing.have_video_decoder():
         pytest.skip("this build lacks FFmpeg (pack --from-lerobot cannot decode videos)")
-    packing.pack_lerobot(LEROBOT_V21, out, **{"size": (64, 48), "threads": 1, **options})
+    packing.pack_lerobot(src, out, **{"size": (64, 48), "threads": 1, **options})
     return out

@@ -316,9 +316,7 @@ def groot_db(tmp_path_factory):
                    "action": {"arm": {"start": 0, "end": 7}},
                    "video": {"ego": {"original_key": "observation.images.front"}},
                    "annotation": {"human.task_description": {"original_key": "task_index"}}}, fh)
-    out = str(tmp_path_factory.mktemp("groot") / "db")
-    packing.pack_lerobot(src, out, size=(64, 48), threads=1, horizon=4)
-    return out
+    return pack_lerobot_fixture(str(tmp_path_factory.mktemp("groot") / "db"), src, horizon=4)
 
 
 def numpy_groot(x, mode, lo_hi):
