@@ -20,9 +20,11 @@ for i in range(3):
     for p in m.parameters(): p.grad = None
 torch.cuda.synchronize(); print("warm ok", dict(torch._dynamo.utils.counters["stats"]), flush=True)
 mode = sys.argv[1] if len(sys.argv) > 1 else "thread_local"
+import contextlib
+stance = torch.compiler.set_stance("eager_on_recompile") if "stance" in sys.argv else contextlib.nullcontext()
 g = torch.cuda.CUDAGraph()
 try:
-    with torch.cuda.graph(g, capture_error_mode=mode):
+    with stance, torch.cuda.graph(g, capture_error_mode=mode):
         with ac(): loss = H.loss_fn(m, data[0])
         print("fwd captured", flush=True)
         loss.backward()

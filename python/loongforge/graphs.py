@@ -125,6 +125,14 @@ def _moe_unavailable(model: torch.nn.Module, cfg: Any) -> Optional[str]:
     return None
 
 
+def _no_compile_under_capture() -> Any:
+    """A torch.compile'd function whose guards miss during capture runs eager code instead of
+    compiling there: compilation reads the CUDA RNG state, benchmarks kernels and copies to the
+    host, and any of those ends the capture. Torch without compiler stances: no change."""
+    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    return stance("eager_on_recompile") if stance is not None else contextlib.nullcontext()
+
+
 class SyncCounter:
     """Counts host syncs per training step inside ``window()``.
 
@@ -503,8 +511,8 @@ class GraphedStep:
         try:
             # thread_local: the loader's threads keep calling CUDA (decode, copies on their own
             # streams) while this thread captures; only this thread's unsafe calls are refused.
-            with no_sync, torch.cuda.graph(graph, pool=self._pool,
-                                           capture_error_mode="thread_local"):
+            with no_sync, _no_compile_under_capture(), \
+                    torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 b.outputs = self._forward_backward(b.inputs, b.noise, loss_scale)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager
             why = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
