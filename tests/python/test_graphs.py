@@ -605,3 +605,22 @@ def test_failed_capture_falls_back_to_eager_and_frees_its_tensors():
     r = subprocess.run([sys.executable, "-c", _FAILED_CAPTURE, here, pkg], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+# Guards capture against compilation: a torch.compile'd function called for the first time (or
+# with new guards) inside a capture would compile there, and compiling reads the RNG state and
+# syncs, which ends the capture. Under _no_compile_under_capture it runs eager code, is captured
+# and replays the right numbers.
+@needs_cuda
+@pytest.mark.skipif(not hasattr(getattr(torch, "compiler", None), "set_stance"),
+                    reason="needs torch.compiler.set_stance (torch >= 2.6)")
+def test_compiled_function_first_called_under_capture_is_captured_eager():
+    fn = torch.compile(lambda t: torch.sin(t) * 2 + 1, dynamic=False)
+    x = torch.randn(1000, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with graphs._no_compile_under_capture(), torch.cuda.graph(g):
+        y = fn(x)
+    x.copy_(torch.randn(1000, device="cuda"))
+    g.replay()
+    torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
