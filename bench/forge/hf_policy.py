@@ -4,7 +4,8 @@ torch.compile(mode="reduce-overhead") and plain eager PyTorch, in one process on
 The policy is assembled from Hugging Face `transformers` classes by config (no weights are
 downloaded): a SigLIP vision tower (frozen), a Qwen3 text model (Llama where this transformers has
 no Qwen3) fed the projected image tokens followed by the text tokens, and an MLP action head that
-predicts an action chunk from the last hidden state. Batches are synthetic and already on the
+predicts an action chunk from the last hidden state. The text model is configured for training
+(use_cache=False: no key/value cache is built). Batches are synthetic and already on the
 device, so the figure is the step alone: forward, backward, gradient clipping and AdamW.
 
 Every row starts from the same seed, keeps the frozen tower's weights in bf16 and runs under bf16
@@ -43,7 +44,7 @@ def text_model(hidden: int, layers: int, heads: int, vocab: int) -> nn.Module:
 
         cfg = Qwen3Config(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
                           num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                          head_dim=hidden // heads, vocab_size=vocab, max_position_embeddings=4096,
+                          head_dim=hidden // heads, vocab_size=vocab, max_position_embeddings=4096, use_cache=False,
                           attn_implementation="sdpa")
         return Qwen3Model(cfg)
     except ImportError:
@@ -51,7 +52,7 @@ def text_model(hidden: int, layers: int, heads: int, vocab: int) -> nn.Module:
 
         cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
                           num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                          vocab_size=vocab, max_position_embeddings=4096,
+                          vocab_size=vocab, max_position_embeddings=4096, use_cache=False,
                           attn_implementation="sdpa")
         return LlamaModel(cfg)
 
