@@ -2,18 +2,22 @@
 
 Follows the layout of include/loongforge/dataset.h exactly, independently of the packer; records go
 through _C.RecordWriter (plain LMDB puts), so no Python LMDB module is needed (the GPU machine's
-Python has none).
+Python has none). Also the environment that runs bin/loongforge as a user would (entry_env).
+loongforge is imported inside the helpers that use it, so a test of bin/loongforge that imports
+this module skips, rather than fails to load, where the package is not built.
 """
 from __future__ import annotations
 
 import io
 import os
+import sys
 from typing import Iterable
 
 import numpy as np
 from PIL import Image
 
-from loongforge import _synth
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENTRY = os.path.join(REPO, "bin", "loongforge")
 
 
 def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, height: int = 72,
@@ -21,7 +25,7 @@ def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, hei
             corrupt: Iterable[int] = ()) -> str:
     corrupt = set(corrupt)
     rng = np.random.default_rng(0)
-    from loongforge import _C
+    from loongforge import _C, _synth
     txn = _C.RecordWriter(path, overwrite=True)
     cams = [f"cam{c}" for c in range(cameras)]
     for i in range(samples):
@@ -39,6 +43,25 @@ def make_db(path: str, samples: int = 24, cameras: int = 2, width: int = 96, hei
     _synth.commit_schema(txn, samples, cams, width, height, state_dim, action_dim, horizon,
                          "tests/python/lf_testdata.py")
     return path
+
+
+def entry_env(**extra) -> dict:
+    """The environment for running bin/loongforge (ENTRY) as a user would: PYTHONPATH unset, this
+    interpreter, and the first build folder holding a loongforge binary; `extra` goes on top.
+    Skips the calling test when no build has the CLI."""
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LOONGFORGE_PYTHON"] = sys.executable
+    for build in (os.environ.get("LOONGFORGE_BUILD"), os.path.join(REPO, "build"),
+                  os.path.join(REPO, "build-gpu")):
+        if build and os.access(os.path.join(build, "loongforge"), os.X_OK):
+            env["LOONGFORGE_BUILD"] = build
+            break
+    else:
+        pytest.skip("no built loongforge CLI")
+    env.update(extra)
+    return env
 
 
 LEROBOT_V21 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "lerobot",

@@ -4,24 +4,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENTRY = os.path.join(REPO, "bin", "loongforge")
-
-
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["LOONGFORGE_PYTHON"] = sys.executable
-    for build in (os.environ.get("LOONGFORGE_BUILD"), os.path.join(REPO, "build"),
-                  os.path.join(REPO, "build-gpu")):
-        if build and os.access(os.path.join(build, "loongforge"), os.X_OK):
-            env["LOONGFORGE_BUILD"] = build
-            break
-    else:
-        pytest.skip("no built loongforge CLI")
-    env.update(extra)
-    return env
+sys.path.insert(0, os.path.dirname(__file__))
+from lf_testdata import ENTRY, REPO, entry_env as _env  # noqa: E402
 
 
 # Guards the README's promise: `loongforge python` imports this checkout's package in another

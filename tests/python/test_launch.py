@@ -13,10 +13,8 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+from lf_testdata import ENTRY, entry_env as _env  # noqa: E402
 from lf_testdb import TINY_TRAIN_ARGS  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENTRY = os.path.join(REPO, "bin", "loongforge")
 
 ALL_REDUCE = """
 import os, torch, torch.distributed as dist
@@ -29,20 +27,6 @@ print("sum", t.item())
 print("to stderr", file=__import__("sys").stderr)
 dist.destroy_process_group()
 """
-
-
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["LOONGFORGE_PYTHON"] = sys.executable
-    for build in (os.environ.get("LOONGFORGE_BUILD"), os.path.join(REPO, "build"),
-                  os.path.join(REPO, "build-gpu")):
-        if build and os.access(os.path.join(build, "loongforge"), os.X_OK):
-            env["LOONGFORGE_BUILD"] = build
-            break
-    else:
-        pytest.skip("no built loongforge CLI")
-    env.update(extra)
-    return env
 
 
 def _launch(args, cwd, timeout=180):
@@ -108,6 +92,28 @@ def test_failing_rank_ends_the_others(tmp_path):
     assert "loongforge launch: error: rank 1 of 2 exited with code 3" in r.stderr, r.stderr
 
 
+def _signal_two_ranks(tmp_path, launch_args, script, sig):
+    """Runs `launch --nproc 2 <launch_args> -- <script>`, waits until both ranks have written
+    ready<RANK> (their handlers are in place), then sends `sig` to the launcher. Returns (exit code,
+    stdout, stderr, seconds from the signal to the exit); kills the launcher if it outlives that."""
+    p = subprocess.Popen([ENTRY, "launch", "--nproc", "2"] + launch_args + ["--", script],
+                         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{i}").exists() for i in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out, err, time.monotonic() - t0
+
+
 # Guards signal forwarding: SIGTERM to the launcher reaches every rank (each runs its handler and
 # says so), and the launcher exits 128 + 15 as a process ended by SIGTERM would.
 def test_sigterm_is_forwarded(tmp_path):
@@ -117,20 +123,8 @@ def test_sigterm_is_forwarded(tmp_path):
         "signal.signal(signal.SIGTERM, h)\n"
         "open('ready' + os.environ['RANK'], 'w').close()\n"
         "time.sleep(60)\n")
-    p = subprocess.Popen([ENTRY, "launch", "--nproc", "2", "--", "wait.py"], cwd=tmp_path,
-                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"ready{i}").exists() for i in (0, 1)):
-            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
-            time.sleep(0.1)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, err)
+    code, out, err, _ = _signal_two_ranks(tmp_path, [], "wait.py", signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, (code, err)
     lines = out.splitlines()
     assert f"[rank 0] got {int(signal.SIGTERM)}" in lines and \
         f"[rank 1] got {int(signal.SIGTERM)}" in lines, out
@@ -145,23 +139,10 @@ def test_sigint_kills_a_rank_that_ignores_it_after_grace(tmp_path):
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "open('ready' + os.environ['RANK'], 'w').close()\n"
         "time.sleep(120)\n")
-    p = subprocess.Popen([ENTRY, "launch", "--nproc", "2", "--grace", "2", "--", "stuck.py"],
-                         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"ready{i}").exists() for i in (0, 1)):
-            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
-            time.sleep(0.1)
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 128 + signal.SIGINT, (p.returncode, err)
-    assert time.monotonic() - t0 < 30
+    code, _, err, seconds = _signal_two_ranks(tmp_path, ["--grace", "2"], "stuck.py",
+                                              signal.SIGINT)
+    assert code == 128 + signal.SIGINT, (code, err)
+    assert seconds < 30
 
 
 # Guards usage errors: each is exit 2 with one line saying what is wrong, and nothing is started.
