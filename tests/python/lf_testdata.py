@@ -64,6 +64,17 @@ def entry_env(**extra) -> dict:
     return env
 
 
+def mini_parquet():
+    """bench/pack/mini_parquet.py, the benches' parquet writer for machines without pyarrow,
+    loaded from its file (bench/pack is no package)."""
+    import importlib.util
+    path = os.path.join(REPO, "bench", "pack", "mini_parquet.py")
+    spec = importlib.util.spec_from_file_location("mini_parquet", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 LEROBOT_V21 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "lerobot",
                            "v2.1")
 

@@ -17,6 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from lf_testdata import mini_parquet
 from loongforge import packing
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "data", "lerobot")
@@ -277,18 +278,9 @@ def test_cli_bad_input_exit_code(tmp_path):
 
 # ---- hostile metadata: every check names the file and the row, nothing hangs ----
 
-def _mini_parquet():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "pack", "mini_parquet.py")
-    spec = importlib.util.spec_from_file_location("mini_parquet", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def rewrite_v21_episode(src: str, ep: int, timestamps) -> str:
     """Rewrites episode `ep`'s parquet of a v2.1 copy with other timestamps (None: null)."""
-    mp = _mini_parquet()
+    mp = mini_parquet()
     rows = expected_rows("v2.1", ep)
     path = os.path.join(src, "data", "chunk-000", f"episode_{ep:06d}.parquet")
     cols = [mp.Column("observation.state", ("list_float32", len(rows["observation.state"][0])),
@@ -305,7 +297,7 @@ def rewrite_v21_episode(src: str, ep: int, timestamps) -> str:
 
 def rewrite_v30_episodes(src: str, over: dict) -> str:
     """Rewrites the v3.0 copy's episode table with columns replaced by `over` (name -> values)."""
-    mp = _mini_parquet()
+    mp = mini_parquet()
     path = os.path.join(src, "meta", "episodes", "chunk-000", "file-000.parquet")
     with open(os.path.join(ROOT, "v3.0", "meta", "episodes", "chunk-000",
                            "file-000.parquet.expected.json")) as fh:

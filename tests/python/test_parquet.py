@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import loongforge
+from lf_testdata import mini_parquet
 from loongforge import _C
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "data", "lerobot")
@@ -144,15 +145,6 @@ def test_random_tables_match_pyarrow(tmp_path, config, seed):
 
 # ---- bench/pack/mini_parquet.py (the benches' writer for machines without pyarrow) ----
 
-def _mini_parquet():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "pack", "mini_parquet.py")
-    spec = importlib.util.spec_from_file_location("mini_parquet", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _f32(x):
     return float(np.float32(x))
 
@@ -164,7 +156,7 @@ def _f32(x):
 @pytest.mark.parametrize("rows,row_group_size,rows_per_page", [
     (1, 1 << 20, 1 << 16), (300, 1 << 20, 1 << 16), (301, 128, 37), (17, 5, 3)])
 def test_mini_parquet_roundtrip(tmp_path, compression, rows, row_group_size, rows_per_page):
-    mp = _mini_parquet()
+    mp = mini_parquet()
     rng = np.random.default_rng(rows)
     state = [[_f32(x) for x in r] for r in rng.standard_normal((rows, 6))]
     action = [[_f32(x) for x in r] for r in rng.standard_normal((rows, 1))]
@@ -198,7 +190,7 @@ def test_mini_parquet_roundtrip(tmp_path, compression, rows, row_group_size, row
 
 # Guards the bench's episode tables: the LeRobot v2.1 columns, in LeRobot's order and types.
 def test_mini_parquet_lerobot_episode(tmp_path):
-    mp = _mini_parquet()
+    mp = mini_parquet()
     path = str(tmp_path / "episode_000003.parquet")
     state = [[_f32(r + d / 8) for d in range(6)] for r in range(40)]
     action = [[_f32(-r - d / 8) for d in range(7)] for r in range(40)]
