@@ -2,16 +2,19 @@
 
 Follows the layout of include/loongforge/dataset.h exactly, independently of the packer; records go
 through _C.RecordWriter (plain LMDB puts), so no Python LMDB module is needed (the GPU machine's
-Python has none). Also the environment that runs bin/loongforge as a user would (entry_env).
+Python has none). Also the environment that runs bin/loongforge as a user would (entry_env), and the clean-up of
+processes a test starts (killed_at_exit).
 loongforge is imported inside the helpers that use it, so a test of bin/loongforge that imports
 this module skips, rather than fails to load, where the package is not built.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import subprocess
 import sys
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 from PIL import Image
@@ -62,6 +65,19 @@ def entry_env(**extra) -> dict:
         pytest.skip("no built loongforge CLI")
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def killed_at_exit(*procs: subprocess.Popen) -> Iterator[None]:
+    """Kills and reaps each of `procs` still running when the block ends, so a test that fails
+    while waiting on them leaves no process behind."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def mini_parquet():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lf_testdata import ENTRY, entry_env as _env  # noqa: E402
+from lf_testdata import ENTRY, entry_env as _env, killed_at_exit  # noqa: E402
 from lf_testdb import TINY_TRAIN_ARGS  # noqa: E402
 
 ALL_REDUCE = """
@@ -99,7 +99,7 @@ def _signal_two_ranks(tmp_path, launch_args, script, sig):
     p = subprocess.Popen([ENTRY, "launch", "--nproc", "2"] + launch_args + ["--", script],
                          cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_at_exit(p):
         deadline = time.monotonic() + 120
         while not all((tmp_path / f"ready{i}").exists() for i in (0, 1)):
             assert time.monotonic() < deadline and p.poll() is None, p.communicate()
@@ -107,10 +107,6 @@ def _signal_two_ranks(tmp_path, launch_args, script, sig):
         t0 = time.monotonic()
         p.send_signal(sig)
         out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     return p.returncode, out, err, time.monotonic() - t0
 
 

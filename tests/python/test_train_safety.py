@@ -16,6 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from lf_testdata import killed_at_exit  # noqa: E402
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion  # noqa: E402
 
 from loongforge import train  # noqa: E402
@@ -264,7 +265,7 @@ def _interrupt(cmd, after_step, signals, gap=0.0):
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env=_env())
     lines = []
-    try:
+    with killed_at_exit(p):
         for line in p.stderr:
             lines.append(line)
             if f" step {after_step}/" in line:
@@ -274,10 +275,6 @@ def _interrupt(cmd, after_step, signals, gap=0.0):
                 time.sleep(gap)
             p.send_signal(sig)
         out, rest = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     return p.returncode, "".join(lines) + rest
 
 
@@ -360,7 +357,7 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
-    try:
+    with killed_at_exit(*procs):
         lines = []
         for line in procs[0].stderr:  # rank 0 logs the steps
             lines.append(line)
@@ -368,11 +365,6 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
                 break
         procs[1].send_signal(signal.SIGTERM)
         outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     err0 = "".join(lines) + outs[0][1]
     assert [p.returncode for p in procs] == [0, 0], (err0[-2000:], outs[1][1][-2000:])
     saved = [ln for ln in err0.splitlines() if "signal on another rank: saved step" in ln]
