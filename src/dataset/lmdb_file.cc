@@ -109,6 +109,21 @@ Status ReadMeta(int fd, const std::string& file, int64_t file_bytes, int64_t off
   return Status::Ok();
 }
 
+// `path` opened read-only, closed when this goes; get() < 0 (with errno set) when open failed.
+class ReadOnlyFd {
+ public:
+  explicit ReadOnlyFd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~ReadOnlyFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ReadOnlyFd(const ReadOnlyFd&) = delete;
+  ReadOnlyFd& operator=(const ReadOnlyFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 Status PreadAll(int fd, void* buf, size_t n, int64_t offset, const std::string& file) {
   size_t got = 0;
   while (got < n) {
@@ -125,12 +140,9 @@ Status PreadAll(int fd, void* buf, size_t n, int64_t offset, const std::string& 
 }  // namespace
 
 StatusOr<LmdbFileInfo> CheckLmdbDataFile(const std::string& data_mdb) {
-  int fd = ::open(data_mdb.c_str(), O_RDONLY | O_CLOEXEC);
+  const ReadOnlyFd file(data_mdb);
+  const int fd = file.get();
   if (fd < 0) return ErrnoToStatus(errno, "open " + data_mdb);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "stat " + data_mdb);
   if (!S_ISREG(st.st_mode)) return DataLossError(data_mdb + ": not a regular file");
@@ -175,12 +187,9 @@ StatusOr<LmdbFileInfo> CheckLmdbDataFile(const std::string& data_mdb) {
 Status CheckLmdbTree(const std::string& data_mdb, const LmdbFileInfo& info) {
   const LmdbMeta& m = info.meta[info.current];
   if (m.main_root == kNoRoot) return Status::Ok();
-  int fd = ::open(data_mdb.c_str(), O_RDONLY | O_CLOEXEC);
+  const ReadOnlyFd file(data_mdb);
+  const int fd = file.get();
   if (fd < 0) return ErrnoToStatus(errno, "open " + data_mdb);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
   const size_t ps = m.page_size;
   std::vector<unsigned char> page(ps);
   std::unordered_set<uint64_t> seen;
