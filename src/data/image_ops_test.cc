@@ -14,22 +14,13 @@ namespace data {
 namespace internal {
 namespace {
 
-// `jpg` with its baseline SOF0 header rewritten to claim `w` x `h` (the scan data is unchanged).
-std::string WithClaimedSize(std::string jpg, int w, int h) {
-  const size_t i = jpg.find("\xFF\xC0");
-  EXPECT_NE(i, std::string::npos);
-  jpg[i + 5] = static_cast<char>(h >> 8), jpg[i + 6] = static_cast<char>(h & 0xFF);
-  jpg[i + 7] = static_cast<char>(w >> 8), jpg[i + 8] = static_cast<char>(w & 0xFF);
-  return jpg;
-}
-
 // A 2 KB frame whose header claims 65500x65500 must be refused from the header, naming the record,
 // the claimed size and the bound, not decoded into a 12 GiB buffer that fails afterwards.
 TEST(ImageOps, RefusesHeaderOverPixelBound) {
   JpegDecoder dec;
   RgbImage im;
   const std::string good = testing::EncodeJpeg(testing::RandomRgb(64, 48, 9), 64, 48);
-  Status s = dec.Decode(WithClaimedSize(good, 65500, 65500), 0, 0, &im, "db: record 'r5'");
+  Status s = dec.Decode(testing::WithClaimedSize(good, 65500, 65500), 0, 0, &im, "db: record 'r5'");
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("db: record 'r5'"), std::string::npos) << s;
   EXPECT_NE(s.message().find("65500x65500"), std::string::npos) << s;
@@ -38,7 +29,7 @@ TEST(ImageOps, RefusesHeaderOverPixelBound) {
       << s;
   EXPECT_LT(im.pixels.capacity(), size_t{1} << 20) << "a buffer was sized from the header";
   // With DCT scaling asked for too (the loader's default): the bound is on the header's size.
-  EXPECT_EQ(dec.Decode(WithClaimedSize(good, 65500, 65500), 236, 236, &im, "r").code(),
+  EXPECT_EQ(dec.Decode(testing::WithClaimedSize(good, 65500, 65500), 236, 236, &im, "r").code(),
             StatusCode::kDataLoss);
   // The bound is inclusive, and the decoder keeps working after a refusal.
   EXPECT_EQ(dec.Decode(good, 0, 0, &im, "r", 64 * 48 - 1).code(), StatusCode::kDataLoss);

@@ -380,15 +380,6 @@ TEST(PackRejects, FrameSizeMismatch) {
                     "frame is 32x24, expected 16x8");
 }
 
-// `jpg` with its baseline SOF0 header rewritten to claim `w` x `h` (the scan data is unchanged).
-std::string WithClaimedSize(std::string jpg, int w, int h) {
-  const size_t i = jpg.find("\xFF\xC0");
-  EXPECT_NE(i, std::string::npos);
-  jpg[i + 5] = static_cast<char>(h >> 8), jpg[i + 6] = static_cast<char>(h & 0xFF);
-  jpg[i + 7] = static_cast<char>(w >> 8), jpg[i + 8] = static_cast<char>(w & 0xFF);
-  return jpg;
-}
-
 // Guards: a frame whose header claims more pixels than max_frame_pixels is refused from its
 // header, naming the file, the claimed size and the bound (the loader would refuse every record
 // of it, after a 12 GiB allocation per 65500x65500 frame without the bound).
@@ -396,7 +387,7 @@ TEST(PackRejects, FrameOverPixelBound) {
   TempDir tmp;
   MakeTinySet(tmp / "src");
   fs::path bad = Ep(tmp, "10") / "cam_a" / "1.jpg";
-  WriteFile(bad, WithClaimedSize(ReadFile(bad), 65500, 65500));
+  WriteFile(bad, testing::WithClaimedSize(ReadFile(bad), 65500, 65500));
   EXPECT_PACK_FAILS(tmp, StatusCode::kInvalidArgument, bad.string(),
                     "JPEG header claims 65500x65500 = 4290250000 pixels",
                     "over max_frame_pixels 67108864");

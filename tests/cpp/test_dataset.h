@@ -54,6 +54,15 @@ inline std::string EncodeJpeg(const std::vector<uint8_t>& rgb, int w, int h, int
   return out;
 }
 
+// `jpg` with its baseline SOF0 header rewritten to claim `w` x `h` (the scan data is unchanged).
+inline std::string WithClaimedSize(std::string jpg, int w, int h) {
+  const size_t i = jpg.find("\xFF\xC0");
+  EXPECT_NE(i, std::string::npos);
+  jpg[i + 5] = static_cast<char>(h >> 8), jpg[i + 6] = static_cast<char>(h & 0xFF);
+  jpg[i + 7] = static_cast<char>(w >> 8), jpg[i + 8] = static_cast<char>(w & 0xFF);
+  return jpg;
+}
+
 struct TestDbOptions {
   int samples = 40, cameras = 2, width = 96, height = 72;
   int state_dim = 6, action_dim = 4, horizon = 3;
