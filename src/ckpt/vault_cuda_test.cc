@@ -35,6 +35,22 @@ TensorRef DeviceRef(std::string name, int64_t n, void* data, cudaStream_t stream
   return r;
 }
 
+// A copy of `host` in a new buffer of CUDA device 0, freed on destruction (or by Free()). Fails the
+// test on a CUDA error (call Init under ASSERT_NO_FATAL_FAILURE).
+struct DeviceBytes {
+  void* ptr = nullptr;
+
+  void Init(const std::vector<uint8_t>& host) {
+    ASSERT_EQ(cudaMalloc(&ptr, host.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(ptr, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void Free() {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+  }
+  ~DeviceBytes() { Free(); }
+};
+
 // A mixed state: one CPU tensor "cpu.w" and device tensors g0.. of `n` random bytes each (with
 // their host copies) produced on a non-blocking `producer` stream; the device memory is freed and
 // the stream destroyed on destruction.
@@ -105,19 +121,16 @@ TEST_F(CkptCuda, DeviceHashMatchesCpu) {
     for (int64_t n : {int64_t{1}, int64_t{200}, int64_t{241}, int64_t{4096}, int64_t{4097 + 100},
                       int64_t{3 << 20} + 13, int64_t{9} << 20}) {
       auto host = RandomBytes(static_cast<size_t>(n), static_cast<uint64_t>(n));
-      void* d = nullptr;
-      ASSERT_EQ(cudaMalloc(&d, static_cast<size_t>(n)), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(d, host.data(), static_cast<size_t>(n), cudaMemcpyHostToDevice),
-                cudaSuccess);
+      DeviceBytes d;
+      ASSERT_NO_FATAL_FAILURE(d.Init(host));
       std::vector<Hash128> got;
-      ASSERT_TRUE(internal::DeviceHashChunks(d, n, chunk, 0, &got).ok());
+      ASSERT_TRUE(internal::DeviceHashChunks(d.ptr, n, chunk, 0, &got).ok());
       ASSERT_EQ(static_cast<int64_t>(got.size()), (n + chunk - 1) / chunk);
       for (size_t i = 0; i < got.size(); ++i) {
         int64_t off = static_cast<int64_t>(i) * chunk, len = std::min(chunk, n - off);
         EXPECT_EQ(got[i], HashBytes(host.data() + off, static_cast<size_t>(len)))
             << "n " << n << " chunk " << i;
       }
-      cudaFree(d);
     }
   }
 }
@@ -127,14 +140,12 @@ TEST_F(CkptCuda, DeviceSaveAndRestoreInto) {
   std::string dir = TempDir("cuda");
   const int64_t n = 3 * 4096 + 100;
   auto host = RandomBytes(n, 3);
-  void* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
-  cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice);
+  DeviceBytes d;
+  ASSERT_NO_FATAL_FAILURE(d.Init(host));
   auto v = CheckpointVault::Open(dir, SmallOpts());
-  ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d)}).ok());
+  ASSERT_TRUE((*v)->Save(1, {DeviceRef("g", n, d.ptr)}).ok());
   ASSERT_TRUE((*v)->Wait().ok());
   ExpectRestoresIntoDevice(**v, 1, "g", host);
-  cudaFree(d);
 }
 
 // Guards the batched asynchronous device snapshot: it orders after work still queued on the
@@ -278,12 +289,12 @@ TEST_F(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
     total += (n + skew + 255) / 256 * 256;
   }
   auto host = RandomBytes(total, 29);
-  void* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, total), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d, host.data(), total, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceBytes d;
+  ASSERT_NO_FATAL_FAILURE(d.Init(host));
   std::vector<TensorRef> refs;
   for (size_t i = 0; i < off.size(); ++i)
-    refs.push_back(DeviceRef("t" + std::to_string(i), len[i], static_cast<uint8_t*>(d) + off[i]));
+    refs.push_back(
+        DeviceRef("t" + std::to_string(i), len[i], static_cast<uint8_t*>(d.ptr) + off[i]));
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   auto v = CheckpointVault::Open(TempDir("cudabatch"), o);
@@ -291,7 +302,7 @@ TEST_F(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
   ASSERT_TRUE((*v)->Save(1, refs).ok());
   EXPECT_EQ((*v)->last_stats().snapshot_path, "device");
   ASSERT_TRUE((*v)->Wait().ok());
-  cudaFree(d);
+  d.Free();  // the restore below reads the checkpoint, not the device
   auto r = (*v)->Restore(1);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), off.size());
@@ -309,9 +320,9 @@ TEST_F(CkptCuda, DeviceStagingBatchesThousandsOfTensors) {
 TEST_F(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   const int64_t n = 3 * 4096 + 100;
   auto host = RandomBytes(n, 91);
-  void* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceBytes dev;
+  ASSERT_NO_FATAL_FAILURE(dev.Init(host));
+  void* d = dev.ptr;
   VaultOptions o = SmallOpts();
   o.device_staging = DeviceStaging::kOn;
   auto v = CheckpointVault::Open(TempDir("cudareserve"), o);
@@ -340,15 +351,14 @@ TEST_F(CkptCuda, ReservedStagingIsTakenByTheFirstSave) {
   ASSERT_TRUE((*v)->Wait().ok());
   ExpectRestoresIntoDevice(**v, 2, "g", host);
   ExpectRestoresIntoDevice(**v, 2, "u", std::vector<uint8_t>(host.begin() + 3, host.end()));
-  cudaFree(d);
 }
 
 TEST_F(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   const int64_t n = 4 * 4096;
   auto host = RandomBytes(n, 77);
-  void* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, n), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceBytes dev;
+  ASSERT_NO_FATAL_FAILURE(dev.Init(host));
+  void* d = dev.ptr;
   VaultOptions o = SmallOpts();
   o.device_staging_max_bytes = 4096;
   {
@@ -370,7 +380,6 @@ TEST_F(CkptCuda, DeviceStagingCapFallsBackToHostWithReason) {
   EXPECT_EQ((*v)->Save(1, {DeviceRef("g", n, d)}).code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE((*v)->Wait().ok());
   EXPECT_FALSE((*v)->Latest().has_value());
-  cudaFree(d);
 }
 
 }  // namespace
