@@ -2,10 +2,13 @@
 
 Follows the layout of include/loongforge/dataset.h exactly, independently of the packer; records go
 through _C.RecordWriter (plain LMDB puts), so no Python LMDB module is needed (the GPU machine's
-Python has none). Also the environment that runs bin/loongforge as a user would (entry_env), and the clean-up of
-processes a test starts (killed_at_exit).
-loongforge is imported inside the helpers that use it, so a test of bin/loongforge that imports
-this module skips, rather than fails to load, where the package is not built.
+Python has none).
+
+Also what several test modules share beyond datasets: the environment that runs bin/loongforge as
+a user would (entry_env), the clean-up of the processes a test starts (killed_at_exit), and the
+benches' parquet writer (mini_parquet). loongforge is imported inside the helpers that use it, so
+a test of bin/loongforge that imports this module skips, rather than fails to load, where the
+package is not built.
 """
 from __future__ import annotations
 
