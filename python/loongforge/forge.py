@@ -113,6 +113,15 @@ class _ForgeGraphedStep(GraphedStep):
         return {"loss": loss.detach().reshape(())}
 
 
+def _auto_on_off(options: Mapping[str, Any], key: str) -> str:
+    """compile_step's "auto"/"on"/"off" option `key` (True/False as "on"/"off")."""
+    v = options.get(key, "auto")
+    v = {True: "on", False: "off"}[v] if isinstance(v, bool) else v
+    if v not in _GRAPHS:
+        raise ForgeError(f"compile_step({key}={v!r}): one of {', '.join(_GRAPHS)}")
+    return v
+
+
 def _what(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {list(x.shape)}"
@@ -411,11 +420,7 @@ class Forge:
         clip = options.get("clip", 0.0)
         if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
             raise ForgeError(f"compile_step(clip={clip!r}): a number >= 0 (0: no clipping)")
-        graphs = options.get("graphs", "auto")
-        graphs = {True: "on", False: "off"}.get(graphs, graphs) if isinstance(graphs, bool) \
-            else graphs
-        if graphs not in _GRAPHS:
-            raise ForgeError(f"compile_step(graphs={graphs!r}): one of {', '.join(_GRAPHS)}")
+        graphs = _auto_on_off(options, "graphs")
         if graphs == "on" and self.device.type != "cuda":
             raise ForgeError("compile_step(graphs='on') needs CUDA (on the CPU every step runs "
                              "eager; use graphs='auto')")
@@ -424,13 +429,7 @@ class Forge:
             v = options.get(k, defaults[k])
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ForgeError(f"compile_step({k}={v!r}): an integer >= {lo}")
-        blocks = options.get("compile_blocks", "auto")
-        blocks = {True: "on", False: "off"}.get(blocks, blocks) if isinstance(blocks, bool) \
-            else blocks
-        if blocks not in _GRAPHS:
-            raise ForgeError(f"compile_step(compile_blocks={blocks!r}): one of "
-                             f"{', '.join(_GRAPHS)}")
-        self._compile_blocks(blocks)
+        self._compile_blocks(_auto_on_off(options, "compile_blocks"))
         step = _Step(self, loss_fn, float(clip), graphs != "off" and self.device.type == "cuda",
                      int(options.get("warmup", 3)), int(options.get("max_graphs", 8)),
                      int(options.get("max_nonfinite", 3)))
@@ -439,9 +438,10 @@ class Forge:
 
     def _compile_blocks(self, mode: str) -> None:
         """Compiles the model's repeated blocks once per Forge (compile_step's compile_blocks)."""
-        if self._blocks is not None or mode == "off":
-            if mode == "off" and self._blocks is None and self._blocks_state == "":
-                self._blocks_state = "off (compile_blocks='off')"
+        if self._blocks is not None:
+            return
+        if mode == "off":
+            self._blocks_state = "off (compile_blocks='off')"
             return
         why = unavailable_reason()
         if not why and mode == "auto" and self.device.type != "cuda":

@@ -13,6 +13,7 @@ import torch
 
 from loongforge import _C
 from loongforge.ckpt import CheckpointVault
+from loongforge.trainer.checkpoint import read_state_file, write_state_file
 
 PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
 
@@ -621,9 +622,9 @@ def test_resume_with_garbage_old_rank_state_names_file(train_db, tmp_path, capsy
     ck = tmp_path / "ck"
     assert train.main(_train_args(train_db, ck, "baseline", 2)) == 0
     step_file = ck / "step_00000002.pt"
-    st = torch.load(str(step_file), weights_only=False)
+    st = read_state_file(str(step_file))
     st.pop("__rank_state__")
-    torch.save(st, str(step_file))
+    write_state_file(st, str(step_file))
     os.makedirs(ck / "rank_state")
     rank_file = ck / "rank_state" / "rank00000_step_00000002.pt"
     rank_file.write_bytes(b"not a pickle\n")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loongforge import DataLossError
-from loongforge.trainer.checkpoint import Checkpointer
+from loongforge.trainer.checkpoint import Checkpointer, read_state_file, write_state_file
 from loongforge.trainer.dist import Dist
 from loongforge.trainer.errors import TrainError
 
@@ -97,7 +97,7 @@ def test_baseline_step_file_with_pickle_is_refused(tmp_path, marker):
 def test_old_rank_state_file_is_refused(tmp_path, marker, content):
     ck = tmp_path / "ck"
     c = _ckpt("torch", ck, resume=False)
-    torch.save({"step": 2, "model": {"w": torch.ones(2)}}, str(ck / "step_00000002.pt"))
+    write_state_file({"step": 2, "model": {"w": torch.ones(2)}}, str(ck / "step_00000002.pt"))
     os.makedirs(ck / "rank_state")
     rank_file = ck / "rank_state" / "rank00000_step_00000002.pt"
     with open(rank_file, "wb") as f:
@@ -176,3 +176,34 @@ def test_sources_read_files_as_data():
                 line = text[:m.start()].count("\n") + 1
                 bad.append(f"{name}:{line}: pickle.{m.group(1)}")
     assert bad == [], bad
+
+
+# Guards the trainer's .pt layout: a state with floats (an optimizer's lr), ints, strings, numpy
+# arrays and shared tensors comes back equal through torch.load(weights_only=True) alone, and a
+# file that is not that layout (a plain torch.save of a dict, or a structure naming a tensor the
+# file lacks) is refused with TrainError naming the file.
+def test_state_file_round_trip_and_foreign_files_refused(tmp_path):
+    import numpy as np
+
+    base = torch.arange(6, dtype=torch.float32)
+    state = {"step": 3, "lr": 2.5e-4, "betas": (0.9, 0.95), "name": "adamw",
+             "w": base, "view": base[2:5], "arr": np.arange(4, dtype=np.int16), "none": None}
+    path = str(tmp_path / "state.pt")
+    write_state_file(state, path)
+    got = read_state_file(path)
+    assert got["lr"] == 2.5e-4 and got["betas"] == (0.9, 0.95) and got["name"] == "adamw"
+    torch.testing.assert_close(got["view"], base[2:5])
+    assert got["view"].data_ptr() == got["w"].data_ptr() + 2 * 4  # one storage, as saved
+    assert got["arr"].dtype == np.int16 and list(got["arr"]) == [0, 1, 2, 3]
+
+    ck = tmp_path / "ck"
+    c = _ckpt("torch", ck, resume=False)
+    step_file = ck / "step_00000002.pt"
+    torch.save({"step": 2, "model": {"w": torch.ones(2)}}, str(step_file))
+    with pytest.raises(TrainError, match=re.escape(str(step_file)) + ".*not a loongforge state"):
+        c.latest()
+    doc = torch.load(path, weights_only=True)
+    doc["tensors"].pop(next(iter(doc["tensors"])))
+    torch.save(doc, str(step_file))
+    with pytest.raises(TrainError, match=re.escape(str(step_file)) + ".*lacks"):
+        c.latest()

@@ -20,6 +20,7 @@ from lf_testdata import killed_at_exit  # noqa: E402
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion  # noqa: E402
 
 from loongforge import train  # noqa: E402
+from loongforge.trainer.checkpoint import read_state_file  # noqa: E402
 from loongforge.trainer.optim import lr_lambda, optimizer_step  # noqa: E402
 
 torch.set_num_threads(1)
@@ -51,29 +52,7 @@ def _model_tensors(ck, mode, step):
             return v.load(step, map_location="cpu")["model"]
         finally:
             v.close()
-    return torch.load(os.path.join(ck, f"step_{step:08d}.pt"), map_location="cpu",
-                      pickle_module=_TensorsOnly)["model"]
-
-
-class _TensorsOnly:
-    """A pickle module for torch.load that rebuilds tensors and containers and refuses every
-    other global: nothing in the file can run code (torch 1.13's weights_only=True cannot read
-    the floats in a scheduler's state)."""
-
-    import pickle as _pickle
-
-    ALLOWED = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
-               ("torch._utils", "_rebuild_parameter"), ("torch", "FloatStorage"),
-               ("torch", "LongStorage"), ("torch", "IntStorage"), ("torch", "BFloat16Storage"),
-               ("torch", "HalfStorage"), ("torch", "BoolStorage"), ("torch", "DoubleStorage")}
-
-    class Unpickler(_pickle.Unpickler):
-        def find_class(self, module, name):
-            if (module, name) not in _TensorsOnly.ALLOWED:
-                raise _TensorsOnly._pickle.UnpicklingError(f"refused global {module}.{name}")
-            return super().find_class(module, name)
-
-    load = _pickle.load
+    return read_state_file(os.path.join(ck, f"step_{step:08d}.pt"))["model"]
 
 
 # ---- non-finite steps -------------------------------------------------------------------------
@@ -371,8 +350,7 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(train_db, tmp_path
     assert len(saved) == 1, err0[-2000:]
     step = int(saved[0].split("saved step ")[1].split(",")[0])
     # Both ranks' own states are inside that step's one checkpoint file.
-    saved_state = torch.load(os.path.join(ck, f"step_{step:08d}.pt"), map_location="cpu",
-                             pickle_module=_TensorsOnly)
+    saved_state = read_state_file(os.path.join(ck, f"step_{step:08d}.pt"))
     assert sorted(saved_state["__rank_state__"]) == [f"rank{r:05d}" for r in range(2)]
 
 

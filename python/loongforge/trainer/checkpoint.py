@@ -149,7 +149,7 @@ class Checkpointer:
         import io
 
         buf = io.BytesIO()
-        torch.save(mine, buf)
+        torch.save(_as_data(mine), buf)
         raw = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(self.d.device)
         n = torch.tensor([raw.numel()], dtype=torch.int64, device=self.d.device)
         sizes = [torch.zeros_like(n) for _ in range(self.d.world)]
@@ -172,7 +172,7 @@ class Checkpointer:
         """torch.save to a temporary file, fsync, rename over `path`, fsync the directory."""
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            torch.save(_as_data(obj), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -185,34 +185,11 @@ class Checkpointer:
 
     @staticmethod
     def _load_data(f: Any) -> Any:
-        """torch.load(weights_only=True). torch < 2 refuses floats there ("Unsupported operand
-        71", every optimizer's lr); then the same allow-list of torch's weights-only unpickler
-        through a pickle.Unpickler whose find_class refuses every other global, so that no file
-        can name a function to call."""
-        try:
-            return torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as e:
-            if "Unsupported operand" not in str(e):
-                raise
-        import pickle
-        import types
-
-        from torch._weights_only_unpickler import _get_allowed_globals
-
-        allowed = _get_allowed_globals()
-
-        class DataUnpickler(pickle.Unpickler):
-            def find_class(self, module: str, name: str) -> Any:
-                if f"{module}.{name}" in allowed:
-                    return allowed[f"{module}.{name}"]
-                raise pickle.UnpicklingError(f"global {module}.{name} is not data")
-
-        mod = types.ModuleType("loongforge_data_unpickler")
-        mod.Unpickler = DataUnpickler  # type: ignore[attr-defined]
-        mod.load = lambda fh, **kw: DataUnpickler(fh, **kw).load()  # type: ignore[attr-defined]
-        if hasattr(f, "seek"):
-            f.seek(0)
-        return torch.load(f, map_location="cpu", pickle_module=mod)
+        """A state written by _as_data, read with torch.load(weights_only=True): the file holds
+        tensors and strings only, so no file can name a function to call, and torch < 2 (whose
+        weights-only reader refuses floats, every optimizer's lr among them) reads it too."""
+        doc = torch.load(f, map_location="cpu", weights_only=True)
+        return _from_data(doc)
 
     def _load_pt(self, path: str) -> Any:
         try:
@@ -460,6 +437,55 @@ class Checkpointer:
             # The saves the drain committed (bytes_written: the sum over committed saves; it was
             # the last save's figure only).
             self._poll()
+
+
+# A .pt file's layout: the state's structure as the vault's JSON (Note [The checkpoint
+# structure] in ckpt.py) in a uint8 tensor, and its tensors by name. torch.save writes it as the
+# baseline users' torch.save writes their states (the same tensors, one file), and it holds no
+# Python value a weights-only reader could refuse.
+_STRUCTURE_KEY = "loongforge_structure"
+
+
+def _as_data(obj: Any) -> Dict[str, Any]:
+    from ..ckpt import _encode_state
+
+    raw, tensors = _encode_state(obj)
+    return {_STRUCTURE_KEY: torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+            "tensors": dict(tensors)}
+
+
+def write_state_file(obj: Any, path: str) -> int:
+    """Writes `obj` (tensors, numpy arrays, containers, numbers, str, bytes) to the .pt file
+    `path` atomically (Checkpointer._write_atomic); returns its size in bytes."""
+    return Checkpointer._write_atomic(obj, path)
+
+
+def read_state_file(path: str) -> Any:
+    """The state write_state_file wrote to `path`, tensors on the CPU; reads data only."""
+    return Checkpointer._load_data(path)
+
+
+def _from_data(doc: Any) -> Any:
+    """The state _as_data wrote. ValueError naming what is wrong for anything else."""
+    from ..ckpt import _decode, _parse_structure, _refs
+
+    if not isinstance(doc, dict) or set(doc) != {_STRUCTURE_KEY, "tensors"}:
+        raise ValueError(f"not a loongforge state (expected the keys {_STRUCTURE_KEY!r} and "
+                         "'tensors'; written by another program or an older loongforge)")
+    raw, tensors = doc[_STRUCTURE_KEY], doc["tensors"]
+    if (not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.dim() != 1
+            or not isinstance(tensors, dict)
+            or not all(isinstance(t, torch.Tensor) for t in tensors.values())):
+        raise ValueError(f"its {_STRUCTURE_KEY!r} is not a byte tensor or its 'tensors' not a "
+                         "dict of tensors")
+    root = _parse_structure(raw.numpy().tobytes())
+    refs: Dict[str, Any] = {}
+    _refs(root, "", refs)
+    missing = sorted(set(refs) - set(tensors))
+    if missing:
+        raise ValueError(f"its structure names {len(missing)} tensor(s) the file lacks "
+                         f"(first: {missing[0]!r} at {refs[missing[0]][0] or '/'})")
+    return _decode(root, "", tensors)
 
 
 def _to_cpu(obj: Any) -> Any:
