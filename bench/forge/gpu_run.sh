@@ -9,5 +9,5 @@ for b in ${BATCHES:-16 64}; do
   timeout "${ROW_T:-300}" "${PY:-python3}" bench/forge/hf_policy.py --out "$out/hf_policy_b$b.json" \
     --batch "$b" --steps "${STEPS:-50}" >"$out/hf_policy_b$b.log" 2>&1
   echo "batch $b: rc $?"
-  grep -E "^(eager|compile|forge)|forge vs|\[forge\]" "$out/hf_policy_b$b.log" | cut -c1-300
+  grep -E "^(eager|compile|forge)|vs torch|\[(forge|cuda-graph)\]" "$out/hf_policy_b$b.log" | cut -c1-300
 done

@@ -15,7 +15,11 @@ autocast with fused AdamW, so the rows differ only in how the step is run:
            torch user writes it (cudagraph_mark_step_begin before each step);
   forge    Forge(precision="bf16").compile_step(loss_fn): one CUDA graph of forward + backward
            with each repeated block (the SigLIP and Qwen3 layers) compiled inside it;
+  forge-owner  the same with compile_scope="owner": the SigLIP encoder and the Qwen3 model, the
+           modules that hold the layer lists, each compiled whole (the attention mask included);
+  forge-model  the same with compile_scope="model": the whole policy compiled;
   forge-noblocks  the same with compile_blocks="off": the graph of eager kernels.
+Dynamo's caches are reset before each row, so no row reuses another's compiled code.
 Step times come from CUDA events around each step after the warm-up steps; the JSON written to
 --out holds every row's p50/p95 and the ratios.
 
@@ -162,7 +166,7 @@ def row_eager(a: argparse.Namespace, device: torch.device, data: List[Dict[str, 
 
 
 def row_forge(a: argparse.Namespace, device: torch.device,
-              data: List[Dict[str, torch.Tensor]], blocks: str) -> Dict[str, Any]:
+              data: List[Dict[str, torch.Tensor]], blocks: str, scope: str) -> Dict[str, Any]:
     import loongforge as lf
 
     model = build(a, device)
@@ -171,7 +175,8 @@ def row_forge(a: argparse.Namespace, device: torch.device,
     torch.cuda.reset_peak_memory_stats()
     with lf.Forge(device="cuda", precision="bf16") as forge:
         model, opt = forge.setup(model, opt)
-        step = forge.compile_step(loss_fn, clip=1.0, warmup=3, compile_blocks=blocks)
+        step = forge.compile_step(loss_fn, clip=1.0, warmup=3, compile_blocks=blocks,
+                                  compile_scope=scope)
         out = timed(step, data, a.steps, a.warmup)
         rep = forge.report()
         out["cuda_graphs"] = rep.get("cuda_graphs")
@@ -192,7 +197,8 @@ def main() -> int:
     p.add_argument("--horizon", type=int, default=16)
     p.add_argument("--action-dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--modes", default="eager,compile,forge,forge-noblocks")
+    p.add_argument("--modes",
+                   default="eager,compile,forge,forge-owner,forge-model,forge-noblocks")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("hf_policy: needs a CUDA device", file=sys.stderr)
@@ -205,25 +211,31 @@ def main() -> int:
     device = torch.device("cuda")
     data = batches(4, a.batch, a.image, a.text_len, a.horizon, a.action_dim, a.vocab, device)
     rows: Dict[str, Any] = {}
+    forge_rows = {"forge": ("auto", "block"), "forge-owner": ("auto", "owner"),
+                  "forge-model": ("auto", "model"), "forge-noblocks": ("off", "block")}
     for mode in a.modes.split(","):
         t0 = time.perf_counter()
-        if mode in ("forge", "forge-noblocks"):
-            rows[mode] = row_forge(a, device, data, "auto" if mode == "forge" else "off")
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.reset()
+        if mode in forge_rows:
+            rows[mode] = row_forge(a, device, data, *forge_rows[mode])
         elif mode in ("eager", "compile"):
             rows[mode] = row_eager(a, device, data, compiled=mode == "compile")
         else:
-            print(f"hf_policy: unknown mode {mode!r} (eager, compile, forge, forge-noblocks)",
-                  file=sys.stderr)
+            print(f"hf_policy: unknown mode {mode!r} (eager, compile, "
+                  f"{', '.join(forge_rows)})", file=sys.stderr)
             return 2
         rows[mode]["row_s"] = time.perf_counter() - t0
         r = rows[mode]
-        print(f"{mode:8s} p50 {r['p50_ms']:.1f} ms  p95 {r['p95_ms']:.1f} ms  warm-up "
+        print(f"{mode:14s} p50 {r['p50_ms']:.1f} ms  p95 {r['p95_ms']:.1f} ms  warm-up "
               f"{r['warmup_s']:.1f} s  loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}  "
               f"peak {r['peak_alloc_gib']:.1f} GiB", flush=True)
         torch.cuda.empty_cache()
-    if "forge" in rows and "compile" in rows:
-        rows["forge_vs_compile"] = rows["compile"]["p50_ms"] / rows["forge"]["p50_ms"]
-        print(f"forge vs torch.compile(reduce-overhead): {rows['forge_vs_compile']:.2f}x")
+    for mode in forge_rows:
+        if mode in rows and "compile" in rows:
+            key = mode.replace("-", "_") + "_vs_compile"
+            rows[key] = rows["compile"]["p50_ms"] / rows[mode]["p50_ms"]
+            print(f"{mode} vs torch.compile(reduce-overhead): {rows[key]:.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -12,6 +12,14 @@ outermost is taken, so a block is compiled with everything it calls. Shapes are 
 (``dynamic=False``): one graph per batch shape, compiled in that shape's eager warm-up steps,
 whose Triton kernels the step's CUDA graph then captures like any other kernel.
 
+The unit compiled is the *scope*: ``"block"`` (each block, the default), ``"owner"`` (the module
+that holds each outermost block list, compiled whole with its layers) or ``"model"`` (the whole
+model). A larger unit costs more compile time and fuses across more code, and it puts the code
+around the blocks inside the traced region: transformers builds its attention mask in the module
+that owns the layers, and outside a trace it builds it one way in eager steps and another way
+while a CUDA graph is captured, so a block compiled alone misses its guard at capture and runs
+eager inside the graph (measured on a Qwen3 model), while a compiled owner traces the mask once.
+
 The compiled ``forward`` is set on each module instance, so parameter names and state_dict keys
 stay as they are; ``restore`` puts back what was there before.
 """
@@ -47,6 +55,31 @@ def find_blocks(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
     return out
 
 
+SCOPES = ("block", "owner", "model")
+
+
+def find_units(model: torch.nn.Module, scope: str = "block") -> List[Tuple[str, torch.nn.Module]]:
+    """The modules compiled at `scope` (Note [Repeated blocks]): the blocks, the modules that
+    own the outermost block lists (an owner inside another owner is left to the outer one; '' is
+    the model itself), or the model alone. Empty when the model holds no block list."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r}: one of {', '.join(SCOPES)}")
+    blocks = find_blocks(model)
+    if scope == "block" or not blocks:
+        return blocks
+    if scope == "model":
+        return [("", model)]
+    owners: List[str] = []
+    for name, _ in blocks:
+        owner = name.rsplit(".", 2)[0] if name.count(".") >= 2 else ""
+        if owner not in owners:
+            owners.append(owner)
+    outer = [o for o in owners
+             if not any(p != o and (p == "" or o.startswith(p + ".")) for p in owners)]
+    mods = dict(model.named_modules())
+    return [(o, mods[o]) for o in outer]
+
+
 def unavailable_reason() -> str:
     """Why torch.compile cannot run here ('' when it can)."""
     if not hasattr(torch, "compile"):
@@ -73,13 +106,16 @@ def compile_in_place(module: torch.nn.Module, backend: Any = "inductor") -> None
 
 
 class CompiledBlocks:
-    """The repeated blocks of a model, compiled in place until ``restore()``."""
+    """The repeated blocks of a model (or their owners, or the model: `scope`), compiled in place
+    until ``restore()``."""
 
-    def __init__(self, model: torch.nn.Module, backend: Any = "inductor") -> None:
+    def __init__(self, model: torch.nn.Module, backend: Any = "inductor",
+                 scope: str = "block") -> None:
         why = unavailable_reason()
         if why:
             raise RuntimeError(why)
-        self.blocks = find_blocks(model)
+        self.scope = scope
+        self.blocks = find_units(model, scope)
         self._saved: List[Tuple[torch.nn.Module, Any]] = []
         configure_dynamo()
         for _, m in self.blocks:

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 import torch.distributed as dist
 
-from .blocks import CompiledBlocks, find_blocks, unavailable_reason
+from .blocks import SCOPES, CompiledBlocks, find_blocks, unavailable_reason
 from .ckpt import _encode_state
 from .graphs import GraphedStep
 from .trainer.checkpoint import Checkpointer, rng_state, set_rng_state
@@ -389,7 +389,8 @@ class Forge:
 
     # ---- the step ------------------------------------------------------------------------------
 
-    STEP_OPTIONS = ("clip", "graphs", "compile_blocks", "warmup", "max_graphs", "max_nonfinite")
+    STEP_OPTIONS = ("clip", "graphs", "compile_blocks", "compile_scope", "warmup", "max_graphs",
+                    "max_nonfinite")
 
     def compile_step(self, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                      **options: Any) -> "_Step":
@@ -402,7 +403,9 @@ class Forge:
         torch.compile each repeated block of the model in place, the layers an nn.ModuleList
         holds (Note [Repeated blocks] in blocks.py), so their fused kernels run inside the step's
         graph; "on" requires torch.compile; "off"; the blocks get their forward back at close()),
-        warmup (eager steps of a batch shape before its
+        compile_scope ("block": each block; "owner": the module holding each block list, compiled
+        whole, which also traces the code between the blocks, such as a transformers model's
+        attention mask; "model": the whole model), warmup (eager steps of a batch shape before its
         graph is captured, default 3), max_graphs (batch shapes captured at most, default 8),
         max_nonfinite (after this many skipped steps in a row the step raises NonFiniteError, so a
         diverged run ends instead of skipping forever; default 3, 0: never). The count is read
@@ -429,14 +432,17 @@ class Forge:
             v = options.get(k, defaults[k])
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ForgeError(f"compile_step({k}={v!r}): an integer >= {lo}")
-        self._compile_blocks(_auto_on_off(options, "compile_blocks"))
+        scope = options.get("compile_scope", "block")
+        if scope not in SCOPES:
+            raise ForgeError(f"compile_step(compile_scope={scope!r}): one of {', '.join(SCOPES)}")
+        self._compile_blocks(_auto_on_off(options, "compile_blocks"), scope)
         step = _Step(self, loss_fn, float(clip), graphs != "off" and self.device.type == "cuda",
                      int(options.get("warmup", 3)), int(options.get("max_graphs", 8)),
                      int(options.get("max_nonfinite", 3)))
         self._steps.append(step)
         return step
 
-    def _compile_blocks(self, mode: str) -> None:
+    def _compile_blocks(self, mode: str, scope: str) -> None:
         """Compiles the model's repeated blocks once per Forge (compile_step's compile_blocks)."""
         if self._blocks is not None:
             return
@@ -453,9 +459,9 @@ class Forge:
                 raise ForgeError(f"compile_step(compile_blocks='on'): {why}")
             self._blocks_state = f"off ({why})"
             return
-        self._blocks = CompiledBlocks(self.model)  # type: ignore[arg-type]
-        self._blocks_state = (f"on ({self._blocks.describe()}; each compiled in a batch shape's "
-                              "first warm-up step)")
+        self._blocks = CompiledBlocks(self.model, scope=scope)  # type: ignore[arg-type]
+        self._blocks_state = (f"on ({self._blocks.describe()}; scope {scope}; each compiled in a "
+                              "batch shape's first warm-up step)")
         self._log(f"[forge] compile_step: compiled blocks {self._blocks_state}")
 
     # ---- checkpoints ---------------------------------------------------------------------------

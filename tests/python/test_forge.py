@@ -259,7 +259,8 @@ def test_misuse_raises_forge_error(tmp_path):
     forge.setup(model, opt)
     with _forge_error(r"setup\(\) was already called"):
         forge.setup(model, opt)
-    with _forge_error(r"unknown option 'clipp' \(valid: clip, compile_blocks, graphs, max_graphs, max_nonfinite, warmup\)"):
+    with _forge_error(r"unknown option 'clipp' \(valid: clip, compile_blocks, compile_scope, "
+                      r"graphs, max_graphs, max_nonfinite, warmup\)"):
         forge.compile_step(loss_fn, clipp=1.0)
     with _forge_error("graphs='on'.*needs CUDA"):
         forge.compile_step(loss_fn, graphs="on")
@@ -396,6 +397,39 @@ def test_find_blocks_takes_outermost_lists_of_one_class():
     assert find_blocks(Policy()) == []
 
 
+class _Tower(nn.Module):
+    """Two block lists at different depths, as a vision tower beside a text model has them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vision = nn.Module()
+        self.vision.encoder = _Stack()
+        self.text = _Stack()
+
+
+# Guards the units each compile scope takes: the owner of every outermost block list (the model
+# itself when the list hangs off it), an owner inside another owner left to the outer one, the
+# whole model for "model", and nothing at any scope for a model without block lists.
+def test_find_units_by_scope():
+    from loongforge.blocks import find_units
+
+    tower = _Tower()
+    assert [n for n, _ in find_units(tower, "owner")] == ["vision.encoder", "text"]
+    assert find_units(tower, "owner")[0][1] is tower.vision.encoder
+    assert [n for n, _ in find_units(_Stack(), "owner")] == [""]
+    assert [n for n, _ in find_units(tower, "model")] == [""]
+    assert len(find_units(tower, "block")) == 6
+    for scope in ("block", "owner", "model"):
+        assert find_units(Policy(), scope) == []
+    with pytest.raises(ValueError, match="scope 'layer'"):
+        find_units(tower, "layer")
+    nested = nn.Module()
+    nested.outer = _Stack()
+    nested.outer.inner = nn.Module()
+    nested.outer.inner.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    assert [n for n, _ in find_units(nested, "owner")] == ["outer"]
+
+
 @pytest.mark.skipif(hasattr(torch, "compile"), reason="torch.compile exists here")
 def test_compile_blocks_without_torch_compile_says_why():
     torch.manual_seed(0)
@@ -406,6 +440,8 @@ def test_compile_blocks_without_torch_compile_says_why():
         forge.compile_step(stack_loss, compile_blocks="on")
     with _forge_error(r"compile_blocks='sometimes'"):
         forge.compile_step(stack_loss, compile_blocks="sometimes")
+    with _forge_error(r"compile_scope='layer'.*block, owner, model"):
+        forge.compile_step(stack_loss, compile_scope="layer")
     step = forge.compile_step(stack_loss)
     step(make_batches(1)[0])
     assert forge.report()["compiled_blocks"].startswith("off (torch "), forge.report()
@@ -445,14 +481,15 @@ def test_compiled_blocks_match_eager_and_restore():
 def test_compile_blocks_in_the_cuda_graph_match_eager():
     batches = make_batches(10, rows=8, seed=3)
 
-    def run(blocks):
+    def run(blocks, scope="block"):
         lines = []
         torch.manual_seed(0)
         model = _Stack(width=64, depth=4)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         forge = lf.Forge(device="cuda", log=lines.append)
         forge.setup(model, opt)
-        step = forge.compile_step(stack_loss, compile_blocks=blocks, warmup=2)
+        step = forge.compile_step(stack_loss, compile_blocks=blocks, warmup=2,
+                                  compile_scope=scope)
         losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
         rep = forge.report()
         forge.close()
@@ -467,3 +504,9 @@ def test_compile_blocks_in_the_cuda_graph_match_eager():
     assert g["enabled"] and g["captures"] == 1 and g["replays"] == 8, g
     torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)
     assert all("forward" not in m.__dict__ for m in model.layers)
+    whole, rep_o, _, model = run("on", "owner")
+    assert rep_o["compiled_blocks"].startswith("on (1 _Stack; scope owner"), rep_o
+    g = rep_o["cuda_graphs"][0]
+    assert g["enabled"] and g["captures"] == 1 and g["replays"] == 8, g
+    torch.testing.assert_close(whole, eager, rtol=1e-4, atol=1e-5)
+    assert "forward" not in model.__dict__
