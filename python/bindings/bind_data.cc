@@ -109,6 +109,31 @@ OptionField ImageSizeField() {
           }};
 }
 
+#ifdef LOONGFORGE_WITH_NVJPEG
+// NvJpegDecoderOptions by Python name (Note [Option tables]); `cpu_pool` is C++ only, and `async_`
+// is spelled so because `async` is a Python keyword.
+const std::vector<loongforge::OptionField<internal::NvJpegDecoderOptions>>& NvJpegFields() {
+  using O = internal::NvJpegDecoderOptions;
+  static const char* const w = "NvJpegDecoder";
+  static const std::vector<loongforge::OptionField<O>> fields = {
+      loongforge::Plain(w, "device", &O::device),
+      loongforge::Plain(w, "hw_ratio", &O::hw_ratio),
+      loongforge::Plain(w, "hw", &O::allow_hardware),
+      loongforge::Plain(w, "timeout_ms", &O::timeout_ms),
+      loongforge::Plain(w, "max_frame_pixels", &O::max_frame_pixels),
+      loongforge::Plain(w, "async_", &O::async),
+      loongforge::Plain(w, "lanes", &O::lanes),
+      loongforge::Plain(w, "hw_handle_per_lane", &O::hw_handle_per_lane),
+      loongforge::Plain(w, "interleaved", &O::interleaved),
+      loongforge::Plain(w, "reuse_state", &O::reuse_state),
+      loongforge::Plain(w, "device_padding", &O::device_padding),
+      loongforge::Plain(w, "pinned_padding", &O::pinned_padding),
+      loongforge::Plain(w, "stagger", &O::stagger),
+  };
+  return fields;
+}
+#endif
+
 const std::vector<OptionField>& OptionFields() {
   static const std::vector<OptionField> fields = {
       Plain("batch_size", &LoaderOptions::batch_size),
@@ -423,6 +448,9 @@ void BindData(py::module_& m) {
 
 #ifdef LOONGFORGE_WITH_NVJPEG
   using internal::NvJpegBatchDecoder;
+  TestingModule(m).def(
+      "nvjpeg_options", [] { return OptionDefaults(NvJpegFields()); },
+      "NvJpegDecoder's options and their defaults (NvJpegDecoderOptions)");
   // The decoder and the bytes of the batches submitted and not yet collected (`held` is declared
   // first so the decoder, whose lanes may read them, is destroyed before them).
   struct PyNvJpegDecoder {
@@ -444,26 +472,15 @@ void BindData(py::module_& m) {
       TestingModule(m), "NvJpegDecoder",
       "nvJPEG batch decoder alone (benchmarks): decode() is synchronous; submit()/collect() keep "
       "up to `lanes` batches in flight (async=True: one lane thread each)")
-      .def(py::init([](int device, float hw_ratio, bool hw, bool async, int lanes, bool reuse,
-                       bool handle_per_lane, bool interleaved, float stagger) {
+      .def(py::init([](const py::kwargs& kw) {
              internal::NvJpegDecoderOptions o;
-             o.device = device;
-             o.hw_ratio = hw_ratio;
-             o.allow_hardware = hw;
-             o.async = async;
-             o.lanes = lanes;
-             o.reuse_state = reuse;
-             o.hw_handle_per_lane = handle_per_lane;
-             o.interleaved = interleaved;
-             o.stagger = stagger;
+             ApplyOptions(NvJpegFields(), "NvJpegDecoder", kw, &o);
              auto d = std::make_unique<PyNvJpegDecoder>();
              d->dec = ValueOrThrow(NvJpegBatchDecoder::Create(o));
              return d;
            }),
-           py::arg("device") = 0, py::arg("hw_ratio") = -1.f, py::arg("hw") = true,
-           py::arg("async_") = false, py::arg("lanes") = 2, py::arg("reuse_state") = true,
-           py::arg("hw_handle_per_lane") = false, py::arg("interleaved") = false,
-           py::arg("stagger") = 1.f)
+           "Keyword options of NvJpegDecoderOptions (_C.testing.nvjpeg_options() lists them with "
+           "their defaults)")
       .def(
           "decode",
           [views_of, name_of](PyNvJpegDecoder& d, const py::list& files) {

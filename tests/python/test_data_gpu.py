@@ -148,6 +148,24 @@ def test_nvjpeg_decoder_lanes_in_order():
     assert dec.info()["async"] and dec.info()["lanes"] == 2
 
 
+# Guards the decoder's options read from NvJpegDecoderOptions' table: the defaults come from the
+# C++ struct, an unknown keyword lists the known ones, a value of the wrong type names the option,
+# and an out-of-range lane count is refused by the decoder's own check.
+@needs_gpu
+def test_nvjpeg_decoder_options_from_the_table():
+    if not hasattr(_C.testing, "NvJpegDecoder"):
+        pytest.skip("this build has no nvJPEG")
+    opts = _C.testing.nvjpeg_options()
+    assert opts["lanes"] == 2 and opts["async_"] is False and opts["hw"] is True, opts
+    assert opts["stagger"] == 1.0 and opts["max_frame_pixels"] == 64 << 20, opts
+    with pytest.raises(ValueError, match=r"unknown option 'lane' \(known: device, hw_ratio"):
+        _C.testing.NvJpegDecoder(lane=2)
+    with pytest.raises(ValueError, match="option 'stagger' cannot take a str"):
+        _C.testing.NvJpegDecoder(stagger="half")
+    with pytest.raises((ValueError, RuntimeError), match="lanes"):
+        _C.testing.NvJpegDecoder(lanes=1)
+
+
 # Guards resize="crop" on the GPU loader: the same aspect-keeping crop box as the CPU loader
 # (ChooseCropBox, one definition), so the pixels agree within the decoders' difference; and
 # resize="pad" (CPU loader only) falls back to the CPU loader saying why.
