@@ -20,6 +20,9 @@ What each part reuses:
   batch shape after a few eager warm-up steps and replays it after that. Gradient sync, clipping
   and the optimizer run eager after it, through ``trainer.optim.optimizer_step``, which skips
   a step whose loss or gradient norm is not finite (Note [Non-finite steps] in trainer/optim.py).
+* Memory: MemSculptor's persistent arena (``memory.pack_into_arena`` and
+  ``memory.init_optimizer_state``): parameters, buffers and Adam/AdamW state in two planned
+  allocations (Note [The persistent arena] in memory.py).
 * Compiled blocks (CUDA, torch >= 2): each repeated block (the layers an ``nn.ModuleList``
   holds) is compiled in place by ``blocks.CompiledBlocks`` and captured in the step's graph.
 * Data: ``DataFusionLoader`` sharded by rank for a packed DB; any other iterable of dict batches
@@ -46,6 +49,7 @@ import torch.distributed as dist
 from .blocks import SCOPES, CompiledBlocks, find_blocks, unavailable_reason
 from .ckpt import _encode_state
 from .graphs import GraphedStep
+from .memory import state_back_into_place
 from .trainer.checkpoint import Checkpointer, rng_state, set_rng_state
 from .trainer.dist import Dist, ranks_from_env, setup_dist
 from .trainer.errors import NonFiniteError, TrainError
@@ -226,6 +230,10 @@ class _SyncAdapter:
         return self.nexus.no_sync()
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
 class Forge:
     """LoongForge for a user's own model and loop (module docstring, docs/adopting.md).
 
@@ -286,6 +294,7 @@ class Forge:
         self._steps: List["_Step"] = []
         self._blocks: Optional[CompiledBlocks] = None
         self._blocks_state = ""
+        self._arena_state = ""
         self._ckpt: Optional[Checkpointer] = None
         self._resumed = False
         self._last_saved: Optional[int] = None
@@ -299,13 +308,21 @@ class Forge:
 
     # ---- model ---------------------------------------------------------------------------------
 
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-              ) -> Tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              arena: str = "auto") -> Tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Moves `model` to the device (in place: the optimizer's parameters stay the same
         objects), stores frozen linear/conv weights in bf16 with precision="bf16", and with world
         size > 1 copies rank 0's parameters and buffers to every rank and puts NexusSync on the
-        gradients. Returns the same model and optimizer."""
+        gradients. Returns the same model and optimizer.
+
+        arena: MemSculptor's persistent arena (Note [The persistent arena] in memory.py): the
+        parameters and buffers in one planned allocation, and an Adam/AdamW optimizer's state made
+        now in a second one, instead of one allocator block per tensor; the values are the same,
+        the device's reserved bytes for them are the bytes they take, and a checkpoint load
+        copies into the same tensors. "auto": on CUDA; "on": also on the CPU; "off"."""
         self._check_open("setup")
+        if arena not in ("auto", "on", "off"):
+            raise ForgeError(f"forge.setup(arena={arena!r}): one of auto, on, off")
         if self.model is not None:
             raise ForgeError("forge.setup() was already called: one Forge trains one model (make "
                              "another Forge for another model)")
@@ -322,8 +339,7 @@ class Forge:
             raise ForgeError(f"forge.setup(): the optimizer holds {len(foreign)} tensor(s) that "
                              "are not parameters of the model (build the optimizer from "
                              "model.parameters())")
-        model.to(self.device)
-        if self.precision == "bf16":
+        if self.precision == "bf16":  # before the copy: half the bytes cross to the device
             for m in model.modules():
                 if isinstance(m, _BF16_LAYERS):
                     for p in m.parameters(recurse=False):
@@ -332,12 +348,48 @@ class Forge:
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ForgeError("forge.setup(): the model has no trainable parameters")
+        use_arena = arena == "on" or (arena == "auto" and self.device.type == "cuda")
+        if use_arena:
+            self._arena_state = self._into_arena(model, optimizer)
+        else:
+            self._arena_state = ("off (arena='off')" if arena == "off" else
+                                 "off (the CPU keeps torch's blocks; arena='on' packs there too)")
+        model.to(self.device)  # what the arena did not take (nothing, when it is on)
         if self.world_size > 1:
             from .comm import NexusSync
 
             self._nexus = NexusSync(model, broadcast_from=0)
         self.model, self.optimizer = model, optimizer
         return model, optimizer
+
+    def _into_arena(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+        """setup(arena=...): parameters and buffers into one allocation on the device, then an
+        Adam/AdamW optimizer's fresh state into another (init_optimizer_state: torch's own first
+        step at learning rate 0 checks the layout). Returns the report's description."""
+        from .memory import init_optimizer_state, pack_into_arena
+
+        def alloc(n: int) -> torch.Tensor:
+            return torch.empty(n, dtype=torch.uint8, device=self.device)
+
+        buf = pack_into_arena(list(model.parameters()) + list(model.buffers()), self.device,
+                              alloc)
+        parts = [f"parameters and buffers {buf.numel() / 2**20:.1f} MiB in one allocation"]
+        groups = optimizer.param_groups
+        if optimizer.state:
+            parts.append("the optimizer already has state: left where it is")
+        elif type(optimizer).__name__ not in ("Adam", "AdamW") or \
+                any(g.get("amsgrad") for g in groups):
+            parts.append(f"{type(optimizer).__name__}'s state made by torch at its first step "
+                         "(the arena lays out Adam/AdamW without amsgrad)")
+        else:
+            init_optimizer_state(optimizer, contextlib.nullcontext, arena_alloc=alloc)
+            ts = [v for st in optimizer.state.values() for v in st.values()
+                  if torch.is_tensor(v) and v.device == buf.device and v.dim() > 0]
+            n = sum(t.numel() * t.element_size() for t in ts)
+            ptrs = {_storage_ptr(t) for t in ts}
+            parts.append(f"optimizer state {n / 2**20:.1f} MiB in "
+                         + ("one allocation" if len(ptrs) == 1 else f"{len(ptrs)} blocks"))
+        return "on (" + "; ".join(parts) + ")"
 
     # ---- data ----------------------------------------------------------------------------------
 
@@ -577,7 +629,9 @@ class Forge:
         assert self.optimizer is not None
         with torch.no_grad():
             self.model.load_state_dict(state["model"])
+        before = {p: dict(st) for p, st in self.optimizer.state.items()}
         self.optimizer.load_state_dict(state["optimizer"])
+        state_back_into_place(self.optimizer, before)  # state made in the arena stays there
         positions = list(state["loaders"])
         for ld, st in zip(self._loaders, positions):
             ld.load_state_dict(st)
@@ -619,6 +673,8 @@ class Forge:
         if self._steps:
             out["cuda_graphs"] = [s.graph_state() for s in self._steps]
             out["compiled_blocks"] = self._blocks_state
+        if self.model is not None:
+            out["persistent_arena"] = self._arena_state
         if self.device.type == "cuda":
             out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
             out["peak_memory_kind"] = "cuda max_memory_allocated"

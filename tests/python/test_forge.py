@@ -144,6 +144,91 @@ def test_resume_from_list_is_bit_exact(tmp_path):
     forge2.close()
 
 
+def _storages(tensors):
+    return {(t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+            for t in tensors}
+
+
+def _moments(opt):
+    return [v for st in opt.state.values() for k, v in st.items() if k != "step"]
+
+
+# Guards setup(arena="on"): the parameters and buffers end up in one allocation and AdamW's
+# state in another, the run's losses are the plain loop's, and a resumed run copies the
+# checkpoint into the same arena tensors and continues bit for bit.
+def test_persistent_arena_trains_the_same_and_resumes_in_place(tmp_path):
+    batches = make_batches(8, seed=4)
+    ref, _ = plain_loop(batches, seed=0, clip=0.5)
+    model, opt = build(0)
+    forge = lf.Forge(device="cpu", ckpt_dir=str(tmp_path / "ck"))
+    forge.setup(model, opt, arena="on")
+    assert len(_storages(list(model.parameters()) + list(model.buffers()))) == 1
+    assert len(_storages(_moments(opt))) == 1 and len(_moments(opt)) == 2 * len(forge._params)
+    rep = forge.report()["persistent_arena"]
+    assert rep.startswith("on (parameters and buffers") and "optimizer state" in rep, rep
+    step = forge.compile_step(loss_fn, clip=0.5)
+    torch.manual_seed(1234)
+    got = []
+    for i, b in enumerate(forge.loader(batches)):
+        got.append(step(b).item())
+        if i == 3:
+            forge.save(4)
+    forge.close()
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
+
+    model2, opt2 = build(1)
+    forge2 = lf.Forge(device="cpu", ckpt_dir=str(tmp_path / "ck"))
+    forge2.setup(model2, opt2, arena="on")
+    arena_ptrs = _storages(_moments(opt2))
+    loader = forge2.loader(batches)
+    assert forge2.load()["step"] == 4
+    assert _storages(_moments(opt2)) == arena_ptrs  # loaded into the arena, not beside it
+    step2 = forge2.compile_step(loss_fn, clip=0.5)
+    again = [step2(b).item() for b in loader]
+    assert again == got[4:]
+    forge2.close()
+    with _forge_error(r"arena='sometimes'.*auto, on, off"):
+        lf.Forge(device="cpu").setup(*build(0), arena="sometimes")
+    sgd_model = Policy()
+    sgd = torch.optim.SGD(sgd_model.parameters(), lr=0.1, momentum=0.9)
+    f3 = lf.Forge(device="cpu")
+    f3.setup(sgd_model, sgd, arena="on")
+    assert "SGD's state made by torch" in f3.report()["persistent_arena"]
+    f4 = lf.Forge(device="cpu")
+    f4.setup(*build(0))
+    assert f4.report()["persistent_arena"].startswith("off (the CPU keeps torch's blocks")
+
+
+# Guards the arena on CUDA, where it is on by default: the graphed step trains on arena views
+# (fused AdamW's state among them) with the loss curve of arena="off".
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_persistent_arena_on_cuda_matches_off():
+    batches = make_batches(10, rows=8, seed=6)
+
+    def run(arena):
+        torch.manual_seed(0)
+        model = _Stack(width=64, depth=4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        forge = lf.Forge(device="cuda")
+        forge.setup(model, opt, arena=arena)
+        step = forge.compile_step(stack_loss, compile_blocks="off", warmup=2)
+        losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
+        rep = forge.report()
+        forge.close()
+        return losses, rep, model, opt
+
+    off, rep_off, _, _ = run("off")
+    on, rep_on, model, opt = run("auto")
+    assert rep_off["persistent_arena"] == "off (arena='off')"
+    assert rep_on["persistent_arena"].startswith("on (parameters and buffers"), rep_on
+    assert "optimizer state" in rep_on["persistent_arena"] and "in one allocation)" in \
+        rep_on["persistent_arena"], rep_on
+    assert len(_storages(model.parameters())) == 1 and len(_storages(_moments(opt))) == 1
+    assert rep_on["cuda_graphs"][0]["replays"] == 8, rep_on["cuda_graphs"]
+    torch.testing.assert_close(on, off, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.skipif(not has_datafusion(), reason="this build has no DataFusion loader")
 def test_datafusion_loader_resume_is_bit_exact(train_db, tmp_path):
     """A packed DB through forge.loader: the resumed run continues mid-epoch at the same batch,

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loongforge.trainer.optim import init_optimizer_state, make_optimizer
+from loongforge.memory import init_optimizer_state
+from loongforge.trainer.optim import make_optimizer
 
 torch.set_num_threads(1)
 

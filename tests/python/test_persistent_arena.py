@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loongforge.memory import (ARENA_ALIGN, adamw_state_in_arena, arena_layout, pack_into_arena,
-                               state_back_into_place)
-from loongforge.trainer.optim import init_optimizer_state, make_optimizer
+from loongforge.memory import (ARENA_ALIGN, adamw_state_in_arena, arena_layout,
+                               init_optimizer_state, pack_into_arena, state_back_into_place)
+from loongforge.trainer.optim import make_optimizer
 
 torch.set_num_threads(1)
 

@@ -78,59 +78,6 @@ def make_optimizer(params: List[torch.nn.Parameter], args: argparse.Namespace,
     return torch.optim.AdamW(params, **kw)
 
 
-def init_optimizer_state(opt: torch.optim.Optimizer, persistent: Callable[[], Any],
-                         arena_alloc: Optional[Callable[[int], torch.Tensor]] = None) -> int:
-    """Creates the optimizer's state now, inside ``persistent()`` (MemSculptor's persistent
-    pool), instead of at the first step. Returns the number of parameters given state.
-
-    Note [Optimizer state up front]. AdamW creates its moments lazily, at the first ``step()``,
-    after a step's activations were allocated and freed, so the moments (8 bytes a trainable
-    parameter, 13.7 GB for n16) would share torch's default pool with the activations. Made
-    here, before any activation exists, they live in MemSculptor's persistent pool beside the
-    parameters, counted there, apart from every step's memory. (Measured on n16 on an H200,
-    docs/BENCHMARKS.md: this alone did not lower the run's peak reserved; the gap comes from a
-    second bucket's warm-up, see Note [Graphs and MemSculptor].) torch's own initialisation runs
-    (a step with zero gradients at learning rate 0 leaves every parameter bit for bit as it
-    was), then every state tensor is zeroed, which is exactly AdamW's fresh state (step 0,
-    moments 0): the first real step is the same as without this."""
-    params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-    if arena_alloc is not None:
-        # Note [The persistent arena] in memory.py: the state laid out in one allocation, as
-        # AdamW would make it; the step below then uses it (or torch refuses it: its own blocks).
-        from ..memory import adamw_state_in_arena
-
-        try:
-            adamw_state_in_arena(opt, None, arena_alloc)
-        except ValueError:
-            pass
-    saved_grads = [p.grad for p in params]
-    saved_lrs = [g["lr"] for g in opt.param_groups]
-    try:
-        for p in params:
-            p.grad = torch.zeros_like(p)  # temporary: outside the persistent pool
-        for g in opt.param_groups:
-            g["lr"] = 0.0
-        with persistent():
-            try:
-                opt.step()
-            except RuntimeError:
-                if arena_alloc is None or not opt.state:
-                    raise
-                opt.state.clear()  # torch refused the arena's layout: it makes its own
-                opt.step()
-    finally:
-        for p, gr in zip(params, saved_grads):
-            p.grad = gr
-        for g, lr in zip(opt.param_groups, saved_lrs):
-            g["lr"] = lr
-    with torch.no_grad():
-        for st in opt.state.values():
-            for v in st.values():
-                if torch.is_tensor(v):
-                    v.zero_()
-    return sum(1 for p in params if opt.state.get(p))
-
-
 def lr_lambda(total: int, warmup: float, min_ratio: float) -> Callable[[int], float]:
     w = int(warmup * total) if warmup < 1 else int(warmup)
 

@@ -17,7 +17,7 @@ import torch
 from ..comm import SyncBackend
 from ..flops import FlopsPerShape
 from ..graphs import GraphedStep, SyncCounter
-from ..memory import MemoryPlanner
+from ..memory import MemoryPlanner, init_optimizer_state
 from ..models.gr00t import Gr00tConfig, Gr00tPolicy, get_config
 from ..train_metrics import ModuleProfiler, Readback, Trace, _safe_metrics
 from .checkpoint import Checkpointer
@@ -27,7 +27,7 @@ from .dist import Dist, setup_dist
 from .errors import TrainError
 from .inputs import TokenGuard, make_loader
 from .model import build_model, parse_overrides
-from .optim import init_optimizer_state, lr_lambda, make_optimizer
+from .optim import lr_lambda, make_optimizer
 from .plan import Plan, resolve_plan
 
 if TYPE_CHECKING:
