@@ -14,9 +14,9 @@ autocast with fused AdamW, so the rows differ only in how the step is run:
   compile  torch.compile(model, mode="reduce-overhead") (PyTorch's CUDA graphs), the loop as a
            torch user writes it (cudagraph_mark_step_begin before each step);
   forge    Forge(precision="bf16").compile_step(loss_fn): one CUDA graph of forward + backward
-           with each repeated block (the SigLIP and Qwen3 layers) compiled inside it;
-  forge-owner  the same with compile_scope="owner": the SigLIP encoder and the Qwen3 model, the
-           modules that hold the layer lists, each compiled whole (the attention mask included);
+           with the modules that hold the layer lists (the SigLIP encoder, the Qwen3 model)
+           compiled whole inside it (compile_scope="owner", the attention mask included);
+  forge-block  the same with compile_scope="block": each SigLIP and Qwen3 layer compiled alone;
   forge-model  the same with compile_scope="model": the whole policy compiled;
   forge-noblocks  the same with compile_blocks="off": the graph of eager kernels.
 Dynamo's caches are reset before each row, so no row reuses another's compiled code.
@@ -198,7 +198,7 @@ def main() -> int:
     p.add_argument("--action-dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--modes",
-                   default="eager,compile,forge,forge-owner,forge-model,forge-noblocks")
+                   default="eager,compile,forge,forge-block,forge-model,forge-noblocks")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("hf_policy: needs a CUDA device", file=sys.stderr)
@@ -211,7 +211,7 @@ def main() -> int:
     device = torch.device("cuda")
     data = batches(4, a.batch, a.image, a.text_len, a.horizon, a.action_dim, a.vocab, device)
     rows: Dict[str, Any] = {}
-    forge_rows = {"forge": ("auto", "block"), "forge-owner": ("auto", "owner"),
+    forge_rows = {"forge": ("auto", "owner"), "forge-block": ("auto", "block"),
                   "forge-model": ("auto", "model"), "forge-noblocks": ("off", "block")}
     for mode in a.modes.split(","):
         t0 = time.perf_counter()

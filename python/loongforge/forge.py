@@ -455,9 +455,9 @@ class Forge:
         torch.compile each repeated block of the model in place, the layers an nn.ModuleList
         holds (Note [Repeated blocks] in blocks.py), so their fused kernels run inside the step's
         graph; "on" requires torch.compile; "off"; the blocks get their forward back at close()),
-        compile_scope ("block": each block; "owner": the module holding each block list, compiled
-        whole, which also traces the code between the blocks, such as a transformers model's
-        attention mask; "model": the whole model), warmup (eager steps of a batch shape before its
+        compile_scope ("owner", the default: the module holding each block list, compiled whole,
+        which also traces the code between the blocks, such as a transformers model's attention
+        mask; "block": each block alone, less compile time; "model": the whole model), warmup (eager steps of a batch shape before its
         graph is captured, default 3), max_graphs (batch shapes captured at most, default 8),
         max_nonfinite (after this many skipped steps in a row the step raises NonFiniteError, so a
         diverged run ends instead of skipping forever; default 3, 0: never). The count is read
@@ -484,7 +484,7 @@ class Forge:
             v = options.get(k, defaults[k])
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ForgeError(f"compile_step({k}={v!r}): an integer >= {lo}")
-        scope = options.get("compile_scope", "block")
+        scope = options.get("compile_scope", "owner")
         if scope not in SCOPES:
             raise ForgeError(f"compile_step(compile_scope={scope!r}): one of {', '.join(SCOPES)}")
         self._compile_blocks(_auto_on_off(options, "compile_blocks"), scope)
