@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 from loongforge._snapshot_import import peak_breakdown, reserved_breakdown  # noqa: E402
+from loongforge.memory import load_snapshot  # noqa: E402
 
 
 def main() -> int:
@@ -33,11 +33,10 @@ def main() -> int:
     failed = 0
     for path in a.snapshots:
         try:
-            with open(path, "rb") as f:
-                snap = pickle.load(f)
+            snap = load_snapshot(path)  # plain data only: a global named in the file is refused
             r = peak_breakdown(snap, depth=a.depth, top=a.top)
             r["reserved"] = reserved_breakdown(snap)
-        except (OSError, pickle.UnpicklingError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError) as e:
             print(f"peak_breakdown: {path}: {e}", file=sys.stderr)  # the others still reported
             failed += 1
             continue

@@ -108,7 +108,7 @@ def worker(rank, world, port, a, out, init_path=None, save_path=None):
     first = 0
     if init_path is not None:
         # Dense sync keeps every rank's model and AdamW state identical: rank 0's is every rank's.
-        st = torch.load(init_path)
+        st = torch.load(init_path, weights_only=True)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         for g in opt.param_groups:

@@ -13,7 +13,10 @@ from loongforge.trainer.checkpoint import Checkpointer, read_state_file, write_s
 from loongforge.trainer.dist import Dist
 from loongforge.trainer.errors import TrainError
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python", "loongforge")
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+PYTHON_DIR = os.path.join(REPO, "python", "loongforge")
+# Every tree whose Python reads files a user hands it: the package, the benchmarks and the tools.
+SOURCE_DIRS = [PYTHON_DIR] + [os.path.join(REPO, d) for d in ("bench", "tools", "apps")]
 
 
 class _Planted:
@@ -154,12 +157,12 @@ def test_run_json_with_pickle_is_refused(tmp_path, marker):
         _ckpt("torch", ck)
 
 
-# Guards the readers themselves: every torch.load in LoongForge's Python passes
-# weights_only=True, np.load passes allow_pickle=False, and pickle is loaded only through the
-# memory snapshot's global-refusing unpickler.
+# Guards the readers themselves: every torch.load in LoongForge's Python (the package, the
+# benchmarks, the tools) passes weights_only=True, np.load passes allow_pickle=False, and pickle is
+# loaded only through the memory snapshot's global-refusing unpickler.
 def test_sources_read_files_as_data():
     bad = []
-    for root, _, files in os.walk(PYTHON_DIR):
+    for root, _, files in (w for d in SOURCE_DIRS for w in os.walk(d)):
         for name in files:
             if not name.endswith(".py"):
                 continue
@@ -167,7 +170,7 @@ def test_sources_read_files_as_data():
             with open(path) as f:
                 text = f.read()
             for m in re.finditer(r"torch\.load\(([^()]*(\([^()]*\))?[^()]*)\)", text):
-                if "weights_only=True" not in m.group(1) and "pickle_module=mod" not in m.group(1):
+                if "weights_only=True" not in m.group(1):
                     bad.append(f"{name}: torch.load({m.group(1)})")
             for m in re.finditer(r"np\.load\(([^)]*)\)", text):
                 if "allow_pickle=False" not in m.group(1):
@@ -176,6 +179,19 @@ def test_sources_read_files_as_data():
                 line = text[:m.start()].count("\n") + 1
                 bad.append(f"{name}:{line}: pickle.{m.group(1)}")
     assert bad == [], bad
+
+
+# Guards the memory benchmark's snapshot reader: a planted payload is refused naming the file and
+# never runs, and the other snapshots given are still reported.
+def test_peak_breakdown_refuses_a_pickle_payload(tmp_path, marker):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "planted.pickle"
+    bad.write_bytes(pickle.dumps({"segments": [_Planted(marker)]}))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "memory", "peak_breakdown.py"),
+                        str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and f"{bad}: memory snapshot" in r.stderr, r.stderr
 
 
 # Guards the trainer's .pt layout: a state with floats (an optimizer's lr), ints, strings, numpy
