@@ -205,21 +205,9 @@ def test_persistent_arena_trains_the_same_and_resumes_in_place(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_persistent_arena_on_cuda_matches_off():
     batches = make_batches(10, rows=8, seed=6)
-
-    def run(arena):
-        torch.manual_seed(0)
-        model = _Stack(width=64, depth=4)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-        forge = lf.Forge(device="cuda")
-        forge.setup(model, opt, arena=arena)
-        step = forge.compile_step(stack_loss, compile_blocks="off", warmup=2)
-        losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
-        rep = forge.report()
-        forge.close()
-        return losses, rep, model, opt
-
-    off, rep_off, _, _ = run("off")
-    on, rep_on, model, opt = run("auto")
+    off, rep_off, _, _, _ = stack_on_cuda(batches, {"arena": "off"}, fused=True,
+                                          compile_blocks="off")
+    on, rep_on, _, model, opt = stack_on_cuda(batches, {}, fused=True, compile_blocks="off")
     assert rep_off["persistent_arena"] == "off (arena='off')"
     assert rep_on["persistent_arena"].startswith("on (parameters and buffers"), rep_on
     assert "optimizer state" in rep_on["persistent_arena"] and "in one allocation)" in \
@@ -472,6 +460,22 @@ def stack_loss(model: nn.Module, batch) -> torch.Tensor:
     return (model(batch["state"]).float() - batch["action"]).pow(2).mean()
 
 
+def stack_on_cuda(batches, setup: dict, fused: bool = False, **step_options):
+    """A 4-deep _Stack trained on CUDA through Forge for `batches` (warm-up 2, so the rest replay
+    the graph): (losses on the host, report, log lines, model, optimizer)."""
+    lines = []
+    torch.manual_seed(0)
+    model = _Stack(width=64, depth=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+    forge = lf.Forge(device="cuda", log=lines.append)
+    forge.setup(model, opt, **setup)
+    step = forge.compile_step(stack_loss, warmup=2, **step_options)
+    losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
+    rep = forge.report()
+    forge.close()
+    return losses, rep, lines, model, opt
+
+
 # Guards which modules count as repeated blocks: the elements of a ModuleList of two or more
 # modules of one class, outermost first, never a list nested inside a block already taken.
 def test_find_blocks_takes_outermost_lists_of_one_class():
@@ -567,17 +571,8 @@ def test_compile_blocks_in_the_cuda_graph_match_eager():
     batches = make_batches(10, rows=8, seed=3)
 
     def run(blocks, scope="block"):
-        lines = []
-        torch.manual_seed(0)
-        model = _Stack(width=64, depth=4)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        forge = lf.Forge(device="cuda", log=lines.append)
-        forge.setup(model, opt)
-        step = forge.compile_step(stack_loss, compile_blocks=blocks, warmup=2,
-                                  compile_scope=scope)
-        losses = torch.stack([step(b) for b in forge.loader(batches)]).cpu()
-        rep = forge.report()
-        forge.close()
+        losses, rep, lines, model, _ = stack_on_cuda(batches, {}, compile_blocks=blocks,
+                                                     compile_scope=scope)
         return losses, rep, lines, model
 
     eager, rep_e, _, _ = run("off")
