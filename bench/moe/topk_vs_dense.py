@@ -53,6 +53,7 @@ import torch.multiprocessing as mp
 
 from loongforge.models import get_config
 from loongforge.comm import SyncBackend
+from loongforge.trainer.checkpoint import read_state_file, write_state_file
 from loongforge.trainer.dist import Dist
 from loongforge.trainer.model import build_model
 from loongforge.trainer.optim import optimizer_step
@@ -108,7 +109,7 @@ def worker(rank, world, port, a, out, init_path=None, save_path=None):
     first = 0
     if init_path is not None:
         # Dense sync keeps every rank's model and AdamW state identical: rank 0's is every rank's.
-        st = torch.load(init_path, weights_only=True)
+        st = read_state_file(init_path)  # data only: torch.load(weights_only=True) underneath
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         for g in opt.param_groups:
@@ -143,8 +144,8 @@ def worker(rank, world, port, a, out, init_path=None, save_path=None):
     ev_held = _evaluate(model, a, cfg, world, HELDOUT_POOL)
     if rank == 0:
         if save_path is not None:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "steps": first + a.steps}, save_path)
+            write_state_file({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                              "steps": first + a.steps}, save_path)
         st = sync.stats()
         with open(out, "w") as f:
             json.dump({"losses": losses, "eval_loss": ev, "eval_loss_heldout": ev_held, "wall_s": wall,
