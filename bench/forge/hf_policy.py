@@ -115,8 +115,43 @@ def build(a: argparse.Namespace, device: torch.device) -> nn.Module:
     return HFPolicy(a.image, a.text_hidden, a.text_layers, a.horizon, a.action_dim, a.vocab)
 
 
+def profiled(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
+             data: List[Dict[str, torch.Tensor]], steps: int, table: str) -> Dict[str, Any]:
+    """Where a row's step time goes: `steps` more steps under torch.profiler (CUPTI), with the
+    kernels' own time per step (graph replays included), their count, and the CPU time between
+    the step's start and its last kernel's launch. The kernels sorted by time go to `table`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            run_step(data[i % len(data)])
+        t_cpu = time.perf_counter() - t0
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+
+    def own_us(e: Any) -> float:
+        v = getattr(e, "self_device_time_total", None)
+        return float(v if v is not None else e.self_cuda_time_total)
+
+    kernels.sort(key=own_us, reverse=True)
+    busy_us = sum(own_us(e) for e in kernels)
+    with open(table, "w") as f:
+        f.write(f"{steps} steps; kernel time {busy_us / steps / 1e3:.3f} ms per step, "
+                f"{sum(e.count for e in kernels) / steps:.0f} kernels per step\n")
+        for e in kernels[:40]:
+            f.write(f"{own_us(e) / steps / 1e3:9.3f} ms {e.count // steps:5d}x  {e.key[:150]}\n")
+    return {"kernel_ms_per_step": busy_us / steps / 1e3,
+            "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "host_ms_per_step": t_cpu / steps * 1e3, "wall_ms_per_step": wall / steps * 1e3}
+
+
 def timed(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
-          data: List[Dict[str, torch.Tensor]], steps: int, warmup: int) -> Dict[str, Any]:
+          data: List[Dict[str, torch.Tensor]], a: argparse.Namespace, row: str) -> Dict[str, Any]:
+    steps, warmup = a.steps, a.warmup
     times: List[float] = []
     losses: List[float] = []
     t_warm = time.perf_counter()
@@ -135,7 +170,12 @@ def timed(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in times]  # type: ignore[attr-defined]
     vals = [float(x) for x in losses]
-    return {"p50_ms": statistics.median(ms), "p95_ms": sorted(ms)[int(0.95 * (len(ms) - 1))],
+    prof = {}
+    if a.profile:
+        os.makedirs(a.profile_dir, exist_ok=True)
+        prof = {"profile": profiled(run_step, data, a.profile,
+                                    os.path.join(a.profile_dir, f"kernels_{row}.txt"))}
+    return {**prof, "p50_ms": statistics.median(ms), "p95_ms": sorted(ms)[int(0.95 * (len(ms) - 1))],
             "warmup_s": t_warm, "first_loss": vals[0], "last_loss": vals[-1],
             "finite": all(math.isfinite(v) for v in vals),
             "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30}
@@ -162,7 +202,7 @@ def row_eager(a: argparse.Namespace, device: torch.device, data: List[Dict[str, 
         return loss.detach().clone()
 
     torch.cuda.reset_peak_memory_stats()
-    return timed(step, data, a.steps, a.warmup)
+    return timed(step, data, a, "compile" if compiled else "eager")
 
 
 def row_forge(a: argparse.Namespace, device: torch.device,
@@ -177,7 +217,7 @@ def row_forge(a: argparse.Namespace, device: torch.device,
         model, opt = forge.setup(model, opt)
         step = forge.compile_step(loss_fn, clip=1.0, warmup=3, compile_blocks=blocks,
                                   compile_scope=scope)
-        out = timed(step, data, a.steps, a.warmup)
+        out = timed(step, data, a, f"forge-{scope}" if blocks != "off" else "forge-noblocks")
         rep = forge.report()
         out["cuda_graphs"] = rep.get("cuda_graphs")
         out["compiled_blocks"] = rep.get("compiled_blocks")
@@ -197,6 +237,10 @@ def main() -> int:
     p.add_argument("--horizon", type=int, default=16)
     p.add_argument("--action-dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--profile", type=int, default=0,
+                   help="steps profiled after the timed ones (0: none); kernel tables to "
+                   "--profile-dir")
+    p.add_argument("--profile-dir", default="hf_policy_profile")
     p.add_argument("--modes",
                    default="eager,compile,forge,forge-block,forge-model,forge-noblocks")
     a = p.parse_args()
@@ -230,6 +274,11 @@ def main() -> int:
         print(f"{mode:14s} p50 {r['p50_ms']:.1f} ms  p95 {r['p95_ms']:.1f} ms  warm-up "
               f"{r['warmup_s']:.1f} s  loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}  "
               f"peak {r['peak_alloc_gib']:.1f} GiB", flush=True)
+        if "profile" in r:
+            q = r["profile"]
+            print(f"{'':14s} profiled: kernels {q['kernel_ms_per_step']:.2f} ms/step "
+                  f"({q['kernels_per_step']:.0f} kernels), host {q['host_ms_per_step']:.2f} ms/step,"
+                  f" wall {q['wall_ms_per_step']:.2f} ms/step", flush=True)
         torch.cuda.empty_cache()
     for mode in forge_rows:
         if mode in rows and "compile" in rows:
