@@ -10,7 +10,7 @@
 # less start-up each) override.
 set -uo pipefail
 source bench/gpu_env.sh
-gpu_build --target _C loongforge loongforge_alloc
+gpu_build --target _C loongforge
 batch=${BATCH:-16}
 if [ -n "${TESTS-tests/python/test_gpu_baselines.py}" ]; then
   ( timeout "${TESTS_T:-240}" python3 -m pytest -q -p no:cacheprovider -rfs \

@@ -24,7 +24,7 @@ Recorders:
          loongforge.memory.trace_from_snapshot). Also writes the raw snapshot (pickle.gz, not
          for committing) so the conversion can be redone offline.
   ms     MemSculptor's own recording (loongforge.MemSculptor installed as torch's allocator,
-         ms.record(steps=N, trace_path=...)); needs libloongforge_alloc.so (a CUDA build).
+         ms.record(steps=N, trace_path=...)); needs a CUDA build (loongforge._C hosts the allocator).
 
 Output in --out: <name>.trace.zst (or .trace when neither loongforge._C nor the zstd tool can
 compress), <name>.json (what was captured: steps, signatures, token counts, torch's peak memory,
@@ -163,7 +163,7 @@ def run_child(args) -> Dict[str, Any]:
             per_step.append(r)
         rec_s = time.perf_counter() - t_rec
         if not os.path.exists(plain):
-            raise RuntimeError(f"MemSculptor wrote no trace to {plain} (see lf_last_error)")
+            raise RuntimeError(f"MemSculptor wrote no trace to {plain}")
         s = ms.stats()
         memory = {"memsculptor_stats": s, "persistent_allocated_bytes": persistent_bytes,
                   "plans": ms.plans}

@@ -458,5 +458,48 @@ StatusOr<ReplayOptions::Mode> ParseReplayMode(const std::string& name);
 // "1.5 GiB", "512 B"
 std::string FormatBytes(int64_t bytes);
 
+// ----------------------------------------------------------------------------------------------
+// MemSculptor as torch's CUDA allocator (CUDA builds: src/memory/torch_allocator.cc, compiled into
+// the Python module loongforge._C, whose exported lf_alloc/lf_free torch loads with
+// torch.cuda.memory.CUDAPluggableAllocator(loongforge._C.__file__, "lf_alloc", "lf_free")).
+// One MemAllocator per device over cudaMalloc'd segments and cudaEvent fences, created at the
+// device's first use with the LOONGFORGE_MEM_* knobs (a bad knob fails that creation with the
+// variable named); the functions below reach the same allocators torch allocates from. Every
+// function is thread-safe. A call on a device whose allocator could not be created returns the
+// error that stopped it (no device, a bad knob); InvalidArgument for a device index out of range.
+// ----------------------------------------------------------------------------------------------
+namespace torch_plugin {
+
+// The cap on what `device` reserves, MiB (0: none), in place of LOONGFORGE_MEM_LIMIT_MB's.
+// InvalidArgument for a device index or cap out of range; FailedPrecondition once the device is
+// set up (the cap is read at its first allocation).
+Status SetLimitMb(int device, int64_t mb);
+// true: allocations from now on go to the persistent pool (parameters, optimizer state).
+void SetPersistent(bool on);
+// ResourceExhausted ("CUDA out of memory (MemSculptor, cuda:N): ...") when the step's planned
+// arena cannot be reserved: the step is abandoned (Note [Out of memory in a step]).
+Status BeginStep(int device, const std::string& signature);
+// true; false when the step was abandoned (it ran out of memory).
+StatusOr<bool> EndStep(int device);
+void AbandonStep(int device);
+// Note [Shutdown] in src/memory/allocator.cc: the number of allocations still live (0: a clean
+// close; otherwise a leak, logged as a warning and described by LastError()).
+StatusOr<int64_t> Close(int device);
+Status StartRecording(int device);
+// Stops recording, plans each recorded signature and installs the plans; writes the trace as
+// text to `trace_path` first when it is not empty.
+StatusOr<std::vector<Plan>> StopRecordingAndPlan(int device, const std::string& trace_path);
+StatusOr<AllocatorStats> Stats(int device);
+void ResetPeaks(int device);
+// Returns fully free segments (and an idle arena) to CUDA.
+void ReleaseCached(int device);
+// Returns the bytes held for CUDA graphs captured earlier (Note [Graph capture] in
+// torch_allocator.cc); call only once those graphs are destroyed.
+void ReleaseGraphMemory(int device);
+// The last error any entry point set (lf_alloc's exhaustion included).
+std::string LastError();
+
+}  // namespace torch_plugin
+
 }  // namespace mem
 }  // namespace loongforge

@@ -1,6 +1,6 @@
-// Bindings for MemSculptor's CPU analysis surface: traces, plans, and replay through the pooled /
-// planned allocator over host memory. The CUDA allocator itself is libloongforge_alloc.so, driven
-// by python/loongforge/memory.py through ctypes.
+// Bindings for MemSculptor: the CPU analysis surface (traces, plans, and replay through the pooled
+// / planned allocator over host memory) and, in CUDA builds, the control functions of the torch
+// allocator this module hosts (_C.torch_allocator; python/loongforge/memory.py drives them).
 #include <pybind11/stl.h>
 
 #include "bindings.h"
@@ -61,6 +61,8 @@ py::dict StatsToDict(const mem::AllocatorStats& s) {
   d["plans_cached"] = s.plans_cached;
   d["first_sight_plans"] = s.first_sight_plans;
   d["plan_evictions"] = s.plan_evictions;
+  d["persistent_allocated_bytes"] = s.persistent_allocated_bytes;
+  d["abandoned_steps"] = s.abandoned_steps;
   py::dict lat;
   lat["count"] = s.alloc_latency_ns.count;
   lat["p50"] = s.alloc_latency_ns.p50;
@@ -147,7 +149,83 @@ void BindMemory(py::module_& m) {
       "mode: pool, planned (plans from the whole trace first) or first_sight (online).");
 }
 
-LF_REGISTER_BINDINGS(memory, BindMemory);
+#if LOONGFORGE_WITH_CUDA
+// What MemSculptor.plans lists for each plan the torch allocator installed.
+py::dict PlanSummary(const Plan& p) {
+  py::dict d;
+  d["signature"] = p.signature;
+  d["algorithm"] = p.algorithm;
+  d["allocations"] = p.sizes.size();
+  int64_t placed = 0;
+  for (int64_t o : p.offsets) placed += (o != mem::kNotPlanned);
+  d["planned"] = placed;
+  d["peak_bytes"] = p.peak_bytes;
+  d["lower_bound_bytes"] = p.lower_bound_bytes;
+  d["other_peak_bytes"] = p.other_peak_bytes;
+  d["overhead"] = p.overhead();
+  d["sibling_plans"] = p.siblings.size();
+  d["carry_zone_bytes"] = p.carry_zone_bytes;
+  return d;
+}
+
+void BindTorchAllocator(py::module_& parent) {
+  namespace tp = mem::torch_plugin;
+  py::module_ m = parent.def_submodule(
+      "torch_allocator",
+      "MemSculptor as torch's CUDA allocator: this module's lf_alloc/lf_free, loaded with "
+      "torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, 'lf_alloc', 'lf_free'), and the "
+      "control functions of the same per-device allocators.");
+  m.def(
+      "set_limit_mb", [](int device, int64_t mb) { ThrowIfError(tp::SetLimitMb(device, mb)); },
+      py::arg("device"), py::arg("mb"));
+  m.def("set_persistent", &tp::SetPersistent, py::arg("on"));
+  m.def(
+      "begin_step",
+      [](int device, const std::string& signature) {
+        ThrowIfError(tp::BeginStep(device, signature));
+      },
+      py::arg("device"), py::arg("signature"));
+  m.def(
+      "end_step", [](int device) { return ValueOrThrow(tp::EndStep(device)); }, py::arg("device"),
+      "False when the step was abandoned (it ran out of memory).");
+  m.def("abandon_step", &tp::AbandonStep, py::arg("device"));
+  m.def(
+      "close", [](int device) { return ValueOrThrowWithoutGil([&] { return tp::Close(device); }); },
+      py::arg("device"), "The number of allocations still live (0: a clean close).");
+  m.def(
+      "start_recording", [](int device) { ThrowIfError(tp::StartRecording(device)); },
+      py::arg("device"));
+  m.def(
+      "stop_recording_and_plan",
+      [](int device, const std::string& trace_path) {
+        return ListOf(
+            ValueOrThrowWithoutGil([&] { return tp::StopRecordingAndPlan(device, trace_path); }),
+            PlanSummary);
+      },
+      py::arg("device"), py::arg("trace_path") = "");
+  m.def(
+      "stats", [](int device) { return StatsToDict(ValueOrThrow(tp::Stats(device))); },
+      py::arg("device"));
+  m.def("reset_peaks", &tp::ResetPeaks, py::arg("device"));
+  m.def(
+      "release_cached", [](int device) { CallWithoutGil([&] { tp::ReleaseCached(device); }); },
+      py::arg("device"));
+  m.def(
+      "release_graph_memory",
+      [](int device) { CallWithoutGil([&] { tp::ReleaseGraphMemory(device); }); },
+      py::arg("device"));
+  m.def("last_error", &tp::LastError);
+}
+#endif
+
+void BindMemoryAll(py::module_& m) {
+  BindMemory(m);
+#if LOONGFORGE_WITH_CUDA
+  BindTorchAllocator(m);
+#endif
+}
+
+LF_REGISTER_BINDINGS(memory, BindMemoryAll);
 
 }  // namespace
 }  // namespace loongforge

@@ -5,8 +5,8 @@ Two surfaces:
 * Analysis (any machine, no CUDA needed): build a :class:`Trace` by hand or from torch's memory
   snapshot (:func:`trace_from_snapshot`), then :func:`plan_trace` (offsets, peak vs lower bound)
   and :func:`replay_trace` (fragmentation and latency of MemSculptor's allocator on host memory).
-* The allocator (CUDA): :class:`MemSculptor` loads ``libloongforge_alloc.so`` into torch through
-  ``torch.cuda.memory.CUDAPluggableAllocator`` (globally, before any CUDA allocation) or scoped
+* The allocator (CUDA): :class:`MemSculptor` makes the extension module ``loongforge._C``, which
+  hosts it, torch's allocator through ``torch.cuda.memory.CUDAPluggableAllocator`` (globally, before any CUDA allocation) or scoped
   through ``torch.cuda.MemPool`` (torch >= 2.5), records the first N steps, plans them, and serves
   matching steps from the planned arena.
 
@@ -15,9 +15,7 @@ See docs/memory.md.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
-import json
 import os
 import pickle
 import sys
@@ -26,14 +24,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from . import _C, knobs
+from . import _C
 from . import _snapshot_import
 from .trainer.errors import TrainError
 
 Trace = _C.MemTrace
-
-_LIB_NAME = "libloongforge_alloc.so"
-
 
 # ---------------------------------------------------------------------------------------------
 # Analysis
@@ -135,9 +130,9 @@ def replay_trace(trace: "Trace", planned: bool = True, capacity_bytes: int = 1 <
 # The CUDA allocator
 # ---------------------------------------------------------------------------------------------
 
-def _lib_path() -> str:
-    return (knobs.get("LOONGFORGE_ALLOC_LIB")
-            or os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME))
+def _plugin() -> Any:
+    """The torch allocator's control functions, hosted by _C (None in a build without CUDA)."""
+    return getattr(_C, "torch_allocator", None)
 
 
 def _why_unavailable() -> Optional[str]:
@@ -149,9 +144,9 @@ def _why_unavailable() -> Optional[str]:
         return f"torch {torch.__version__} reports no CUDA device (torch.cuda.is_available() is False)"
     if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
         return f"torch {torch.__version__} has no torch.cuda.memory.CUDAPluggableAllocator (need >= 2.0)"
-    if not os.path.exists(_lib_path()):
-        return (f"{_lib_path()} is missing (build LoongForge with CUDA: the target "
-                "loongforge_alloc is built only when nvcc is found)")
+    if _plugin() is None:
+        return (f"{_C.__file__} was built without CUDA (the allocator is compiled into it only "
+                "when nvcc is found)")
     return None
 
 
@@ -187,7 +182,7 @@ class MemSculptor:
         LOONGFORGE_MEM_LIMIT_MB (None: the variable's, or no cap)."""
         self.device = device
         self.limit_mb = None if limit_mb is None else int(limit_mb)
-        self._lib: Optional[ctypes.CDLL] = None
+        self._lib: Any = None  # _C.torch_allocator once loaded
         self._allocator = None
         self._pool = None
         self._record_left = 0
@@ -210,19 +205,12 @@ class MemSculptor:
     def _load(self):
         import torch
         if self._allocator is None:
-            path = _lib_path()
-            self._allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "lf_alloc", "lf_free")
-            # Same path -> dlopen returns the same handle: ctypes talks to torch's copy.
-            lib = ctypes.CDLL(path)
-            lib.lf_begin_step.argtypes = [ctypes.c_int, ctypes.c_char_p]
-            lib.lf_stop_recording_and_plan.argtypes = [ctypes.c_int, ctypes.c_char_p,
-                                                       ctypes.c_size_t, ctypes.c_char_p]
-            lib.lf_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-            lib.lf_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-            lib.lf_end_step.restype = ctypes.c_int
-            lib.lf_close.restype = ctypes.c_int
-            apply_limit(lib, self.device, self.limit_mb)
-            self._lib = lib
+            # dlopen of the loaded module's own path returns that module: torch allocates through
+            # the same per-device allocators the control functions below reach.
+            self._allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                os.path.abspath(_C.__file__), "lf_alloc", "lf_free")
+            apply_limit(self.device, self.limit_mb)
+            self._lib = _plugin()
         return self._allocator
 
     def install(self) -> "MemSculptor":
@@ -268,9 +256,7 @@ class MemSculptor:
         return torch.cuda.MemPool(self._load().allocator())
 
     def _err(self) -> str:
-        buf = ctypes.create_string_buffer(4096)
-        self._lib.lf_last_error(buf, len(buf))
-        return buf.value.decode(errors="replace")
+        return self._lib.last_error()
 
     @contextlib.contextmanager
     def persistent(self) -> Iterator[None]:
@@ -278,11 +264,11 @@ class MemSculptor:
         persistent pool, apart from activations."""
         self._require()
         self._load()
-        self._lib.lf_set_persistent(1)
+        self._lib.set_persistent(True)
         try:
             yield
         finally:
-            self._lib.lf_set_persistent(0)
+            self._lib.set_persistent(False)
 
     def record(self, steps: int = 3, trace_path: Optional[str] = None) -> None:
         """Records the next ``steps`` steps; after the last one, plans each signature's last
@@ -293,7 +279,7 @@ class MemSculptor:
         self._load()
         self._record_left = steps
         self._trace_path = trace_path
-        self._lib.lf_start_recording(self.device)
+        self._lib.start_recording(self.device)
 
     @contextlib.contextmanager
     def step(self, signature: str = "") -> Iterator[None]:
@@ -318,29 +304,29 @@ class MemSculptor:
     def _begin_step(self, signature: str) -> None:
         self._require()
         self._load()
-        rc = self._lib.lf_begin_step(self.device, signature.encode())
-        if rc == -2:  # the planned arena did not fit: names the step and the bytes
-            raise _oom_error_type()(self._err())
-        if rc != 0:
-            raise RuntimeError(f"MemSculptor step '{signature}': {self._err()}")
+        try:
+            self._lib.begin_step(self.device, signature)
+        except MemoryError as e:  # the planned arena did not fit: names the step and the bytes
+            raise _oom_error_type()(str(e)) from None
+        except RuntimeError as e:
+            raise RuntimeError(f"MemSculptor step '{signature}': {e}") from None
 
     def _abandon_step(self) -> None:
-        self._lib.lf_abandon_step(self.device)
+        self._lib.abandon_step(self.device)
 
     def _end_step(self) -> None:
         import torch
-        if self._lib.lf_end_step(self.device) == 1:
+        if not self._lib.end_step(self.device):
             return  # abandoned (it ran out of memory): not a recorded step
         if self._record_left > 0:
             self._record_left -= 1
             if self._record_left == 0:
                 torch.cuda.synchronize(self.device)
-                buf = ctypes.create_string_buffer(1 << 16)
-                path = (self._trace_path or "").encode()
-                n = self._lib.lf_stop_recording_and_plan(self.device, buf, len(buf), path)
-                if n < 0:
-                    raise RuntimeError(f"MemSculptor planning failed: {self._err()}")
-                self.plans = json.loads(buf.value.decode())
+                try:
+                    self.plans = self._lib.stop_recording_and_plan(self.device,
+                                                                   self._trace_path or "")
+                except (RuntimeError, ValueError, OSError) as e:
+                    raise RuntimeError(f"MemSculptor planning failed: {e}") from None
 
     def attach(self, optimizer: Any, signature: Any = "", model: Any = None) -> "StepHook":
         """Marks steps from ``optimizer.step()``, so a training loop needs no ``step()`` blocks.
@@ -378,21 +364,21 @@ class MemSculptor:
         largest free block, planned hits/misses, allocation latency (ns)."""
         self._require()
         self._load()
-        buf = ctypes.create_string_buffer(1 << 14)
-        if self._lib.lf_stats_json(self.device, buf, len(buf)) < 0:
-            raise RuntimeError(f"MemSculptor stats: {self._err()}")
-        return json.loads(buf.value.decode())
+        try:
+            return self._lib.stats(self.device)
+        except RuntimeError as e:
+            raise RuntimeError(f"MemSculptor stats: {e}") from None
 
     def reset_peaks(self) -> None:
         self._require()
         self._load()
-        self._lib.lf_reset_peaks(self.device)
+        self._lib.reset_peaks(self.device)
 
     def release_cached(self) -> None:
         """Returns fully free segments (and an idle arena) to CUDA."""
         self._require()
         self._load()
-        self._lib.lf_release_cached(self.device)
+        self._lib.release_cached(self.device)
 
     def close(self, graphs_released: bool = False) -> Dict[str, Any]:
         """The orderly end (docs/memory.md, "Shutdown"): call it after dropping the model, the
@@ -425,10 +411,11 @@ class MemSculptor:
             clear_workspaces()
         torch.cuda.empty_cache()
         if graphs_released:
-            self._lib.lf_release_graph_memory(self.device)
-        n = self._lib.lf_close(self.device)
-        if n < 0:
-            raise RuntimeError(f"MemSculptor close: {self._err()}")
+            self._lib.release_graph_memory(self.device)
+        try:
+            n = self._lib.close(self.device)
+        except RuntimeError as e:
+            raise RuntimeError(f"MemSculptor close: {e}") from None
         live_bytes = self.stats()["allocated_bytes"] if n else 0
         return {"live_allocations": n, "live_bytes": live_bytes, "message": self._err() if n else ""}
 
@@ -436,7 +423,7 @@ class MemSculptor:
         """Frees memory held for CUDA graphs captured earlier. Call only after destroying them."""
         self._require()
         self._load()
-        self._lib.lf_release_graph_memory(self.device)
+        self._lib.release_graph_memory(self.device)
 
 
 def _oom_error_type() -> type:
@@ -754,18 +741,20 @@ def state_back_into_place(opt: Any, before: Dict[Any, Dict[str, Any]]) -> int:
 # The trainer's memory planner: MemSculptor as torch's allocator, or nothing
 
 
-def apply_limit(lib: ctypes.CDLL, device: int, limit_mb: Optional[int]) -> None:
-    """Gives the allocator library `lib` the cap on what `device` reserves (MiB; None: leave
+def apply_limit(device: int, limit_mb: Optional[int]) -> None:
+    """Gives the torch allocator the cap on what `device` reserves (MiB; None: leave
     LOONGFORGE_MEM_LIMIT_MB's), before the device's first allocation. ValueError with the
-    library's reason when it refuses (out of range, or the device already set up)."""
+    allocator's reason when it refuses (out of range, or the device already set up); RuntimeError
+    in a build without CUDA."""
     if limit_mb is None:
         return
-    lib.lf_set_limit_mb.argtypes = [ctypes.c_int, ctypes.c_int64]
-    lib.lf_set_limit_mb.restype = ctypes.c_int
-    if lib.lf_set_limit_mb(int(device), int(limit_mb)) != 0:
-        buf = ctypes.create_string_buffer(4096)
-        lib.lf_last_error(buf, len(buf))
-        raise ValueError(buf.value.decode(errors="replace"))
+    plugin = _plugin()
+    if plugin is None:
+        raise RuntimeError(f"a memory cap needs MemSculptor's CUDA allocator: {_why_unavailable()}")
+    try:
+        plugin.set_limit_mb(int(device), int(limit_mb))
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
 
 
 class MemoryPlanner:

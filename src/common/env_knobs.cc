@@ -44,9 +44,6 @@ const EnvKnob kKnobs[] = {
      "MemSculptor: a step of a signature without a plan is recorded and planned at its end",
      "core", 0, 0, ""},
     // ---- the Python package ----
-    {"LOONGFORGE_ALLOC_LIB", KnobType::kString, "",
-     "path of the MemSculptor torch allocator library (empty: libloongforge_alloc.so of the package)",
-     "python", 0, 0, ""},
     {"LOONGFORGE_FP8_FUSED", KnobType::kBool, "1",
      "--fp8-frozen quantizes activations with the one-kernel C++ quantize (0: with torch ops)",
      "python", 0, 0, ""},

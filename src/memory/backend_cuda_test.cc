@@ -1,10 +1,9 @@
 // GPU tests of MemSculptor: the CUDA backend and fence under MemAllocator, and the exported
-// lf_alloc/lf_free of libloongforge_alloc.so called through dlsym as torch (or a C program) would.
+// lf_alloc/lf_free and the control functions of the torch plug-in (torch_allocator.cc).
 // Built only with CUDA (CMake); skipped without a device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -58,46 +57,23 @@ TEST(MemCuda, AllocatorOnDevice) {
   cudaStreamDestroy(s2);
 }
 
-std::string AllocSoPath() {
-  char buf[PATH_MAX] = {0};
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  std::string exe(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  return exe.substr(0, exe.rfind('/')) + "/libloongforge_alloc.so";
-}
+// torch's two entry points (src/memory/torch_allocator.cc, linked into this binary as into _C).
+extern "C" void* lf_alloc(ssize_t size, int device, cudaStream_t stream);
+extern "C" void lf_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
-// The plug-in's C entry points, looked up with dlsym as torch (or a C program) would. The library
-// stays loaded: its device state lives until process exit, like torch's allocator.
+// The plug-in as torch and the bindings drive it: torch's entry points and the control functions.
+// Its device state lives until process exit, like torch's allocator.
 struct AllocLib {
-  void* (*alloc)(ssize_t, int, cudaStream_t) = nullptr;
-  void (*free)(void*, ssize_t, int, cudaStream_t) = nullptr;
-  int (*begin_step)(int, const char*) = nullptr;
-  int (*end_step)(int) = nullptr;
-  int (*start_recording)(int) = nullptr;
-  int (*plan)(int, char*, size_t, const char*) = nullptr;
-  int (*stats)(int, char*, size_t) = nullptr;
-  int (*close)(int) = nullptr;
-  int (*last_error)(char*, size_t) = nullptr;
+  void* (*alloc)(ssize_t, int, cudaStream_t) = lf_alloc;
+  void (*free)(void*, ssize_t, int, cudaStream_t) = lf_free;
 
-  // dlopen with a 256 MiB limit (read at the library's first use); "" on success, else why not.
-  std::string Load() {
-    setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1);
-    void* h = dlopen(AllocSoPath().c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) return dlerror();
-    std::string missing;
-    auto get = [&](auto*& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
-      if (fn == nullptr) missing += std::string(" ") + name;
-    };
-    get(alloc, "lf_alloc");
-    get(free, "lf_free");
-    get(begin_step, "lf_begin_step");
-    get(end_step, "lf_end_step");
-    get(start_recording, "lf_start_recording");
-    get(plan, "lf_stop_recording_and_plan");
-    get(stats, "lf_stats_json");
-    get(close, "lf_close");
-    get(last_error, "lf_last_error");
-    return missing.empty() ? "" : "missing symbols:" + missing;
+  // A 256 MiB cap, read at the device's first use (the first test to get here sets it up).
+  AllocLib() { setenv("LOONGFORGE_MEM_LIMIT_MB", "256", 1); }
+  static std::string Stats(int device) {
+    StatusOr<AllocatorStats> s = torch_plugin::Stats(device);
+    if (!s.ok()) return s.status().ToString();
+    return "reserved_bytes " + std::to_string(s->reserved_bytes) + " planned_hits " +
+           std::to_string(s->planned_hits) + " planned_misses " + std::to_string(s->planned_misses);
   }
 };
 
@@ -106,10 +82,9 @@ struct AllocLib {
 TEST(MemCuda, PluggableAllocatorEntryPoints) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  ASSERT_EQ(lib.Load(), "");
 
   auto step = [&](const char* sig) {
-    EXPECT_EQ(lib.begin_step(0, sig), 0);
+    EXPECT_TRUE(torch_plugin::BeginStep(0, sig).ok());
     void* a = lib.alloc(3 << 20, 0, nullptr);
     void* b = lib.alloc(1 << 20, 0, nullptr);
     EXPECT_EQ(cudaMemset(a, 1, 3 << 20), cudaSuccess);
@@ -119,18 +94,17 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
     lib.free(b, 1 << 20, 0, nullptr);
     lib.free(c, 2 << 20, 0, nullptr);
   };
-  ASSERT_EQ(lib.start_recording(0), 0);
+  ASSERT_TRUE(torch_plugin::StartRecording(0).ok());
   step("s");
-  std::string plans(4096, '\0');
-  int n = lib.plan(0, plans.data(), plans.size(), nullptr);
-  ASSERT_GT(n, 0);
-  EXPECT_NE(plans.find("\"signature\": \"s\""), std::string::npos) << plans;
+  StatusOr<std::vector<Plan>> plans = torch_plugin::StopRecordingAndPlan(0, "");
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 1u);
+  EXPECT_EQ((*plans)[0].signature, "s");
   step("s");
   step("s");
-  std::string stats(4096, '\0');
-  ASSERT_GT(lib.stats(0, stats.data(), stats.size()), 0);
-  EXPECT_NE(stats.find("\"planned_hits\": 6"), std::string::npos) << stats;
-  EXPECT_NE(stats.find("\"planned_misses\": 0"), std::string::npos) << stats;
+  std::string stats = AllocLib::Stats(0);
+  EXPECT_NE(stats.find("planned_hits 6 "), std::string::npos) << stats;
+  EXPECT_NE(stats.find("planned_misses 0"), std::string::npos) << stats;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   bool threw = false;
@@ -144,14 +118,13 @@ TEST(MemCuda, PluggableAllocatorEntryPoints) {
 }
 
 // Guards OOM on the device: an out-of-memory inside a step throws with the step's signature
-// and the bytes asked for, the step is abandoned (lf_end_step says so), a smaller step follows,
-// and lf_close returns every byte, reporting a leak only while an allocation is still held.
+// and the bytes asked for, the step is abandoned (EndStep says so), a smaller step follows,
+// and Close returns every byte, reporting a leak only while an allocation is still held.
 TEST(MemCuda, OutOfMemoryInStepThenClose) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  ASSERT_EQ(lib.Load(), "");
 
-  ASSERT_EQ(lib.begin_step(0, "oom"), 0);
+  ASSERT_TRUE(torch_plugin::BeginStep(0, "oom").ok());
   void* a = lib.alloc(8 << 20, 0, nullptr);
   std::string what;
   try {
@@ -162,25 +135,31 @@ TEST(MemCuda, OutOfMemoryInStepThenClose) {
   EXPECT_NE(what.find("out of memory in step 'oom'"), std::string::npos) << what;
   EXPECT_NE(what.find("1073741824 bytes (1.0 GiB) requested"), std::string::npos) << what;
   lib.free(a, 8 << 20, 0, nullptr);
-  EXPECT_EQ(lib.end_step(0), 1) << "the step was abandoned";
-  ASSERT_EQ(lib.begin_step(0, "small"), 0);
+  StatusOr<bool> ended = torch_plugin::EndStep(0);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_FALSE(*ended) << "the step was abandoned";
+  ASSERT_TRUE(torch_plugin::BeginStep(0, "small").ok());
   void* b = lib.alloc(1 << 20, 0, nullptr);
   EXPECT_EQ(cudaMemset(b, 3, 1 << 20), cudaSuccess);
   lib.free(b, 1 << 20, 0, nullptr);
-  EXPECT_EQ(lib.end_step(0), 0);
+  ended = torch_plugin::EndStep(0);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(*ended);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  EXPECT_EQ(lib.close(0), 0);
-  std::string stats(4096, '\0');
-  ASSERT_GT(lib.stats(0, stats.data(), stats.size()), 0);
-  EXPECT_NE(stats.find("\"reserved_bytes\": 0,"), std::string::npos) << stats;
+  auto closed = [] {
+    StatusOr<int64_t> n = torch_plugin::Close(0);
+    return n.ok() ? *n : int64_t{-1};
+  };
+  EXPECT_EQ(closed(), 0);
+  std::string stats = AllocLib::Stats(0);
+  EXPECT_NE(stats.find("reserved_bytes 0 "), std::string::npos) << stats;
   void* held = lib.alloc(1 << 20, 0, nullptr);
-  EXPECT_EQ(lib.close(0), 1);
-  std::string last(4096, '\0');
-  lib.last_error(last.data(), last.size());
+  EXPECT_EQ(closed(), 1);
+  std::string last = torch_plugin::LastError();
   EXPECT_NE(last.find("closed with 1 live allocations"), std::string::npos) << last;
   lib.free(held, 1 << 20, 0, nullptr);
-  EXPECT_EQ(lib.close(0), 0);
+  EXPECT_EQ(closed(), 0);
 }
 
 // Run only as the child of NormalExitWithLiveAllocationIsQuiet: allocates, keeps the allocation
@@ -189,7 +168,6 @@ TEST(MemCuda, ExitWithLiveAllocationChild) {
   if (std::getenv("LF_MEM_EXIT_CHILD") == nullptr) GTEST_SKIP() << "child of another test";
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   AllocLib lib;
-  ASSERT_EQ(lib.Load(), "");
   ASSERT_NE(lib.alloc(4 << 20, 0, nullptr), nullptr);
   std::printf("child holds a live allocation at exit\n");
 }

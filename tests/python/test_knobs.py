@@ -236,26 +236,25 @@ def test_trainer_bad_knob_is_a_one_line_error(train_db, monkeypatch, capsys):
     assert "LOONGFORGE_DEBUG='maybe': not a boolean" in capsys.readouterr().err
 
 
-# MemSculptor's torch allocator library refuses a bad knob at its device's initialization, with
-# the variable named, instead of running under a cap nobody asked for. A fresh process: the
-# library initializes each device once.
-def test_allocator_library_refuses_a_bad_knob():
-    from loongforge import memory
-    lib = memory._lib_path()
-    if not os.path.exists(lib):
-        pytest.skip(f"no {lib} (a CUDA build makes it)")
-    code = ("import ctypes, sys\n"
-            "l = ctypes.CDLL(sys.argv[1])\n"
-            "rc = l.lf_begin_step(0, b'probe')\n"
-            "buf = ctypes.create_string_buffer(512)\n"
-            "l.lf_last_error(buf, 512)\n"
-            "print(rc, buf.value.decode())\n")
-    env = dict(os.environ, LOONGFORGE_MEM_LIMIT_MB="12x")
-    r = subprocess.run([sys.executable, "-c", code, lib], capture_output=True, text=True,
+# MemSculptor's torch allocator refuses a bad knob at its device's initialization, with the
+# variable named, instead of running under a cap nobody asked for. A fresh process: the allocator
+# initializes each device once.
+def test_allocator_refuses_a_bad_knob():
+    from loongforge import _C
+    if not hasattr(_C, "torch_allocator"):
+        pytest.skip("a build without CUDA has no torch allocator")
+    code = ("from loongforge import _C\n"
+            "try:\n"
+            "    _C.torch_allocator.begin_step(0, 'probe')\n"
+            "except (RuntimeError, ValueError) as e:\n"
+            "    print('refused:', e)\n")
+    env = dict(os.environ, LOONGFORGE_MEM_LIMIT_MB="12x",
+               PYTHONPATH=os.path.join(REPO, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("-1 ") and "LOONGFORGE_MEM_LIMIT_MB='12x': not an integer" in \
-        r.stdout, r.stdout
+    assert r.stdout.startswith("refused: ") and \
+        "LOONGFORGE_MEM_LIMIT_MB='12x': not an integer" in r.stdout, r.stdout
 
 
 # bin/loongforge is a shell script and reads its two knobs itself: its default interpreter is the
@@ -272,26 +271,23 @@ def test_launcher_default_is_the_declared_one():
 
 
 # Guards: --memory-cap-gib reaches MemSculptor as a parameter (MemoryPlanner -> MemSculptor ->
-# the allocator library's lf_set_limit_mb), not through the environment: the real library takes a
+# the torch allocator's set_limit_mb), not through the environment: the real allocator takes a
 # cap before the device's first use and refuses one out of range naming it, and nothing in the
 # trainer or MemSculptor writes os.environ.
 def test_memory_cap_is_a_parameter_not_an_environment_variable(monkeypatch):
-    import ctypes
-
     from loongforge import memory
 
     planner = memory.MemoryPlanner(True, True, limit_mb=1536)
     assert planner.limit_mb == 1536 and memory.MemSculptor(0, limit_mb=1536).limit_mb == 1536
-    path = memory._lib_path()
-    if not os.path.isfile(path):
-        pytest.skip(f"the allocator library is not built ({path}: a build without CUDA)")
-    lib = ctypes.CDLL(path)
-    memory.apply_limit(lib, 3, 1536)  # device 3: never used by this process
-    memory.apply_limit(lib, 3, None)  # no cap given: nothing to set
+    from loongforge import _C
+    if not hasattr(_C, "torch_allocator"):
+        pytest.skip("a build without CUDA has no torch allocator")
+    memory.apply_limit(3, 1536)  # device 3: never used by this process
+    memory.apply_limit(3, None)  # no cap given: nothing to set
     with pytest.raises(ValueError, match="memory cap -5 MiB is out of range"):
-        memory.apply_limit(lib, 3, -5)
+        memory.apply_limit(3, -5)
     with pytest.raises(ValueError, match="device index 99 out of range"):
-        memory.apply_limit(lib, 99, 10)
+        memory.apply_limit(99, 10)
     with open(memory.__file__, encoding="utf-8") as f:
         assert "os.environ[" not in f.read()
     trainer = os.path.join(REPO, "python", "loongforge", "trainer")

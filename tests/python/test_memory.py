@@ -63,6 +63,46 @@ def test_install_raises_clear_error():
         MemSculptor().record(steps=2)
 
 
+# Guards one copy of the core per process: the extension module hosts the torch allocator and
+# exports for torch exactly its two entry points; the control functions are bindings of the same
+# module, not a second C ABI.
+def test_extension_module_hosts_the_torch_allocator():
+    import ctypes
+    import os
+
+    from loongforge import _C
+    if not hasattr(_C, "torch_allocator"):
+        pytest.skip("a build without CUDA has no torch allocator")
+    lib = ctypes.CDLL(os.path.abspath(_C.__file__))  # dlopen: the module already loaded
+    assert lib.lf_alloc and lib.lf_free
+    for name in ("lf_begin_step", "lf_last_error", "lf_stats_json", "lf_close", "lf_set_limit_mb"):
+        with pytest.raises(AttributeError):
+            getattr(lib, name)
+    tp = _C.torch_allocator
+    with pytest.raises(ValueError, match="memory cap -1 MiB is out of range"):
+        tp.set_limit_mb(0, -1)
+    with pytest.raises(ValueError, match="device index 64 out of range"):
+        tp.set_limit_mb(64, 1)
+
+
+# Guards the allocator's error where there is no device: each control function that needs the
+# device's allocator says why it could not be created, as a RuntimeError, and the process goes on.
+@no_cuda
+def test_torch_allocator_without_a_device_says_why():
+    from loongforge import _C
+    if not hasattr(_C, "torch_allocator"):
+        pytest.skip("a build without CUDA has no torch allocator")
+    tp = _C.torch_allocator
+    for call in (lambda: tp.begin_step(0, "s"), lambda: tp.stats(0), lambda: tp.close(0),
+                 lambda: tp.start_recording(0)):
+        with pytest.raises(RuntimeError) as ei:
+            call()
+        assert "cuda" in str(ei.value).lower(), str(ei.value)
+    assert "cuda" in tp.last_error().lower() or tp.last_error() == ""
+    tp.abandon_step(0)  # no allocator: nothing to abandon
+    tp.reset_peaks(0)
+
+
 # Guards plan_trace: a hand-built step packs to its lower bound and reports the layout.
 def test_plan_trace_hand_built():
     t = Trace()
