@@ -116,7 +116,8 @@ def build(a: argparse.Namespace, device: torch.device) -> nn.Module:
 
 
 def profiled(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
-             data: List[Dict[str, torch.Tensor]], steps: int, table: str) -> Dict[str, Any]:
+             data: List[Dict[str, torch.Tensor]], steps: int, table: str,
+             row: str) -> Dict[str, Any]:
     """Where a row's step time goes: `steps` more steps under torch.profiler (CUPTI), with the
     kernels' own time per step (graph replays included), their count, and the CPU time between
     the step's start and its last kernel's launch. The kernels sorted by time go to `table`."""
@@ -131,7 +132,11 @@ def profiled(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
         t_cpu = time.perf_counter() - t0
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    # A record_function range (the optimizer's "Optimizer.step#AdamW.step") also appears on the
+    # device timeline under its CPU name: only the device events that are not a CPU range count.
+    events = prof.key_averages()
+    cpu_keys = {e.key for e in events if e.device_type == DeviceType.CPU}
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.key not in cpu_keys]
 
     def own_us(e: Any) -> float:
         v = getattr(e, "self_device_time_total", None)
@@ -139,8 +144,8 @@ def profiled(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
 
     kernels.sort(key=own_us, reverse=True)
     busy_us = sum(own_us(e) for e in kernels)
-    with open(table, "w") as f:
-        f.write(f"{steps} steps; kernel time {busy_us / steps / 1e3:.3f} ms per step, "
+    with open(table, "a") as f:
+        f.write(f"== {row}: {steps} steps; kernel time {busy_us / steps / 1e3:.3f} ms per step, "
                 f"{sum(e.count for e in kernels) / steps:.0f} kernels per step\n")
         for e in kernels[:40]:
             f.write(f"{own_us(e) / steps / 1e3:9.3f} ms {e.count // steps:5d}x  {e.key[:150]}\n")
@@ -174,7 +179,7 @@ def timed(run_step: Callable[[Dict[str, torch.Tensor]], torch.Tensor],
     if a.profile:
         os.makedirs(a.profile_dir, exist_ok=True)
         prof = {"profile": profiled(run_step, data, a.profile,
-                                    os.path.join(a.profile_dir, f"kernels_{row}.txt"))}
+                                    os.path.join(a.profile_dir, "kernels.txt"), row)}
     return {**prof, "p50_ms": statistics.median(ms), "p95_ms": sorted(ms)[int(0.95 * (len(ms) - 1))],
             "warmup_s": t_warm, "first_loss": vals[0], "last_loss": vals[-1],
             "finite": all(math.isfinite(v) for v in vals),
@@ -238,8 +243,8 @@ def main() -> int:
     p.add_argument("--action-dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--profile", type=int, default=0,
-                   help="steps profiled after the timed ones (0: none); kernel tables to "
-                   "--profile-dir")
+                   help="steps profiled after the timed ones (0: none); each row's kernels "
+                   "appended to --profile-dir/kernels.txt")
     p.add_argument("--profile-dir", default="hf_policy_profile")
     p.add_argument("--modes",
                    default="eager,compile,forge,forge-block,forge-model,forge-noblocks")

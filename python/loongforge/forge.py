@@ -733,7 +733,12 @@ class _Step:
         self._runner = _ForgeGraphedStep(
             forge.model, forge.device, loss_fn, warmup=warmup, graphs=graphs,
             sync=_SyncAdapter(forge._nexus) if forge._nexus is not None else None,
-            autocast_dtype=autocast, max_graphs=max_graphs, log=self._graph_log)
+            autocast_dtype=autocast, max_graphs=max_graphs, log=self._graph_log,
+            # One microbatch a step: without NexusSync's flat buckets the first graph makes the
+            # gradients in its pool and assigns them, instead of adding into zeroed gradients
+            # held beside it (one kernel and one read of every gradient fewer per step, and no
+            # gradients during the forward: Note [Gradients in the graph pool] in graphs.py).
+            grads_in_pool=forge._nexus is None)
         self._graphs = graphs
         self._acc = torch.zeros(6, device=forge.device)
         self._skipped: Optional[torch.Tensor] = None

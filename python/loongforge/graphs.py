@@ -125,6 +125,22 @@ def _moe_unavailable(model: torch.nn.Module, cfg: Any) -> Optional[str]:
     return None
 
 
+def _reset_generator_after_failed_capture(device: torch.device) -> None:
+    """Note [A failed capture and the generator]. Beginning a capture puts the device's default
+    CUDA generator into capture mode (its draws advance a per-graph offset); ending the capture
+    takes it out. A capture that fails (a host sync in the step, an out-of-memory) ends with
+    cudaStreamEndCapture's error, and torch raises before it takes the generator out: every later
+    random op on the device then fails with "Offset increment outside graph capture encountered
+    unexpectedly", in this step's eager fallback and in everything after it in the process. The
+    generator gets a fresh state with the seed and offset it had before the capture (the failed
+    capture's draws never ran), which is not in capture mode. torch without graph-safe generator
+    states (< 2.4) has no capture mode to leave."""
+    gen = torch.cuda.default_generators[device.index if device.index is not None
+                                        else torch.cuda.current_device()]
+    if hasattr(gen, "graphsafe_set_state") and hasattr(gen, "clone_state"):
+        gen.graphsafe_set_state(gen.clone_state())
+
+
 def _no_compile_under_capture() -> Any:
     """A torch.compile'd function whose guards miss during capture runs eager code instead of
     compiling there: compilation reads the CUDA RNG state, benchmarks kernels and copies to the
@@ -519,6 +535,7 @@ class GraphedStep:
         else:
             why = ""
         if why:
+            _reset_generator_after_failed_capture(self.device)
             # Outside the except clause: the exception's traceback, and with it the frames that
             # hold the failed capture's activations, is gone before the eager run allocates (an
             # out-of-memory capture otherwise leaves its blocks allocated under the eager
