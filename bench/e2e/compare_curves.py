@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any, Dict, List, Tuple
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import benchjson  # noqa: E402
 
 
 def curve(path: str) -> Tuple[List[float], Dict[str, Any]]:
@@ -78,8 +82,7 @@ def main() -> int:
               f"max {c['rel_10step_max']:.4f}, final {c['final_ref']:.4f} vs {c['final_run']:.4f}"
               + (f", within noise: {c['within_noise']}" if "within_noise" in c else ""))
     if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump(out, f, indent=1)
+        benchjson.write(a.json_out, out)
     return 0 if ok else 1
 
 

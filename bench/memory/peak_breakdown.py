@@ -13,11 +13,12 @@ fragmentation, pool by pool).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_HERE, "..", "..", "python"), os.path.join(_HERE, "..")]
+import benchjson  # noqa: E402
 from loongforge._snapshot_import import peak_breakdown, reserved_breakdown  # noqa: E402
 from loongforge.memory import load_snapshot  # noqa: E402
 
@@ -52,8 +53,7 @@ def main() -> int:
             print(f"  {q['free'] / 2**30:8.3f} GiB free of {q['reserved'] / 2**30:8.3f} "
                   f"({q['segments']} segments)  pool {q['pool']} stream {q['stream']}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        benchjson.write(a.json, out)
     return 1 if failed else 0
 
 

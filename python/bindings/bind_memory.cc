@@ -12,10 +12,10 @@ namespace {
 using mem::Plan;
 using mem::Trace;
 
-py::dict PlanToDict(const Plan& p, const mem::LifetimeTable& t, bool with_layout) {
+// What every plan reports: its placement and peak against the lower bound.
+py::dict PlanFields(const Plan& p) {
   py::dict d;
   d["signature"] = p.signature;
-  d["step"] = t.step;
   d["algorithm"] = p.algorithm;
   d["allocations"] = p.sizes.size();
   int64_t placed = 0;
@@ -25,6 +25,12 @@ py::dict PlanToDict(const Plan& p, const mem::LifetimeTable& t, bool with_layout
   d["lower_bound_bytes"] = p.lower_bound_bytes;
   d["other_peak_bytes"] = p.other_peak_bytes;
   d["overhead"] = p.overhead();
+  return d;
+}
+
+py::dict PlanToDict(const Plan& p, const mem::LifetimeTable& t, bool with_layout) {
+  py::dict d = PlanFields(p);
+  d["step"] = t.step;
   if (with_layout) {
     d["offsets"] = p.offsets;
     d["sizes"] = p.sizes;
@@ -152,17 +158,7 @@ void BindMemory(py::module_& m) {
 #if LOONGFORGE_WITH_CUDA
 // What MemSculptor.plans lists for each plan the torch allocator installed.
 py::dict PlanSummary(const Plan& p) {
-  py::dict d;
-  d["signature"] = p.signature;
-  d["algorithm"] = p.algorithm;
-  d["allocations"] = p.sizes.size();
-  int64_t placed = 0;
-  for (int64_t o : p.offsets) placed += (o != mem::kNotPlanned);
-  d["planned"] = placed;
-  d["peak_bytes"] = p.peak_bytes;
-  d["lower_bound_bytes"] = p.lower_bound_bytes;
-  d["other_peak_bytes"] = p.other_peak_bytes;
-  d["overhead"] = p.overhead();
+  py::dict d = PlanFields(p);
   d["sibling_plans"] = p.siblings.size();
   d["carry_zone_bytes"] = p.carry_zone_bytes;
   return d;

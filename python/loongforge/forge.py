@@ -49,7 +49,7 @@ import torch.distributed as dist
 from .blocks import SCOPES, CompiledBlocks, find_blocks, unavailable_reason
 from .ckpt import _encode_state
 from .graphs import GraphedStep
-from .memory import state_back_into_place
+from .memory import state_back_into_place, storage_ptr
 from .trainer.checkpoint import Checkpointer, rng_state, set_rng_state
 from .trainer.dist import Dist, ranks_from_env, setup_dist
 from .trainer.errors import NonFiniteError, TrainError
@@ -230,10 +230,6 @@ class _SyncAdapter:
         return self.nexus.no_sync()
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
-    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
-
-
 class Forge:
     """LoongForge for a user's own model and loop (module docstring, docs/adopting.md).
 
@@ -386,7 +382,7 @@ class Forge:
             ts = [v for st in optimizer.state.values() for v in st.values()
                   if torch.is_tensor(v) and v.device == buf.device and v.dim() > 0]
             n = sum(t.numel() * t.element_size() for t in ts)
-            ptrs = {_storage_ptr(t) for t in ts}
+            ptrs = {storage_ptr(t) for t in ts}
             parts.append(f"optimizer state {n / 2**20:.1f} MiB in "
                          + ("one allocation" if len(ptrs) == 1 else f"{len(ptrs)} blocks"))
         return "on (" + "; ".join(parts) + ")"

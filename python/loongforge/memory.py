@@ -564,6 +564,12 @@ __all__ = ["MemSculptor", "StepHook", "Trace", "trace_from_snapshot", "load_snap
 ARENA_ALIGN = 512  # torch's own block rounding; enough for every vectorised kernel
 
 
+def storage_ptr(t: Any) -> int:
+    """The address of the allocation behind tensor `t` (its storage's, not its own offset): two
+    tensors in one arena give the same value."""
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
 def arena_layout(tensors: Sequence[Any], align: int = ARENA_ALIGN) -> List[int]:
     """Byte offsets of ``tensors`` laid out back to back, each aligned to ``align``; the last
     element is the total size. Shared tensors (the same object twice) must be deduplicated by
@@ -738,7 +744,7 @@ def state_back_into_place(opt: Any, before: Dict[Any, Dict[str, Any]]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# The trainer's memory planner: MemSculptor as torch's allocator, or nothing
+# A run's MemSculptor (the trainer's): torch's allocator, or nothing
 
 
 def apply_limit(device: int, limit_mb: Optional[int]) -> None:
@@ -757,8 +763,9 @@ def apply_limit(device: int, limit_mb: Optional[int]) -> None:
         raise ValueError(str(e)) from None
 
 
-class MemoryPlanner:
-    """MemSculptor as torch's CUDA allocator (loongforge mode on a GPU), or nothing."""
+class MemSculptorSession:
+    """One run's MemSculptor: torch's CUDA allocator (loongforge mode on a GPU), or nothing, from
+    install to close."""
 
     def __init__(self, enabled: bool, lf_mode: bool, scoped: bool = False,
                  limit_mb: Optional[int] = None) -> None:

@@ -25,7 +25,7 @@ from .models.gr00t import Gr00tPolicy, count_parameters
 
 if TYPE_CHECKING:
     from .comm import SyncBackend
-    from .memory import MemoryPlanner
+    from .memory import MemSculptorSession
     from .trainer.checkpoint import Checkpointer
     from .trainer.dist import Dist
 # ------------------------------------------------------------------------------------------------
@@ -519,7 +519,7 @@ def summarize(args: argparse.Namespace, d: Dist, rows: List[Dict[str, Any]],
 
 
 def add_module_figures(summary: Dict[str, Any], ckpt: Checkpointer, sync: SyncBackend,
-                       stepper: Any, counter: Any, mem: MemoryPlanner) -> None:
+                       stepper: Any, counter: Any, mem: MemSculptorSession) -> None:
     """The modules' own figures: async checkpoint kind, NexusSync stats, CUDA graphs, host syncs
     (--count-syncs) and MemSculptor's memory figures."""
     if ckpt.async_impl:

@@ -270,15 +270,15 @@ def test_launcher_default_is_the_declared_one():
     assert declared["LOONGFORGE_BUILD"] == ""  # empty: <repo>/build, as the script says
 
 
-# Guards: --memory-cap-gib reaches MemSculptor as a parameter (MemoryPlanner -> MemSculptor ->
+# Guards: --memory-cap-gib reaches MemSculptor as a parameter (MemSculptorSession -> MemSculptor ->
 # the torch allocator's set_limit_mb), not through the environment: the real allocator takes a
 # cap before the device's first use and refuses one out of range naming it, and nothing in the
 # trainer or MemSculptor writes os.environ.
 def test_memory_cap_is_a_parameter_not_an_environment_variable(monkeypatch):
     from loongforge import memory
 
-    planner = memory.MemoryPlanner(True, True, limit_mb=1536)
-    assert planner.limit_mb == 1536 and memory.MemSculptor(0, limit_mb=1536).limit_mb == 1536
+    session = memory.MemSculptorSession(True, True, limit_mb=1536)
+    assert session.limit_mb == 1536 and memory.MemSculptor(0, limit_mb=1536).limit_mb == 1536
     from loongforge import _C
     if not hasattr(_C, "torch_allocator"):
         pytest.skip("a build without CUDA has no torch allocator")

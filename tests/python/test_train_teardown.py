@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from lf_testdb import TINY_TRAIN_ARGS, has_datafusion, tiny_train_db  # noqa: E402
 
 from loongforge import train  # noqa: E402
-from loongforge.memory import MemoryPlanner  # noqa: E402
+from loongforge.memory import MemSculptorSession  # noqa: E402
 from loongforge.trainer import loop as trainer_loop  # noqa: E402
 
 torch.set_num_threads(1)
@@ -35,7 +35,7 @@ def db(tmp_path_factory):
 
 def _alive_at_close(monkeypatch, argv):
     """Runs train.run(argv); returns (tensors watched, names of those still alive when
-    MemoryPlanner.close ran). Watched: every parameter of the model, every tensor of the
+    MemSculptorSession.close ran). Watched: every parameter of the model, every tensor of the
     optimizer's state (taken after the last step), the model and the optimizer themselves."""
     watched = []
     seen = {}
@@ -53,7 +53,7 @@ def _alive_at_close(monkeypatch, argv):
                     watched.append((f"optimizer state {i}.{k}", weakref.ref(v)))
         return out
 
-    close = MemoryPlanner.close
+    close = MemSculptorSession.close
 
     def checking_close(self):
         # No gc.collect() first: the run must free them by reference counting (Note [Trainer
@@ -62,7 +62,7 @@ def _alive_at_close(monkeypatch, argv):
         return close(self)
 
     monkeypatch.setattr(trainer_loop, "train_loop", watching_loop)
-    monkeypatch.setattr(MemoryPlanner, "close", checking_close)
+    monkeypatch.setattr(MemSculptorSession, "close", checking_close)
     # The collector stays off for the run: a pass must not depend on when it happens to run.
     enabled = gc.isenabled()
     gc.disable()
@@ -72,7 +72,7 @@ def _alive_at_close(monkeypatch, argv):
         if enabled:
             gc.enable()
         gc.collect()
-    assert "alive" in seen, "train.run ended without closing its MemoryPlanner"
+    assert "alive" in seen, "train.run ended without closing its MemSculptorSession"
     return watched, seen["alive"]
 
 

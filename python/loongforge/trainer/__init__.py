@@ -12,7 +12,7 @@
     model.py       the policy from its config and a seed
     compile.py     torch.compile of the frozen path and of the dense blocks
 
-The gradient sync (``SyncBackend``) lives in loongforge/comm.py beside NexusSync, and the memory
-planner (``MemoryPlanner``) in loongforge/memory.py beside MemSculptor. Importing this package
+The gradient sync (``SyncBackend``) lives in loongforge/comm.py beside NexusSync, and the run's
+MemSculptor (``MemSculptorSession``) in loongforge/memory.py beside MemSculptor. Importing this package
 imports none of its modules.
 """

@@ -17,7 +17,7 @@ import torch
 from ..comm import SyncBackend
 from ..flops import FlopsPerShape
 from ..graphs import GraphedStep, SyncCounter
-from ..memory import MemoryPlanner, init_optimizer_state
+from ..memory import MemSculptorSession, init_optimizer_state, storage_ptr
 from ..models.gr00t import Gr00tConfig, Gr00tPolicy, get_config
 from ..train_metrics import ModuleProfiler, Readback, Trace, _safe_metrics
 from .checkpoint import Checkpointer
@@ -84,7 +84,7 @@ class Session:
     cfg: Gr00tConfig
     schema: Dict[str, Any]
     status: Dict[str, str]
-    mem: MemoryPlanner
+    mem: MemSculptorSession
     model: Gr00tPolicy
     runner: Any
     loader: Any
@@ -186,13 +186,12 @@ def _state_layout(opt: torch.optim.Optimizer) -> str:
     if not ts:
         return "no optimizer state on the device"
     n = sum(t.numel() * t.element_size() for t in ts)
-    storages = {(t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
-                for t in ts}
+    storages = {storage_ptr(t) for t in ts}
     return (f"optimizer state {n / 2**30:.2f} GiB in "
             + ("one allocation" if len(storages) == 1 else f"{len(storages)} blocks"))
 
 
-def _into_persistent(model: Any, mem: MemoryPlanner, arena: bool = False,
+def _into_persistent(model: Any, mem: MemSculptorSession, arena: bool = False,
                      status: Optional[Dict[str, str]] = None) -> None:
     """The model's parameters and buffers, from the host or from torch's default pool on the
     device, copied into MemSculptor's persistent pool: with ``arena``, into one planned
@@ -216,7 +215,7 @@ def _into_persistent(model: Any, mem: MemoryPlanner, arena: bool = False,
         torch.cuda.empty_cache()
 
 
-def _store_frozen_bf16(model: Any, mem: MemoryPlanner, status: Dict[str, str],
+def _store_frozen_bf16(model: Any, mem: MemSculptorSession, status: Dict[str, str],
                        persistent: bool) -> None:
     """--frozen-bf16: the frozen linear/conv weights in bf16 (Gr00tPolicy.frozen_linear_to),
     where the weights are: on the host, in torch's default pool (--init-device device, before
@@ -292,7 +291,7 @@ def build(args: argparse.Namespace) -> Session:
     status: Dict[str, str] = plan.modules()  # the "modules" line: what the plan decided
     graphs = plan.cuda_graphs.value
     # The cap goes to MemSculptor's backend as it loads (in setup_dist).
-    mem = MemoryPlanner(on["memsculptor"], lf, scoped=graphs,
+    mem = MemSculptorSession(on["memsculptor"], lf, scoped=graphs,
                         limit_mb=plan.memory_cap_mib.value or None)
     expandable = _expandable_segments(plan.expandable_segments.value, args.expandable_segments)
     if expandable != "off":
